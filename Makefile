@@ -1,0 +1,42 @@
+# All set-up happens here: `make test` and `make demo` work on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint typecheck unit demo bench clean tools generate
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# promtool and the Prometheus server come from Debian's `prometheus` package.
+tools:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ]; then \
+	      (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus) >/dev/null 2>&1 || \
+	      echo "warning: could not install Debian package 'prometheus'"; \
+	    else echo "warning: promtool/prometheus missing (apt-get install prometheus)"; fi; }
+
+lint: $(STAMP)
+	$(BIN)/ruff check kvwatch tests
+	$(BIN)/ruff format --check kvwatch tests
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+test: $(STAMP) tools lint unit
+
+demo: $(STAMP)
+	$(BIN)/kvwatch predict tests/model_configs/meta-llama--Meta-Llama-3.1-8B.json --gpu H100-SXM-80GB --max-model-len 8192
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

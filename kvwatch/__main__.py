@@ -1,0 +1,5 @@
+"""`python -m kvwatch` runs the command line."""
+
+from kvwatch.cli import main
+
+raise SystemExit(main())

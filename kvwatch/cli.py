@@ -1,0 +1,59 @@
+"""Command line entry point: parses flags and hands over to one module per subcommand.
+
+Each subcommand lives in ``kvwatch/commands/<name>.py`` and exposes ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> int``. A KvwatchError anywhere becomes one line on
+stderr and exit code 2 (bad input or configuration); argparse already exits 2 on bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Protocol, cast
+
+from kvwatch import __version__
+from kvwatch.errors import KvwatchError
+
+# Subcommand name -> module under kvwatch.commands. Order is the order shown in --help.
+COMMANDS: tuple[str, ...] = ()
+
+
+class _Command(Protocol):
+    HELP: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argparse tree, one subparser per entry of COMMANDS."""
+    parser = argparse.ArgumentParser(
+        prog="kvwatch",
+        description="Predict, observe and explain the KV-cache pool of vLLM and SGLang servers.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module = cast(_Command, importlib.import_module(f"kvwatch.commands.{name}"))
+        sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sp)
+        sp.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run kvwatch with ``argv`` (default: sys.argv[1:]) and return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args))
+    except KvwatchError as exc:
+        print(f"kvwatch {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130

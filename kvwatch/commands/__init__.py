@@ -1,0 +1,1 @@
+"""One module per CLI subcommand; see kvwatch.cli for the protocol they follow."""

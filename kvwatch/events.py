@@ -1,0 +1,203 @@
+"""Typed events: what a parser (log line or /metrics sample) tells kvwatch about one engine instance.
+
+Every parser returns these; nothing downstream looks at text again. Events carry only what the
+engine printed or exposed (no clock, no derived figures): the state layer combines them and the
+capacity model predicts beside them. Sizes are integer bytes, interpreted as the engine meant them
+(vLLM's 'GB' before 0.8.5 and SGLang's 'GB' are GiB). Ratios are 0-1.
+
+Identity: ``instance`` is the engine instance inside one source -- the data-parallel rank or V1
+engine index ("0" when the engine is not data-parallel); ``rank`` is the TP/PP worker that printed
+the line when the prefix names one. Capacity facts repeated by several TP ranks are one fact: the
+state keeps one pool per instance and replaces it, never sums it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+Engine = Literal["vllm", "sglang"]
+Origin = Literal["log", "metrics"]
+
+
+class _Event(BaseModel):
+    """Fields every event has."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: Engine
+    instance: str = "0"
+    rank: int | None = None
+    origin: Origin = "log"
+    # Timestamp exactly as the line printed it (engines print no year); None when absent.
+    ts: str | None = None
+
+
+class EngineSettings(_Event):
+    """Settings an engine printed at startup (banner, args, config line, server_args).
+
+    ``starts_engine`` is True for lines that only appear once per engine start (the version banner,
+    'Initializing ... engine', server_args), so the state opens a new epoch on them.
+    """
+
+    kind: Literal["settings"] = "settings"
+    starts_engine: bool = False
+    version: str | None = None
+    model: str | None = None
+    served_model_name: str | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    decode_context_parallel_size: int | None = None
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    quantization: str | None = None
+    block_size: int | None = None
+    page_size: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    cuda_graph_max_bs: int | None = None
+    gpu_memory_utilization: float | None = None
+    mem_fraction_static: float | None = None
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool | None = None
+    engine_generation: Literal["v0", "v1"] | None = None
+
+
+class MemoryBudget(_Event):
+    """Terms of the startup memory budget, as printed (any subset per line)."""
+
+    kind: Literal["memory"] = "memory"
+    total_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    requested_bytes: int | None = None
+    weights_bytes: int | None = None
+    activation_bytes: int | None = None
+    non_torch_bytes: int | None = None
+    cuda_graph_bytes: int | None = None
+    available_kv_bytes: int | None = None
+    # SGLang: free memory reported after loading weights ('Load weight end ... avail mem=') and
+    # after allocating the pool ('Memory pool end. avail mem=').
+    avail_after_weights_bytes: int | None = None
+    avail_after_pool_bytes: int | None = None
+    mem_fraction_static: float | None = None
+
+
+PoolKind = Literal["full", "swa", "mamba"]
+
+
+class PoolSized(_Event):
+    """The KV pool the engine allocated (any subset per line; the state merges one startup's lines)."""
+
+    kind: Literal["pool"] = "pool"
+    pool: PoolKind = "full"
+    tokens: int | None = None
+    blocks: int | None = None
+    cpu_blocks: int | None = None
+    block_size: int | None = None
+    # Bytes of the pool on one rank (SGLang's K size + V size, or its single KV size).
+    bytes: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None
+    # Mamba/linear-attention state slots (SGLang 'Mamba Cache is allocated. max_mamba_cache_size').
+    state_slots: int | None = None
+
+
+class UsageSample(_Event):
+    """A periodic stats line or /metrics scrape: how full the pool is and how busy the engine is."""
+
+    kind: Literal["usage"] = "usage"
+    kv_usage_ratio: float | None = None
+    used_tokens: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    swapped: int | None = None
+    prefix_cache_hit_ratio: float | None = None
+    swa_usage_ratio: float | None = None
+    mamba_usage_ratio: float | None = None
+    cpu_kv_usage_ratio: float | None = None
+    prompt_throughput: float | None = None
+    generation_throughput: float | None = None
+
+
+class Preemption(_Event):
+    """Requests evicted from the KV cache: vLLM preemptions, SGLang retractions.
+
+    ``total`` is a cumulative count the engine reported (vLLM V0's
+    total_num_cumulative_preemption, a /metrics counter); ``count`` is a number of new preemptions
+    in this report (vLLM V1's per-interval 'Preemptions: N', SGLang's #retracted_reqs). The state
+    keeps one monotonic counter per epoch from either form.
+    """
+
+    kind: Literal["preemption"] = "preemption"
+    mechanism: Literal["preempt", "retract"] = "preempt"
+    total: int | None = None
+    count: int | None = None
+    new_token_ratio: float | None = None
+    new_tokens_gained: int | None = None
+
+
+FailureReason = Literal[
+    "max_model_len_too_large",
+    "no_memory_for_cache",
+    "negative_kv_budget",
+    "not_enough_memory",
+]
+
+
+class StartupFailure(_Event):
+    """The engine refused to start for lack of KV-cache memory."""
+
+    kind: Literal["startup_failure"] = "startup_failure"
+    reason: FailureReason
+    needed_kv_bytes: int | None = None
+    available_kv_bytes: int | None = None
+    max_model_len: int | None = None
+    max_tokens_in_cache: int | None = None
+    estimated_max_model_len: int | None = None
+
+
+class CounterReset(_Event):
+    """A /metrics counter went backwards: the engine restarted between two scrapes."""
+
+    kind: Literal["counter_reset"] = "counter_reset"
+    metric: str
+    previous: float
+    current: float
+
+
+class Disagreement(_Event):
+    """The log and /metrics give different values for the same fact (beyond rounding)."""
+
+    kind: Literal["disagreement"] = "disagreement"
+    fact: Literal["pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio"]
+    log_value: float
+    metrics_value: float
+
+
+Event = Annotated[
+    EngineSettings
+    | MemoryBudget
+    | PoolSized
+    | UsageSample
+    | Preemption
+    | StartupFailure
+    | CounterReset
+    | Disagreement,
+    Field(discriminator="kind"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def event_to_json(event: Event) -> str:
+    """One event as compact JSON without null fields (the golden-file and --events format)."""
+    return event.model_dump_json(exclude_none=True)
+
+
+def event_from_json(text: str) -> Event:
+    """Inverse of event_to_json."""
+    return EVENT_ADAPTER.validate_json(text)

@@ -1,0 +1,251 @@
+"""Every metric kvwatch exports: name, type, help and labels, in one place.
+
+The collector builds its families from these constants; dashboards, alert rules, the README table
+and the tests are checked against ``METRICS``. Renaming a metric here is the only way to rename it.
+Names follow Prometheus practice: ``kvwatch_`` prefix, base units in the name, counters end in
+``_total`` (the constant holds the name without ``_total``, as prometheus_client wants it; use
+``Metric.sample_name`` for the name that appears in PromQL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MetricType = Literal["gauge", "counter", "info"]
+
+# Labels of every per-instance metric. `dp_rank` is the engine instance inside one source
+# (data-parallel rank / V1 engine index); `instance` is avoided because Prometheus owns it.
+INSTANCE_LABELS: tuple[str, ...] = ("source", "engine", "model", "dp_rank")
+SOURCE_LABELS: tuple[str, ...] = ("source",)
+
+# Bounded label values.
+PREDICTION_BASES: tuple[str, ...] = ("config", "engine_budget")
+CONCURRENCY_BASES: tuple[str, ...] = ("observed", "config", "engine_budget")
+MEMORY_TERMS: tuple[str, ...] = ("total", "usable", "weights", "activation", "non_torch", "cuda_graphs", "kv")
+MEMORY_BASES: tuple[str, ...] = ("observed", "predicted")
+FAILURE_REASONS: tuple[str, ...] = (
+    "max_model_len_too_large",
+    "no_memory_for_cache",
+    "negative_kv_budget",
+    "not_enough_memory",
+)
+PREDICTION_STATES: tuple[str, ...] = (
+    "ok",
+    "no_model_config",
+    "bad_model_config",
+    "unsupported_model",
+    "no_gpu_memory",
+)
+SCRAPE_ERROR_REASONS: tuple[str, ...] = (
+    "timeout",
+    "connection",
+    "http_status",
+    "too_large",
+    "decode",
+    "parse",
+)
+ENGINE_INFO_LABELS: tuple[str, ...] = (
+    "version",
+    "tp",
+    "pp",
+    "dp",
+    "kv_cache_dtype",
+    "block_size",
+    "max_model_len",
+    "gpu_memory_utilization",
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One exported metric family."""
+
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...]
+
+    @property
+    def sample_name(self) -> str:
+        """The series name as it appears in PromQL (counters gain `_total`, info `_info`)."""
+        if self.type == "counter":
+            return f"{self.name}_total"
+        if self.type == "info":
+            return f"{self.name}_info"
+        return self.name
+
+
+def _m(
+    name: str, type_: MetricType, help_: str, *extra: str, base: tuple[str, ...] = INSTANCE_LABELS
+) -> Metric:
+    return Metric(name, type_, help_, base + extra)
+
+
+# --- Observed pool -------------------------------------------------------------------------------
+KV_POOL_TOKENS = _m(
+    "kvwatch_kv_pool_tokens", "gauge", "KV-cache pool size in tokens, as the engine reported it."
+)
+KV_POOL_BLOCKS = _m(
+    "kvwatch_kv_pool_blocks", "gauge", "KV-cache pool size in blocks (vLLM), as the engine reported it."
+)
+KV_POOL_BYTES = _m(
+    "kvwatch_kv_pool_bytes", "gauge", "KV-cache pool size in bytes on one rank, as the engine reported it."
+)
+KV_BLOCK_SIZE = _m(
+    "kvwatch_kv_block_size_tokens", "gauge", "Tokens per KV-cache block (vLLM block_size, SGLang page_size)."
+)
+# --- Prediction ----------------------------------------------------------------------------------
+KV_POOL_PREDICTED_TOKENS = _m(
+    "kvwatch_kv_pool_predicted_tokens",
+    "gauge",
+    "KV-cache pool size kvwatch predicts, in tokens; basis=config (a priori) or engine_budget (from the engine's logged memory terms).",
+    "basis",
+)
+KV_POOL_PREDICTED_BYTES = _m(
+    "kvwatch_kv_pool_predicted_bytes",
+    "gauge",
+    "KV-cache pool size kvwatch predicts, in bytes on one rank.",
+    "basis",
+)
+KV_POOL_GAP_RATIO = _m(
+    "kvwatch_kv_pool_gap_ratio",
+    "gauge",
+    "Observed pool tokens / predicted pool tokens - 1 (negative: smaller than predicted).",
+    "basis",
+)
+KV_BYTES_PER_TOKEN = _m(
+    "kvwatch_kv_bytes_per_token",
+    "gauge",
+    "KV-cache bytes one token costs on one rank (layers whose cache grows with context).",
+)
+PREDICTION_AVAILABLE = _m(
+    "kvwatch_prediction_available",
+    "gauge",
+    "1 for the state of the prediction (state=ok when kvwatch could predict the pool, else why not).",
+    "state",
+)
+# --- Usage and headroom --------------------------------------------------------------------------
+KV_USAGE_RATIO = _m("kvwatch_kv_usage_ratio", "gauge", "Fraction of the KV-cache pool in use (0-1).")
+KV_USED_TOKENS = _m("kvwatch_kv_used_tokens", "gauge", "Tokens held in the KV-cache pool.")
+KV_HEADROOM_TOKENS = _m(
+    "kvwatch_kv_headroom_tokens", "gauge", "Free tokens in the KV-cache pool (pool - used)."
+)
+KV_HEADROOM_REQUESTS = _m(
+    "kvwatch_kv_headroom_requests",
+    "gauge",
+    "How many more requests of max_model_len tokens the free pool holds.",
+)
+MAX_CONCURRENCY = _m(
+    "kvwatch_max_concurrency_requests",
+    "gauge",
+    "Requests of max_model_len tokens the whole pool holds; basis=observed (engine), config or engine_budget (kvwatch).",
+    "basis",
+)
+PREFIX_CACHE_HIT_RATIO = _m(
+    "kvwatch_prefix_cache_hit_ratio", "gauge", "Prefix-cache hit rate the engine reported (0-1)."
+)
+REQUESTS_RUNNING = _m("kvwatch_requests_running", "gauge", "Requests the engine is running.")
+REQUESTS_WAITING = _m("kvwatch_requests_waiting", "gauge", "Requests waiting in the engine's queue.")
+PREEMPTIONS = _m(
+    "kvwatch_preemptions",
+    "counter",
+    "Requests evicted from the KV cache: vLLM preemptions and SGLang retractions.",
+)
+# --- Memory budget -------------------------------------------------------------------------------
+MEMORY_BYTES = _m(
+    "kvwatch_memory_bytes",
+    "gauge",
+    "GPU memory budget of one rank by term (total, usable, weights, activation, non_torch, cuda_graphs, kv); basis=observed or predicted.",
+    "term",
+    "basis",
+)
+# --- Engine lifecycle ----------------------------------------------------------------------------
+ENGINE_INFO = _m(
+    "kvwatch_engine", "info", "Engine settings read from its log or /metrics.", *ENGINE_INFO_LABELS
+)
+EPOCH_START = _m(
+    "kvwatch_epoch_start_time_seconds", "gauge", "When kvwatch saw the current engine start (Unix time)."
+)
+RESTARTS = _m("kvwatch_engine_restarts", "counter", "Engine starts after the first one kvwatch saw.")
+STARTUP_FAILURES = _m(
+    "kvwatch_startup_failures",
+    "counter",
+    "Engine starts that failed for lack of KV-cache memory, by reason.",
+    "reason",
+)
+LAST_UPDATE = _m(
+    "kvwatch_last_update_timestamp_seconds",
+    "gauge",
+    "When kvwatch last received a fact from this origin (log or metrics).",
+    "origin",
+)
+DISAGREEMENTS = _m(
+    "kvwatch_log_metrics_disagreements",
+    "counter",
+    "Times the log and /metrics gave different values for the same fact.",
+    "fact",
+)
+# --- Self-metrics --------------------------------------------------------------------------------
+LINES_READ = _m("kvwatch_lines_read", "counter", "Log lines read.", base=SOURCE_LABELS)
+LINES_MATCHED = _m(
+    "kvwatch_lines_matched", "counter", "Log lines that produced an event.", base=SOURCE_LABELS
+)
+PARSE_ERRORS = _m(
+    "kvwatch_parse_errors",
+    "counter",
+    "Lines a pattern claimed but could not convert (skipped).",
+    base=SOURCE_LABELS,
+)
+LOG_ROTATIONS = _m(
+    "kvwatch_log_rotations", "counter", "Log rotations and truncations followed.", base=SOURCE_LABELS
+)
+LOG_READ_ERRORS = _m(
+    "kvwatch_log_read_errors",
+    "counter",
+    "Failed attempts to open or read a log (missing, unreadable).",
+    base=SOURCE_LABELS,
+)
+SOURCE_UP = _m(
+    "kvwatch_source_up",
+    "gauge",
+    "1 when the source (log file or /metrics URL) was readable on the last attempt.",
+    base=SOURCE_LABELS,
+)
+SCRAPE_DURATION = _m(
+    "kvwatch_scrape_duration_seconds",
+    "gauge",
+    "Duration of the last /metrics scrape of the engine.",
+    base=SOURCE_LABELS,
+)
+SCRAPE_ERRORS = _m(
+    "kvwatch_scrape_errors", "counter", "Failed /metrics scrapes by reason.", "reason", base=SOURCE_LABELS
+)
+INSTANCES = _m("kvwatch_instances", "gauge", "Engine instances tracked.", base=())
+INSTANCES_DROPPED = _m(
+    "kvwatch_dropped_events", "counter", "Events dropped because the instance cap was reached.", base=()
+)
+BUILD_INFO = _m(
+    "kvwatch_build", "info", "kvwatch version and Python version.", "version", "python_version", base=()
+)
+
+METRICS: tuple[Metric, ...] = tuple(v for v in globals().copy().values() if isinstance(v, Metric))
+
+
+def by_sample_name() -> dict[str, Metric]:
+    """Every series name that can appear in PromQL, mapped to its metric (incl. `_created` of counters)."""
+    out: dict[str, Metric] = {}
+    for metric in METRICS:
+        out[metric.sample_name] = metric
+        if metric.type == "counter":
+            out[f"{metric.name}_created"] = metric
+    return out
+
+
+def markdown_table() -> str:
+    """The README's metric table, generated so it cannot drift."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for metric in METRICS:
+        labels = ", ".join(metric.labels) or "-"
+        rows.append(f"| `{metric.sample_name}` | {metric.type} | {labels} | {metric.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,306 @@
+"""State: one record per engine instance (source x DP rank), fed by events, read at scrape time.
+
+This is the only mutable object in the pipeline. ``Fleet.apply`` is called by a single consumer
+(the sidecar's pipeline thread, or the replay loop of the offline commands); ``Fleet.snapshot``
+may be called from any thread (the /metrics handler) and returns frozen copies.
+
+Epochs: an engine prints its settings, memory budget and pool once per start. A new start in the
+log (an event with ``starts_engine``) or a counter reset on /metrics opens a new epoch: the facts of
+the old epoch are dropped (the pool is replaced, never summed), ``restarts`` goes up, and the
+preemption counter keeps counting so it stays monotonic for Prometheus.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kvwatch.events import (
+    CounterReset,
+    Disagreement,
+    Engine,
+    EngineSettings,
+    Event,
+    MemoryBudget,
+    PoolSized,
+    Preemption,
+    StartupFailure,
+    UsageSample,
+)
+
+# Fields of the base event that are identity, not facts.
+_IDENTITY = frozenset({"engine", "instance", "rank", "origin", "ts", "kind", "starts_engine"})
+
+# Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
+_POOL_TOLERANCE = 0.0
+_USAGE_TOLERANCE = 0.02
+
+DEFAULT_MAX_INSTANCES = 256
+
+
+def _facts(event: Event) -> dict[str, Any]:
+    """The non-identity, non-None fields of an event."""
+    return {k: v for k, v in event.__dict__.items() if k not in _IDENTITY and v is not None}
+
+
+@dataclass
+class InstanceState:
+    """Everything kvwatch knows about one engine instance. Mutated only through Fleet.apply."""
+
+    source: str
+    engine: Engine
+    instance: str
+    epoch: int = 1
+    epoch_started: float = 0.0
+    restarts: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    # Pool kind ('full', 'swa', 'mamba') -> merged PoolSized facts, per origin ('log', 'metrics').
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pools_by_origin: dict[str, dict[str, Any]] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+    usage_by_origin: dict[str, dict[str, Any]] = field(default_factory=dict)
+    preemptions_total: int = 0
+    # Last cumulative total seen in this epoch, per origin (vLLM V0 warnings, /metrics counters).
+    preemption_marks: dict[str, int] = field(default_factory=dict)
+    retractions: bool = False
+    startup_failures: dict[str, int] = field(default_factory=dict)
+    last_failure: dict[str, Any] | None = None
+    disagreements: dict[str, int] = field(default_factory=dict)
+    last_disagreement: dict[str, Any] | None = None
+    counter_resets: int = 0
+    last_update: dict[str, float] = field(default_factory=dict)
+    events: int = 0
+
+    def has_epoch_facts(self) -> bool:
+        """True when this epoch already holds capacity facts a new start would replace."""
+        return bool(self.pools or self.memory or self.last_failure is not None or self.usage)
+
+    def new_epoch(self, now: float) -> None:
+        """Drop the facts of one engine start; keep counters monotonic."""
+        self.epoch += 1
+        self.restarts += 1
+        self.epoch_started = now
+        self.settings = {}
+        self.memory = {}
+        self.pools = {}
+        self.pools_by_origin = {}
+        self.usage = {}
+        self.usage_by_origin = {}
+        self.preemption_marks = {}
+        self.last_failure = None
+
+
+@dataclass(frozen=True)
+class InstanceSnapshot:
+    """A read-only copy of one InstanceState, with source-level settings folded in."""
+
+    source: str
+    engine: Engine
+    instance: str
+    epoch: int
+    epoch_started: float
+    restarts: int
+    settings: dict[str, Any]
+    memory: dict[str, Any]
+    pools: dict[str, dict[str, Any]]
+    usage: dict[str, Any]
+    preemptions_total: int
+    retractions: bool
+    startup_failures: dict[str, int]
+    last_failure: dict[str, Any] | None
+    disagreements: dict[str, int]
+    last_disagreement: dict[str, Any] | None
+    counter_resets: int
+    last_update: dict[str, float]
+    events: int
+
+    @property
+    def pool(self) -> dict[str, Any]:
+        """The full-attention pool (the one that bounds concurrency), empty when unknown."""
+        return self.pools.get("full", {})
+
+
+class Fleet:
+    """All instances kvwatch tracks, keyed by (source, instance); capped to bound memory and labels."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        max_instances: int = DEFAULT_MAX_INSTANCES,
+    ) -> None:
+        self._clock = clock
+        self._max = max_instances
+        self._lock = threading.Lock()
+        self._instances: dict[tuple[str, str], InstanceState] = {}
+        # Settings printed by a process that is not an engine instance (API server) apply to all.
+        self._source_settings: dict[str, dict[str, Any]] = {}
+        self.dropped_events = 0
+
+    def apply(self, source: str, event: Event) -> None:
+        """Fold one event into the state of its instance."""
+        with self._lock:
+            self._apply(source, event)
+
+    def apply_all(self, source: str, events: Iterable[Event]) -> None:
+        """Fold several events in order under one lock."""
+        with self._lock:
+            for event in events:
+                self._apply(source, event)
+
+    def _get(self, source: str, event: Event) -> InstanceState | None:
+        key = (source, event.instance)
+        state = self._instances.get(key)
+        if state is None:
+            if len(self._instances) >= self._max:
+                self.dropped_events += 1
+                return None
+            state = InstanceState(source=source, engine=event.engine, instance=event.instance)
+            state.epoch_started = self._clock()
+            self._instances[key] = state
+        return state
+
+    def _apply(self, source: str, event: Event) -> None:
+        state = self._get(source, event)
+        if state is None:
+            return
+        now = self._clock()
+        state.events += 1
+        state.last_update[event.origin] = now
+        if isinstance(event, EngineSettings):
+            if event.starts_engine and state.has_epoch_facts():
+                state.new_epoch(now)
+            facts = _facts(event)
+            state.settings.update(facts)
+            self._source_settings.setdefault(source, {}).update(facts)
+        elif isinstance(event, MemoryBudget):
+            state.memory.update(_facts(event))
+        elif isinstance(event, PoolSized):
+            self._apply_pool(state, event)
+        elif isinstance(event, UsageSample):
+            facts = _facts(event)
+            state.usage.update(facts)
+            own = state.usage_by_origin.setdefault(event.origin, {})
+            own.update(facts)
+            self._cross_check_usage(state, event)
+        elif isinstance(event, Preemption):
+            self._apply_preemption(state, event)
+        elif isinstance(event, StartupFailure):
+            state.startup_failures[event.reason] = state.startup_failures.get(event.reason, 0) + 1
+            state.last_failure = _facts(event)
+        elif isinstance(event, CounterReset):
+            state.counter_resets += 1
+            state.new_epoch(now)
+        elif isinstance(event, Disagreement):
+            self._record_disagreement(state, event.fact, event.log_value, event.metrics_value)
+
+    def _apply_pool(self, state: InstanceState, event: PoolSized) -> None:
+        facts = _facts(event)
+        facts.pop("pool", None)
+        state.pools.setdefault(event.pool, {}).update(facts)
+        own = state.pools_by_origin.setdefault(f"{event.origin}:{event.pool}", {})
+        own.update(facts)
+        other = state.pools_by_origin.get(f"{'metrics' if event.origin == 'log' else 'log'}:{event.pool}")
+        if not other:
+            return
+        for fact, name in (
+            ("tokens", "pool_tokens"),
+            ("blocks", "pool_blocks"),
+            ("block_size", "block_size"),
+        ):
+            mine, theirs = own.get(fact), other.get(fact)
+            if mine is None or theirs is None or mine == theirs:
+                continue
+            log_v, met_v = (mine, theirs) if event.origin == "log" else (theirs, mine)
+            self._record_disagreement(state, name, float(log_v), float(met_v))
+
+    def _cross_check_usage(self, state: InstanceState, event: UsageSample) -> None:
+        if event.kv_usage_ratio is None:
+            return
+        other = state.usage_by_origin.get("metrics" if event.origin == "log" else "log", {})
+        theirs = other.get("kv_usage_ratio")
+        if theirs is None or abs(float(theirs) - event.kv_usage_ratio) <= _USAGE_TOLERANCE:
+            return
+        # Usage moves between a log line and a scrape; only a fresh pair is comparable, so this is
+        # recorded but not treated as a fault by itself (the pool facts above are the hard check).
+        log_v, met_v = (
+            (event.kv_usage_ratio, theirs) if event.origin == "log" else (theirs, event.kv_usage_ratio)
+        )
+        self._record_disagreement(state, "kv_usage_ratio", float(log_v), float(met_v))
+
+    @staticmethod
+    def _record_disagreement(state: InstanceState, fact: str, log_value: float, metrics_value: float) -> None:
+        state.disagreements[fact] = state.disagreements.get(fact, 0) + 1
+        state.last_disagreement = {"fact": fact, "log_value": log_value, "metrics_value": metrics_value}
+
+    @staticmethod
+    def _apply_preemption(state: InstanceState, event: Preemption) -> None:
+        if event.mechanism == "retract":
+            state.retractions = True
+        if event.total is not None:
+            mark = state.preemption_marks.get(event.origin)
+            if mark is None:
+                # First cumulative figure of this epoch: everything it counts happened in this epoch.
+                delta = event.total
+            elif event.total >= mark:
+                delta = event.total - mark
+            else:
+                # Went backwards without a reset event: a new engine start we did not see.
+                delta = event.total
+            state.preemption_marks[event.origin] = event.total
+            state.preemptions_total += delta
+        elif event.count is not None and event.count > 0:
+            state.preemptions_total += event.count
+
+    def snapshot(self) -> list[InstanceSnapshot]:
+        """Frozen copies of every instance, sorted by (source, instance)."""
+        with self._lock:
+            out = []
+            for (source, _), st in sorted(self._instances.items()):
+                settings = dict(self._source_settings.get(source, {}))
+                settings.update(st.settings)
+                out.append(
+                    InstanceSnapshot(
+                        source=st.source,
+                        engine=st.engine,
+                        instance=st.instance,
+                        epoch=st.epoch,
+                        epoch_started=st.epoch_started,
+                        restarts=st.restarts,
+                        settings=settings,
+                        memory=dict(st.memory),
+                        pools={k: dict(v) for k, v in st.pools.items()},
+                        usage=dict(st.usage),
+                        preemptions_total=st.preemptions_total,
+                        retractions=st.retractions,
+                        startup_failures=dict(st.startup_failures),
+                        last_failure=dict(st.last_failure) if st.last_failure is not None else None,
+                        disagreements=dict(st.disagreements),
+                        last_disagreement=dict(st.last_disagreement) if st.last_disagreement else None,
+                        counter_resets=st.counter_resets,
+                        last_update=dict(st.last_update),
+                        events=st.events,
+                    )
+                )
+            return out
+
+    def instances(self) -> list[InstanceState]:
+        """The live records (for persistence by the single writer; do not mutate from elsewhere)."""
+        with self._lock:
+            return [replace(st) for st in self._instances.values()]
+
+    def restore(self, states: Iterable[InstanceState], source_settings: dict[str, dict[str, Any]]) -> None:
+        """Load records saved by a previous kvwatch process (state file)."""
+        with self._lock:
+            for st in states:
+                self._instances[(st.source, st.instance)] = st
+            for source, settings in source_settings.items():
+                self._source_settings.setdefault(source, {}).update(settings)
+
+    def source_settings(self) -> dict[str, dict[str, Any]]:
+        """Settings printed by a source's non-instance processes, for persistence."""
+        with self._lock:
+            return {k: dict(v) for k, v in self._source_settings.items()}

@@ -1,0 +1,77 @@
+"""Byte sizes as users and engines write them.
+
+Engines print GiB while calling them GB (vLLM's 'GiB', SGLang's 'GB' that is really GiB), users type
+'80GB' meaning decimal gigabytes, and nvidia-smi reports MiB. These helpers keep the distinction in
+one place so every command reads and writes sizes the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import regex
+
+from kvwatch.errors import ConfigError
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": KiB,
+    "kib": KiB,
+    "mi": MiB,
+    "mib": MiB,
+    "gi": GiB,
+    "gib": GiB,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+
+_SIZE = regex.compile(
+    r"^\s*(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)\s*$"
+)
+
+
+def parse_size(text: str) -> int:
+    """Parse '52.31566GiB', '80GB', '81559MiB' or '1234' into whole bytes (rounded down)."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise ConfigError(f"not a size: {text!r} (examples: 80GB, 81559MiB, 52.3GiB, 1073741824)")
+    unit = m.group("unit").lower()
+    if unit not in _UNITS:
+        raise ConfigError(
+            f"unknown size unit {m.group('unit')!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)"
+        )
+    number = float(m.group("num")) * (10 ** int(m.group("exp")) if m.group("exp") else 1)
+    value = math.floor(number * _UNITS[unit])
+    if value <= 0:
+        raise ConfigError(f"size must be positive: {text!r}")
+    return value
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes as GiB."""
+    return n_bytes / GiB
+
+
+def format_bytes(n_bytes: float | None) -> str:
+    """Human form with binary units, e.g. '52.32 GiB'; '-' for None."""
+    if n_bytes is None:
+        return "-"
+    sign = "-" if n_bytes < 0 else ""
+    value = abs(float(n_bytes))
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if value >= size:
+            return f"{sign}{value / size:.2f} {unit}"
+    return f"{sign}{value:.0f} B"
