@@ -23,3 +23,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+def _tool(name: str) -> str:
+    """Path of a Debian `prometheus` package binary; in CI a missing one fails, elsewhere it skips."""
+    import os
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} not found (Debian package 'prometheus'; `make tools` installs it as root)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Path to promtool."""
+    return _tool("promtool")
+
+
+@pytest.fixture(scope="session")
+def prometheus_server() -> str:
+    """Path to the Prometheus server binary."""
+    return _tool("prometheus")
