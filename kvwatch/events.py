@@ -83,6 +83,11 @@ class MemoryBudget(_Event):
     # after allocating the pool ('Memory pool end. avail mem=').
     avail_after_weights_bytes: int | None = None
     avail_after_pool_bytes: int | None = None
+    # SGLang: free memory before loading weights ('Load weight begin. avail mem='; the base its
+    # KV budget is a fraction of) and once fully started ('max_total_num_tokens=...,
+    # available_gpu_mem=': the headroom left for activations at serve time).
+    avail_before_weights_bytes: int | None = None
+    avail_after_startup_bytes: int | None = None
     mem_fraction_static: float | None = None
 
 
@@ -118,6 +123,12 @@ class UsageSample(_Event):
     prefix_cache_hit_ratio: float | None = None
     swa_usage_ratio: float | None = None
     mamba_usage_ratio: float | None = None
+    # SGLang hybrid pools: '#swa token' (sliding-window pool tokens) and 'mamba num' (state slots).
+    swa_used_tokens: int | None = None
+    mamba_used_slots: int | None = None
+    # SGLang PD decode '#retracted-req': requests retracted and waiting to be re-admitted (a queue
+    # length, not a count of new retractions -- those are Preemption events).
+    retracted: int | None = None
     cpu_kv_usage_ratio: float | None = None
     prompt_throughput: float | None = None
     generation_throughput: float | None = None
