@@ -1,0 +1,662 @@
+"""Follow an engine's log file(s) the way ``tail -F`` does, without losing or repeating lines.
+
+Design (one reader thread, watchdog only as a doorbell):
+
+* watchdog (inotify, or its polling observer when inotify is unavailable or asked for) watches the
+  *directories* of the followed paths and of their symlink targets; an event only marks a path dirty
+  and wakes the reader thread. All reads happen in that one thread, so ``on_line`` is called from a
+  single thread, in file order.
+* A stat every ``recheck_interval`` seconds re-checks everything, so a missed or coalesced event
+  (NFS, overlay mounts, a full inotify queue) delays a line by at most that interval, never loses it.
+* Each file is read from the beginning (an engine prints its KV pool once, at startup) unless a
+  saved position says it was already read up to an offset (``resume``).
+* Rotation: when the path names another file (rename-and-create, delete-and-recreate, a swapped
+  Kubernetes symlink), the old file is kept open and read to its end, also later (``retire_after``)
+  in case the writer had not reopened yet, and the new file is read from 0. When the file we hold
+  is truncated in place (copytruncate), the bytes we had not read yet are recovered from the copy
+  beside it (found by its first and last bytes) and the file is read again from 0.
+* Truncation is seen by comparing the bytes just before our offset with what we read there; a
+  shrink alone would miss a file that grew past our offset again before we looked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import glob
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchdog.events import (
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers.polling import PollingObserver
+
+from kvwatch.sources.lines import LineSplitter
+
+log = logging.getLogger(__name__)
+
+# How many bytes identify a position in a file: the last bytes before the offset (and the first
+# bytes of the file) are compared to notice truncation and to find a copytruncate copy.
+_FINGERPRINT = 64
+_CHUNK = 1 << 16
+_EVENT_TYPES = [FileModifiedEvent, FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
+
+LineCallback = Callable[[str, str], None]
+PathCallback = Callable[[str], None]
+ErrorCallback = Callable[[str, BaseException], None]
+
+
+@dataclass(frozen=True, slots=True)
+class FilePosition:
+    """Where reading of one followed path stopped: the start of the first line not yet delivered.
+
+    ``fingerprint`` (hex of up to 64 bytes before ``offset``; empty when unknown) guards against an
+    inode number reused by a new file of sufficient size while kvwatch was down.
+    """
+
+    path: str
+    dev: int
+    inode: int
+    offset: int
+    fingerprint: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form for the state file."""
+        return {
+            "path": self.path,
+            "dev": self.dev,
+            "inode": self.inode,
+            "offset": self.offset,
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FilePosition:
+        """Inverse of ``to_dict``; raises KeyError/TypeError/ValueError on a malformed entry."""
+        return cls(
+            path=str(data["path"]),
+            dev=int(data["dev"]),
+            inode=int(data["inode"]),
+            offset=int(data["offset"]),
+            fingerprint=str(data.get("fingerprint", "")),
+        )
+
+
+@dataclass(eq=False)
+class _Reader:
+    """One open file (one inode) and how far it has been read."""
+
+    fd: int
+    dev: int
+    ino: int
+    offset: int
+    splitter: LineSplitter
+    # First bytes of the current generation of this file (reset by a truncation) and the last
+    # bytes before ``offset``: together they identify the data we have read.
+    head: bytes = b""
+    tail: bytes = b""
+    last_growth: float = field(default_factory=time.monotonic)
+
+    def line_start(self) -> int:
+        return self.offset - self.splitter.pending_bytes
+
+
+@dataclass(eq=False)
+class _Stream:
+    """A followed path: its current file and the rotated-away files still being drained."""
+
+    path: str
+    reader: _Reader | None = None
+    retired: list[_Reader] = field(default_factory=list)
+    opened_once: bool = False
+    # In an error episode (missing with nothing open, or unreadable): counted once per episode.
+    failing: bool = False
+    resume: FilePosition | None = None
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+class _Doorbell(FileSystemEventHandler):
+    """Hands watchdog events to the tailer; runs in watchdog's dispatcher thread."""
+
+    def __init__(self, tailer: LogTailer) -> None:
+        super().__init__()
+        self._tailer = tailer
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self._tailer._on_fs_event(event)
+
+
+class LogTailer:
+    """Follow one path or glob pattern and call ``on_line(path, line)`` for every line, once.
+
+    ``on_line``, ``on_rotate`` and ``on_error`` are called from the tailer's own thread.
+    ``rotations``, ``read_errors``, ``truncated_lines`` and ``up`` feed the self-metrics.
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        on_line: LineCallback,
+        *,
+        on_rotate: PathCallback | None = None,
+        on_error: ErrorCallback | None = None,
+        polling: bool = False,
+        recheck_interval: float = 1.0,
+        poll_interval: float = 0.25,
+        retire_after: float = 5.0,
+        max_line_chars: int = 65536,
+        resume: Mapping[str, FilePosition] | None = None,
+    ) -> None:
+        if recheck_interval <= 0 or poll_interval <= 0 or retire_after < 0:
+            raise ValueError("recheck_interval and poll_interval must be > 0, retire_after >= 0")
+        self.pattern = os.path.abspath(os.path.expanduser(pattern))
+        self.is_glob = _has_magic(self.pattern)
+        self._on_line = on_line
+        self._on_rotate = on_rotate
+        self._on_error = on_error
+        self.polling = polling
+        self.recheck_interval = recheck_interval
+        self.poll_interval = poll_interval
+        self.retire_after = retire_after
+        self.max_line_chars = max_line_chars
+        self._resume = {os.path.abspath(k): v for k, v in (resume or {}).items()}
+
+        # Counters (monotonic) for kvwatch's self-metrics.
+        self.rotations = 0
+        self.read_errors = 0
+        self.callback_errors = 0
+        self._truncated_closed = 0
+
+        self._lock = threading.RLock()
+        self._streams: dict[str, _Stream] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._dirty_lock = threading.Lock()
+        self._dirty: set[str] = set()
+        self._rescan = True
+        # Event path -> stream path; replaced wholesale by the reader thread, read by the doorbell.
+        self._route: dict[str, str] = {}
+        self._watched: dict[str, tuple[Any, Any]] = {}
+        self._observer: Any = None
+        self._fallback: Any = None
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._handler = _Doorbell(self)
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start watching and reading; returns at once (files are read in the tailer's thread)."""
+        if self._thread is not None:
+            raise RuntimeError("LogTailer already started")
+        self._observer = self._make_observer()
+        self._observer.start()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name=f"kvwatch-tail:{self.pattern}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and watchdog, close every file. Unfinished lines are not delivered:
+        ``positions()`` points at their start, so a resumed tailer reads them whole."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for observer in (self._observer, self._fallback):
+            if observer is not None:
+                observer.stop()
+        for observer in (self._observer, self._fallback):
+            if observer is not None and observer.is_alive():
+                observer.join(timeout)
+        if not self._lock.acquire(timeout=timeout):
+            log.warning(
+                "log tailer for %s did not stop in %.0f s; leaving its files open", self.pattern, timeout
+            )
+            return
+        try:
+            self._running = False
+            for stream in self._streams.values():
+                for reader in [*stream.retired, *([stream.reader] if stream.reader else [])]:
+                    self._truncated_closed += reader.splitter.truncated
+                    os.close(reader.fd)
+                stream.retired.clear()
+                stream.reader = None
+        finally:
+            self._lock.release()
+
+    def positions(self) -> dict[str, FilePosition]:
+        """Resumable position of every followed path that has a file open (for the state file)."""
+        out: dict[str, FilePosition] = {}
+        with self._lock:
+            for path, stream in self._streams.items():
+                reader = stream.reader
+                if reader is None:
+                    continue
+                offset = reader.line_start()
+                k = min(offset, _FINGERPRINT)
+                try:
+                    fingerprint = os.pread(reader.fd, k, offset - k).hex() if k else ""
+                except OSError:
+                    fingerprint = ""
+                out[path] = FilePosition(path, reader.dev, reader.ino, offset, fingerprint)
+        return out
+
+    def paths(self) -> list[str]:
+        """Paths followed so far (the pattern itself, or every glob match seen)."""
+        with self._lock:
+            return sorted(self._streams)
+
+    @property
+    def up(self) -> bool:
+        """Running, at least one file open, and no followed path currently missing or unreadable."""
+        with self._lock:
+            streams = list(self._streams.values())
+            return (
+                self._running
+                and not self._stop.is_set()
+                and any(s.reader is not None for s in streams)
+                and not any(s.failing for s in streams)
+            )
+
+    @property
+    def truncated_lines(self) -> int:
+        """Lines cut at ``max_line_chars`` so far."""
+        with self._lock:
+            total = self._truncated_closed
+            for stream in self._streams.values():
+                for reader in [*stream.retired, *([stream.reader] if stream.reader else [])]:
+                    total += reader.splitter.truncated
+            return total
+
+    @property
+    def observer_kind(self) -> str:
+        """'inotify' (or the platform's native API), 'polling', or 'native+polling' after a fallback."""
+        if self._observer is None:
+            return "stopped"
+        native = not isinstance(self._observer, PollingObserver)
+        if native and self._fallback is not None:
+            return "native+polling"
+        return "native" if native else "polling"
+
+    # ---- watchdog side (dispatcher thread) --------------------------------------------------
+
+    def _on_fs_event(self, event: FileSystemEvent) -> None:
+        route = self._route
+        hit = False
+        for raw in (event.src_path, event.dest_path):
+            if not raw:
+                continue
+            path = os.fsdecode(raw)
+            target = route.get(path)
+            if target is not None:
+                with self._dirty_lock:
+                    self._dirty.add(target)
+                hit = True
+            elif self.is_glob and event.event_type in ("created", "moved"):
+                if fnmatch.fnmatchcase(os.path.basename(path), os.path.basename(self.pattern)):
+                    self._rescan = True
+                    hit = True
+        if hit:
+            self._wake.set()
+
+    # ---- reader thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_check = 0.0
+        while not self._stop.is_set():
+            try:
+                now = time.monotonic()
+                full = now >= next_check
+                if full or self._rescan:
+                    # A new glob match or a rotation (maybe to a file in another directory):
+                    # re-route events, then look at every path once.
+                    self._rescan = False
+                    self._discover()
+                    self._sync_watches()
+                    with self._dirty_lock:
+                        self._dirty.clear()
+                    targets = list(self._streams.values())
+                    if full:
+                        next_check = now + self.recheck_interval
+                else:
+                    with self._dirty_lock:
+                        dirty, self._dirty = self._dirty, set()
+                    targets = [self._streams[p] for p in dirty if p in self._streams]
+                for stream in targets:
+                    if self._stop.is_set():
+                        break
+                    self._poll(stream, check_retired=full)
+            except Exception as exc:  # the tailer must outlive any bug or surprise
+                log.exception("log tailer loop error")
+                self._report("", exc)
+                self._stop.wait(0.1)
+            self._wake.wait(max(0.0, next_check - time.monotonic()))
+            self._wake.clear()
+
+    def _discover(self) -> None:
+        """Create streams for the literal path, or for glob matches not seen before."""
+        if not self.is_glob:
+            candidates: Iterable[str] = [self.pattern]
+        else:
+            candidates = (os.path.abspath(p) for p in glob.glob(self.pattern) if os.path.isfile(p))
+        with self._lock:
+            for path in candidates:
+                if path not in self._streams:
+                    self._streams[path] = _Stream(path, resume=self._resume.get(path))
+
+    def _sync_watches(self) -> None:
+        """Watch the directories of the paths and of their symlink targets; route events to paths."""
+        route: dict[str, str] = {}
+        dirs: set[str] = set()
+        for path in list(self._streams):
+            for name in {path, os.path.realpath(path)}:
+                parent = os.path.realpath(os.path.dirname(name))
+                route[os.path.join(parent, os.path.basename(name))] = path
+                route[name] = path
+                dirs.add(parent)
+        if self.is_glob:
+            dirs.update(os.path.realpath(d) for d in glob.glob(os.path.dirname(self.pattern)))
+        self._route = route
+        # A deleted directory's watch is dead; forget it so the directory is watched again if it returns.
+        gone = {d for d in self._watched if d not in dirs or not os.path.isdir(d)}
+        for directory in gone:
+            observer, watch = self._watched.pop(directory)
+            with contextlib.suppress(KeyError, OSError):
+                observer.unschedule(watch)
+        for directory in dirs - set(self._watched):
+            if os.path.isdir(directory):
+                self._watch(directory)
+
+    def _make_observer(self) -> Any:
+        if self.polling:
+            return PollingObserver(timeout=self.poll_interval)
+        try:
+            from watchdog.observers import Observer
+
+            return Observer()
+        except Exception as exc:  # no native backend on this platform
+            self._report("", exc)
+            self.polling = True
+            return PollingObserver(timeout=self.poll_interval)
+
+    def _watch(self, directory: str) -> None:
+        try:
+            watch = self._observer.schedule(self._handler, directory, event_filter=_EVENT_TYPES)
+            self._watched[directory] = (self._observer, watch)
+            return
+        except OSError as exc:
+            if isinstance(self._observer, PollingObserver):
+                self._report(directory, exc)
+                return
+            # inotify instance or watch limit reached: poll this directory instead.
+            log.warning("inotify unavailable for %s (%s); polling it", directory, exc)
+        if self._fallback is None:
+            self._fallback = PollingObserver(timeout=self.poll_interval)
+            self._fallback.start()
+        try:
+            watch = self._fallback.schedule(self._handler, directory, event_filter=_EVENT_TYPES)
+            self._watched[directory] = (self._fallback, watch)
+        except OSError as exc:
+            self._report(directory, exc)
+
+    def _poll(self, stream: _Stream, *, check_retired: bool) -> None:
+        with self._lock:
+            if check_retired and stream.retired:
+                now = time.monotonic()
+                for reader in list(stream.retired):
+                    grew = self._drain(stream, reader, retired=True)
+                    if grew is None or (not grew and now - reader.last_growth >= self.retire_after):
+                        self._close(stream, reader)
+            if stream.reader is not None:
+                self._drain(stream, stream.reader, retired=False)
+            self._check_identity(stream)
+
+    def _check_identity(self, stream: _Stream) -> None:
+        """Notice a rotation (the path names another file) or a file that appeared."""
+        current = stream.reader
+        try:
+            st = os.stat(stream.path)
+        except OSError as exc:
+            # Between a rename and the new file's creation the path is missing: keep reading the
+            # file we hold. Only a path with nothing open is an error.
+            if current is None:
+                self._fail(stream, exc)
+            return
+        if current is not None and (st.st_dev, st.st_ino) == (current.dev, current.ino):
+            return
+        if not stat.S_ISREG(st.st_mode):
+            if current is None:
+                self._fail(stream, IsADirectoryError(f"not a regular file: {stream.path}"))
+            return
+        try:
+            fd = os.open(stream.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            self._fail(stream, exc)
+            return
+        try:
+            dev, ino = _ident(fd)
+        except OSError as exc:
+            os.close(fd)
+            self._fail(stream, exc)
+            return
+        if current is not None and (dev, ino) == (current.dev, current.ino):
+            os.close(fd)  # the path flipped back between stat and open; nothing changed
+            return
+        reader = _Reader(fd, dev, ino, 0, LineSplitter(self.max_line_chars))
+        if stream.resume is not None and not stream.opened_once:
+            self._apply_resume(stream, reader, stream.resume)
+        stream.resume = None
+        stream.failing = False
+        if current is not None:
+            # Rotation: finish the old file now, keep draining it a while (a writer that has not
+            # reopened yet still appends to it), and read the new one from its start.
+            self._drain(stream, current, retired=True)
+            current.last_growth = time.monotonic()
+            stream.retired.append(current)
+            self._rotated(stream.path)
+            self._rescan = True
+            self._wake.set()
+        elif stream.opened_once:
+            self._rotated(stream.path)  # reappeared after being missing: delete-and-recreate
+        stream.reader = reader
+        stream.opened_once = True
+        self._drain(stream, reader, retired=False)
+
+    def _apply_resume(self, stream: _Stream, reader: _Reader, pos: FilePosition) -> None:
+        """Continue at a saved offset when it is the same file; else finish the old file first
+        (renamed beside it while kvwatch was down) and read the new one from 0."""
+        if self._matches(reader.fd, reader.dev, reader.ino, pos):
+            self._seek(reader, pos.offset)
+            return
+        directory = os.path.dirname(os.path.realpath(stream.path))
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) != (pos.dev, pos.inode) or not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return
+            if self._matches(fd, st.st_dev, st.st_ino, pos):
+                old = _Reader(fd, st.st_dev, st.st_ino, 0, LineSplitter(self.max_line_chars))
+                self._seek(old, pos.offset)
+                self._drain(stream, old, retired=True)
+                stream.retired.append(old)
+            else:
+                os.close(fd)
+            return
+
+    @staticmethod
+    def _matches(fd: int, dev: int, ino: int, pos: FilePosition) -> bool:
+        if (dev, ino) != (pos.dev, pos.inode):
+            return False
+        try:
+            if os.fstat(fd).st_size < pos.offset:
+                return False
+            if pos.fingerprint:
+                want = bytes.fromhex(pos.fingerprint)
+                return os.pread(fd, len(want), pos.offset - len(want)) == want
+        except (OSError, ValueError):
+            return False
+        return True
+
+    @staticmethod
+    def _seek(reader: _Reader, offset: int) -> None:
+        reader.offset = offset
+        reader.head = os.pread(reader.fd, min(offset, _FINGERPRINT), 0)
+        k = min(offset, _FINGERPRINT)
+        reader.tail = os.pread(reader.fd, k, offset - k) if k else b""
+
+    def _drain(self, stream: _Stream, reader: _Reader, *, retired: bool) -> bool | None:
+        """Read ``reader`` to its current end and deliver the lines.
+
+        Returns whether it grew, or None when a retired file turned out truncated (give it up).
+        """
+        grew = False
+        while not self._stop.is_set():
+            k = len(reader.tail)
+            try:
+                data = os.pread(reader.fd, k + _CHUNK, reader.offset - k)
+            except OSError as exc:
+                if not retired:
+                    self._fail(stream, exc)
+                return grew
+            if not retired:
+                stream.failing = False
+            if data[:k] != reader.tail:
+                if retired:
+                    return None
+                self._truncated(stream, reader)
+                continue
+            body = data[k:]
+            if not body:
+                break
+            grew = True
+            reader.offset += len(body)
+            reader.last_growth = time.monotonic()
+            if len(reader.head) < _FINGERPRINT:
+                reader.head = (reader.head + body)[:_FINGERPRINT]
+            reader.tail = (reader.tail + body[-_FINGERPRINT:])[-_FINGERPRINT:]
+            self._deliver(stream.path, reader.splitter.feed(body))
+            if len(body) < _CHUNK:
+                break
+        return grew
+
+    def _truncated(self, stream: _Stream, reader: _Reader) -> None:
+        """copytruncate: recover what we had not read from the copy, then read again from 0."""
+        if not self._recover_from_copy(stream, reader):
+            reader.splitter.reset()  # its continuation is gone; don't glue it to a new line
+        reader.offset = 0
+        reader.head = b""
+        reader.tail = b""
+        self._rotated(stream.path)
+
+    def _recover_from_copy(self, stream: _Stream, reader: _Reader) -> bool:
+        if not reader.head:
+            return False
+        real = os.path.realpath(stream.path)
+        directory, base = os.path.split(real)
+        best: tuple[float, str] | None = None
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return False
+        for entry in entries:
+            if not entry.name.startswith(base) or entry.name == base:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or st.st_size < reader.offset:
+                    continue
+                if (st.st_dev, st.st_ino) == (reader.dev, reader.ino):
+                    continue
+                with open(entry.path, "rb") as fh:
+                    if fh.read(len(reader.head)) != reader.head:
+                        continue
+                    fh.seek(reader.offset - len(reader.tail))
+                    if fh.read(len(reader.tail)) != reader.tail:
+                        continue
+            except OSError:
+                continue
+            if best is None or st.st_mtime > best[0]:
+                best = (st.st_mtime, entry.path)
+        if best is None:
+            return False
+        try:
+            with open(best[1], "rb") as fh:
+                fh.seek(reader.offset)
+                while chunk := fh.read(_CHUNK):
+                    self._deliver(stream.path, reader.splitter.feed(chunk))
+        except OSError as exc:
+            self._report(best[1], exc)
+        return True
+
+    def _close(self, stream: _Stream, reader: _Reader) -> None:
+        """A rotated-away file is finished: its last unterminated line is a line."""
+        stream.retired.remove(reader)
+        last = reader.splitter.flush()
+        if last is not None:
+            self._deliver(stream.path, [last])
+        self._truncated_closed += reader.splitter.truncated
+        os.close(reader.fd)
+
+    def _deliver(self, path: str, lines: list[str]) -> None:
+        for line in lines:
+            try:
+                self._on_line(path, line)
+            except Exception as exc:
+                self.callback_errors += 1
+                log.exception("on_line callback failed")
+                self._report(path, exc)
+
+    def _rotated(self, path: str) -> None:
+        self.rotations += 1
+        if self._on_rotate is not None:
+            try:
+                self._on_rotate(path)
+            except Exception as exc:
+                self.callback_errors += 1
+                self._report(path, exc)
+
+    def _fail(self, stream: _Stream, exc: BaseException) -> None:
+        if stream.failing:
+            return
+        stream.failing = True
+        self.read_errors += 1
+        log.warning("cannot read %s: %s (retrying)", stream.path, exc)
+        self._report(stream.path, exc)
+
+    def _report(self, path: str, exc: BaseException) -> None:
+        if self._on_error is None:
+            return
+        try:
+            self._on_error(path, exc)
+        except Exception:
+            log.exception("on_error callback failed")

@@ -1,0 +1,57 @@
+"""``--log -``: read an engine's output piped into kvwatch (``vllm serve ... 2>&1 | kvwatch run --log -``).
+
+A pipe cannot rotate or be re-read, so this is only line splitting plus a way to stop: the read
+waits with ``select`` in short slices so that ``stop`` is honoured even when the writer is silent.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+from collections.abc import Callable
+from typing import BinaryIO
+
+from kvwatch.sources.lines import LineSplitter
+
+_CHUNK = 1 << 16
+
+
+def read_lines(
+    on_line: Callable[[str], None],
+    *,
+    stop: threading.Event,
+    stream: BinaryIO | None = None,
+    max_line_chars: int = 65536,
+    wait_slice: float = 0.2,
+) -> LineSplitter:
+    """Call ``on_line`` for every line of ``stream`` (stdin by default) until EOF or ``stop``.
+
+    At EOF an unterminated last line is delivered too (the writer is gone, nothing will follow).
+    Returns the splitter, whose ``truncated`` counts lines cut at ``max_line_chars``.
+    """
+    source = stream if stream is not None else sys.stdin.buffer
+    fd = source.fileno()
+    splitter = LineSplitter(max_line_chars)
+    while not stop.is_set():
+        try:
+            ready, _, _ = select.select([fd], [], [], wait_slice)
+        except InterruptedError:
+            continue
+        if not ready:
+            continue
+        try:
+            data = os.read(fd, _CHUNK)
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            continue
+        if not data:
+            last = splitter.flush()
+            if last is not None:
+                on_line(last)
+            break
+        for line in splitter.feed(data):
+            on_line(line)
+    return splitter
