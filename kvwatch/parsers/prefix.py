@@ -1,0 +1,287 @@
+"""Prefix stripping: one raw log line -> (message body, LineMeta).
+
+Engine lines reach kvwatch wrapped in layers that differ by deployment and release: container
+runtimes add RFC3339 stamps (Docker ``--timestamps``, Kubernetes, the CRI ``... stdout F`` form),
+log shippers wrap the line in JSON, Ray and vLLM's multiprocess executors prefix the process
+(``(EngineCore_DP0 pid=1)``, ``(Worker_TP1 pid=2)``, ``(pid=3, ip=10.0.0.1)``), torch prefixes
+``[rank0]:``, vLLM prints its own ``INFO 06-05 10:00:00 [file.py:12]`` and SGLang its
+``[2025-01-01 10:00:00 DP0 TP0]``; launchers re-emit the message with the file:line moved to the end.
+Layers are peeled from the left in a loop, so any nesting order works. What the layers say about
+the printing process goes into LineMeta: ``instance`` is the data-parallel rank / V1 engine index,
+``rank`` the TP (or worker) rank. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import regex
+
+from kvwatch.parsers.base import LineMeta
+
+# ANSI SGR and other CSI sequences (vLLM always coloured its process prefix up to 0.11.2).
+_ANSI = regex.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+# Container runtimes: '2026-05-12T08:01:39.331095044Z ' (docker --timestamps, kubectl --timestamps)
+# optionally followed by the CRI stream and tag: '... stdout F ' (containerd/cri-o log files).
+_RFC3339 = regex.compile(
+    r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s+"
+    r"(?:(?:stdout|stderr)\s+[FP]\s)?"
+)
+
+# kubectl logs --prefix: '[pod/vllm-0/vllm] '.
+_KUBECTL = regex.compile(r"\[pod/[^\]\s]+\]\s")
+
+# syslog / journald short format: 'Nov 30 10:00:00 host vllm[123]: '.
+_SYSLOG = regex.compile(r"(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}) [\w.\-]+ [\w.\-/@]+(?:\[\d+\])?: ")
+
+# Process prefixes: vLLM '(EngineCore_DP0 pid=5012)', '(VllmWorker rank=0 pid=4312)',
+# '(VllmWorker PP0_TP1 pid=7)', '(Worker_DP0_TP0_EP0 pid=8)', '(VllmWorkerProcess pid=6496)',
+# '(APIServer pid=4801)'; Ray '(pid=123, ip=10.0.0.1)', '(RayWorkerWrapper pid=9, ip=10.0.0.2)',
+# SGLang under Ray '(SchedulerActor pid=123, ip=10.0.0.1)'.
+_PROCESS = regex.compile(r"\((?:(?P<name>[A-Za-z_][\w.\-]*(?: [\w=]+)*) )?pid=\d+(?:,\s*ip=[^)\s]+)?\)\s?")
+
+# torch.distributed elastic: '[rank0]: '.
+_TORCH_RANK = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
+
+# vLLM's own level prefix: '<= 0.7.3: INFO 06-05 10:00:00 gpu_executor.py:122] ', 0.8+: with '[' and
+# at DEBUG a path; ColoredFormatter output is plain once ANSI is gone. Continuation lines of a
+# multi-line record repeat it and may be empty after it.
+_VLLM_LEVEL = regex.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
+    r"(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d+)?) "
+    r"\[?[^\s\]]+:\d+\](?: |$)"
+)
+
+# A bare '[file.py:123] ' left when a user stripped only the level and time.
+_FILE_LINE = regex.compile(r"\[[\w./\-]+\.py:\d+\](?: |$)")
+
+# SGLang: '[2025-01-01 10:00:00 DP0 TP0] ', '[16:43:29 TP0] ' (0.2.x time only), '[ts.mmm ATTN_CP0 TP0] '.
+# Launchers using Python's default '%(asctime)s' look the same with ',mmm'.
+_SGLANG = regex.compile(
+    r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3,6})?)"
+    r"(?P<tags>(?: [A-Z]+(?:_[A-Z]+)*\d+)*)\](?::)?(?: |$)"
+)
+_SGLANG_TAG = regex.compile(r"(?P<kind>[A-Z]+(?:_[A-Z]+)*)(?P<n>\d+)")
+
+# Launcher level brackets after a timestamp: lighteval '[    INFO]: ', Python 'name - INFO - ',
+# logging.basicConfig 'INFO:vllm.engine:'.
+_LAUNCHER_LEVEL = regex.compile(
+    r"(?:\[\s*(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*\]:?"
+    r"|(?:- )?[\w.]+ - (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) -"
+    r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL):[A-Za-z_][\w.]*:)\s?"
+)
+
+# Bare timestamps: '2025-03-27 14:19:15,991 ' (Python logging asctime) and time-only '10:00:00 '.
+_PLAIN_TS = regex.compile(r"(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)(?: - | \| | )")
+
+# Launchers that move the location to the end: '... per request: 66.08x (executor_base.py:115)'.
+_TRAILING_LOCATION = regex.compile(r"\s+\([\w./\-]+\.py:\d+\)\s*$")
+
+# Ray log deduplication: '... [repeated 7x across cluster]' (+ an explanation the first time).
+_RAY_REPEATED = regex.compile(r"\s*\[repeated (?P<n>\d+)x across cluster\].*$")
+
+# A known timestamped prefix somewhere inside the line, for lines pasted with junk glued in front
+# ('[Bug] [2026-06-28 15:16:45] ...', '@c:\\path\\file.txt [2026-08-23 09:05:37 TP0 EP0] ...').
+_EMBEDDED = regex.compile(
+    r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}:\d{2}:\d{2} \[?[^\s\]]+:\d+\] "
+    r"|\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3,6})?(?: [A-Z]+(?:_[A-Z]+)*\d+)*\] "
+    r"|\((?:[A-Za-z_][\w.\-]*(?: [\w=]+)* )?pid=\d+(?:,\s*ip=[^)\s]+)?\) )"
+)
+
+_MAX_LAYERS = 12
+_JSON_MESSAGE_KEYS = ("message", "msg", "log")
+
+
+class _Meta:
+    """Mutable accumulator used while peeling one line."""
+
+    __slots__ = ("instance", "rank", "ts", "repeated")
+
+    def __init__(self) -> None:
+        self.instance: str | None = None
+        self.rank: int | None = None
+        self.ts: str | None = None
+        self.repeated = 1
+
+    def freeze(self) -> LineMeta:
+        return LineMeta(
+            instance=self.instance if self.instance is not None else "0",
+            rank=self.rank,
+            ts=self.ts,
+            repeated=self.repeated,
+        )
+
+
+def _process_name(name: str, meta: _Meta) -> None:
+    """Read the engine instance and worker rank out of a process name.
+
+    'EngineCore_DP1' / 'EngineCore_1' (0.8.5-0.10.1) / 'Worker_DP1_TP0' carry the instance; 'TP3',
+    'rank=3' the rank. The outermost prefix owns the instance (an engine core that forwards a Ray
+    worker's line knows which engine it is); the innermost names the rank.
+    """
+    instance: str | None = None
+    rank: int | None = None
+    for part in regex.split(r"[ _]", name):
+        if part.startswith("DP") and part[2:].isdigit():
+            instance = str(int(part[2:]))
+        elif part.startswith("TP") and part[2:].isdigit():
+            rank = int(part[2:])
+        elif part.startswith("rank=") and part[5:].isdigit():
+            rank = int(part[5:])
+        elif part.isdigit() and name.startswith("EngineCore_"):
+            instance = str(int(part))
+    if instance is not None and meta.instance is None:
+        meta.instance = instance
+    if rank is not None:
+        meta.rank = rank
+
+
+def _sglang_tags(tags: str, meta: _Meta) -> None:
+    for m in _SGLANG_TAG.finditer(tags):
+        kind, n = m.group("kind"), int(m.group("n"))
+        if kind == "DP" and meta.instance is None:
+            meta.instance = str(n)
+        elif kind == "TP":
+            meta.rank = n
+
+
+def _json_body(line: str, meta: _Meta) -> str | None:
+    """The message of a JSON log record (vLLM's json formatter, Docker json-file, shippers)."""
+    try:
+        record: Any = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    for key in _JSON_MESSAGE_KEYS:
+        value = record.get(key)
+        if isinstance(value, str):
+            break
+    else:
+        return None
+    process = record.get("processName")
+    if isinstance(process, str):
+        _process_name(process, meta)
+    for ts_key in ("asctime", "time", "timestamp", "@timestamp"):
+        ts = record.get(ts_key)
+        if isinstance(ts, str):
+            meta.ts = ts
+            break
+    return value.rstrip("\r\n")
+
+
+def _peel(text: str, meta: _Meta) -> str:
+    """Remove every known wrapper from the left of ``text`` (and the known suffixes)."""
+    for _ in range(_MAX_LAYERS):
+        if not text:
+            return text
+        first = text[0]
+        m: regex.Match[str] | None = None
+        if first == "{":
+            body = _json_body(text, meta)
+            if body is None:
+                break
+            text = body
+            continue
+        if first == "(":
+            m = _PROCESS.match(text)
+            if m is not None:
+                name = m.group("name")
+                if name:
+                    _process_name(name, meta)
+                text = text[m.end() :]
+                continue
+            break
+        if first == "[":
+            m = _SGLANG.match(text)
+            if m is not None:
+                meta.ts = m.group("ts")
+                _sglang_tags(m.group("tags"), meta)
+                text = text[m.end() :]
+                continue
+            m = _TORCH_RANK.match(text)
+            if m is not None:
+                meta.rank = int(m.group("rank"))
+                text = text[m.end() :]
+                continue
+            m = _KUBECTL.match(text) or _LAUNCHER_LEVEL.match(text) or _FILE_LINE.match(text)
+            if m is not None:
+                text = text[m.end() :]
+                continue
+            break
+        if first.isdigit():
+            m = _RFC3339.match(text) or _PLAIN_TS.match(text)
+            if m is not None:
+                meta.ts = m.group("ts")
+                text = text[m.end() :]
+                continue
+            break
+        if first in "DIWEC":
+            m = _VLLM_LEVEL.match(text)
+            if m is not None:
+                meta.ts = m.group("ts")
+                text = text[m.end() :]
+                continue
+            m = _LAUNCHER_LEVEL.match(text)
+            if m is not None:
+                text = text[m.end() :]
+                continue
+        if first.isupper():
+            m = _SYSLOG.match(text)
+            if m is not None:
+                meta.ts = m.group("ts")
+                text = text[m.end() :]
+                continue
+        if first == "-":
+            m = _LAUNCHER_LEVEL.match(text)
+            if m is not None:
+                text = text[m.end() :]
+                continue
+        break
+    return text
+
+
+def strip_prefixes(line: str) -> tuple[str, LineMeta]:
+    """Split one physical line into its message body and what its prefixes say about the printer.
+
+    The line may still carry its terminator; a trailing CR (vLLM's multi-line records are CRLF
+    separated) is removed. Never raises.
+    """
+    text = line.rstrip("\r\n")
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    meta = _Meta()
+    text = _peel(text, meta)
+    if "[repeated " in text:
+        m = _RAY_REPEATED.search(text)
+        if m is not None:
+            meta.repeated = int(m.group("n"))
+            text = text[: m.start()]
+    if text and text[-1] == ")" and ".py:" in text:
+        m = _TRAILING_LOCATION.search(text)
+        if m is not None:
+            text = text[: m.start()]
+    return text, meta.freeze()
+
+
+def strip_embedded(body: str, meta: LineMeta) -> tuple[str, LineMeta] | None:
+    """Second chance for a line with junk glued before a real prefix.
+
+    Returns the text after the first timestamped/process prefix found inside ``body`` (peeled like a
+    fresh line) or None when there is none. Callers use it only for lines whose body no pattern
+    claimed, so a clean line never pays for the search.
+    """
+    m = _EMBEDDED.search(body, 1)
+    if m is None:
+        return None
+    rest, inner = strip_prefixes(body[m.start() :])
+    instance = inner.instance if inner.instance != "0" else meta.instance
+    rank = inner.rank if inner.rank is not None else meta.rank
+    return rest, LineMeta(
+        instance=instance,
+        rank=rank,
+        ts=inner.ts or meta.ts,
+        repeated=max(inner.repeated, meta.repeated),
+    )

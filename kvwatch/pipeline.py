@@ -1,0 +1,266 @@
+"""The line pipeline shared by the sidecar and the offline commands: line -> events -> Fleet.
+
+``LinePipeline.feed`` takes one physical line from any source (tailer, file replay, stdin), drops
+it after a few substring checks when it carries no anchor phrase (almost every line of a busy
+server), otherwise detects the engine, strips prefixes, runs the engine's pure parser and folds the
+events into the Fleet under the pipeline's source. It never raises and never reads files or
+clocks. ``replay`` drives it to EOF over files (the ``kvwatch parse`` command and the golden
+tests) and ``summarize`` turns the resulting snapshots into the ``parse --json`` object.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TextIO
+
+from kvwatch.events import Engine, EngineSettings, Event, StartupFailure
+from kvwatch.parsers import ALL_ANCHORS, ANCHORS, PARSERS
+from kvwatch.parsers.detect import detect_engine
+from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
+from kvwatch.state import Fleet, InstanceSnapshot
+
+EngineChoice = Literal["auto", "vllm", "sglang"]
+
+DEFAULT_MAX_LINE_CHARS = 65536
+
+# Access-log lines ('"POST /v1/completions HTTP/1.1" 200') are most of a busy server's output and
+# never carry a KV fact: one substring check drops them before the anchor scan.
+_ACCESS_LOG = "HTTP/"
+
+
+class LinePipeline:
+    """One source's lines -> events applied to ``fleet`` under ``source``.
+
+    Counters (exported by the sidecar): ``lines_read`` every line fed, ``lines_matched`` lines that
+    produced at least one event, ``parse_errors`` lines a pattern claimed but could not convert,
+    ``lines_truncated`` lines cut to ``max_line_chars``.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        fleet: Fleet,
+        engine: EngineChoice = "auto",
+        max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
+    ) -> None:
+        self.source = source
+        self.fleet = fleet
+        self.max_line_chars = max_line_chars
+        self.lines_read = 0
+        self.lines_matched = 0
+        self.parse_errors = 0
+        self.lines_truncated = 0
+        self.engine: Engine | None = None
+        self._anchors: tuple[str, ...] = ALL_ANCHORS
+        # Last startup failure per instance: the same error printed by every TP rank (or by a worker
+        # and again by the driver's traceback) is one failure.
+        self._last_failure: dict[str, dict[str, Any]] = {}
+        if engine != "auto":
+            self._set_engine(engine)
+
+    def _set_engine(self, engine: Engine) -> None:
+        self.engine = engine
+        self._anchors = ANCHORS.get(engine, ())
+
+    def feed(self, line: str) -> tuple[Event, ...]:
+        """Process one physical line (its terminator may be attached); returns the events applied."""
+        self.lines_read += 1
+        if len(line) > self.max_line_chars:
+            line = line[: self.max_line_chars]
+            self.lines_truncated += 1
+        if _ACCESS_LOG in line:
+            return ()
+        for anchor in self._anchors:
+            if anchor in line:
+                break
+        else:
+            return ()
+        try:
+            events = self._parse(line)
+        except Exception:
+            # A pattern claimed the line but its values did not convert (ParseError), or a parser
+            # bug on input nobody foresaw: count it and keep going, the sidecar must not die.
+            self.parse_errors += 1
+            return ()
+        if not events:
+            return ()
+        events = self._dedupe(events)
+        if events:
+            self.lines_matched += 1
+            self.fleet.apply_all(self.source, events)
+        return events
+
+    def _parse(self, line: str) -> tuple[Event, ...]:
+        if self.engine is None:
+            engine = detect_engine(line)
+            if engine is None:
+                return ()
+            self._set_engine(engine)
+            for anchor in self._anchors:
+                if anchor in line:
+                    break
+            else:
+                return ()
+        assert self.engine is not None
+        parser = PARSERS.get(self.engine)
+        if parser is None:
+            return ()
+        body, meta = strip_prefixes(line)
+        events = parser(body, meta)
+        if not events and ("[" in body or "(" in body):
+            second = strip_embedded(body, meta)
+            if second is not None:
+                events = parser(*second)
+        return events
+
+    def _dedupe(self, events: tuple[Event, ...]) -> tuple[Event, ...]:
+        kept: list[Event] = []
+        for event in events:
+            if isinstance(event, EngineSettings) and event.starts_engine:
+                self._last_failure.pop(event.instance, None)
+            elif isinstance(event, StartupFailure):
+                facts = event.model_dump(exclude={"rank", "ts"})
+                if self._last_failure.get(event.instance) == facts:
+                    continue
+                self._last_failure[event.instance] = facts
+            kept.append(event)
+        return tuple(kept)
+
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass
+class ReplayResult:
+    """What a replay produced: the fleet it filled and one pipeline per source."""
+
+    fleet: Fleet
+    pipelines: list[LinePipeline] = field(default_factory=list)
+
+    @property
+    def engine(self) -> Engine | None:
+        """The first engine detected (or forced) across the sources."""
+        for p in self.pipelines:
+            if p.engine is not None:
+                return p.engine
+        return None
+
+    def snapshots(self) -> list[InstanceSnapshot]:
+        return self.fleet.snapshot()
+
+
+def _read_lines(stream: TextIO, max_chars: int) -> Iterable[str]:
+    """Lines of ``stream``, each at most ``max_chars`` (the rest of a longer line is skipped)."""
+    while True:
+        line = stream.readline(max_chars)
+        if not line:
+            return
+        if len(line) == max_chars and not line.endswith("\n"):
+            # Drain the rest of an oversized line without holding it in memory.
+            while True:
+                rest = stream.readline(max_chars)
+                if not rest or rest.endswith("\n"):
+                    break
+        yield line
+
+
+def _open_text(path: str) -> TextIO:
+    if path == "-":
+        return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="")
+    return open(path, encoding="utf-8", errors="replace", newline="")  # noqa: SIM115
+
+
+def replay(
+    paths_or_dash: Sequence[str],
+    engine: EngineChoice = "auto",
+    fleet: Fleet | None = None,
+    on_events: Callable[[tuple[Event, ...]], None] | None = None,
+    progress: ProgressFn | None = None,
+    max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
+) -> ReplayResult:
+    """Read every file (``-`` = stdin) to EOF through its own LinePipeline into one Fleet.
+
+    Each path is one source (named as given, ``stdin`` for ``-``). ``on_events`` sees every
+    non-empty event tuple in order; ``progress(source, bytes_done, bytes_total)`` is called every
+    few thousand lines for regular files. Raises OSError for a file that cannot be opened.
+    """
+    result = ReplayResult(fleet=fleet if fleet is not None else Fleet(clock=lambda: 0.0))
+    for path in paths_or_dash:
+        source = "stdin" if path == "-" else path
+        pipeline = LinePipeline(source, result.fleet, engine=engine, max_line_chars=max_line_chars)
+        result.pipelines.append(pipeline)
+        total = os.path.getsize(path) if path != "-" and progress is not None else 0
+        with _open_text(path) as stream:
+            raw = getattr(stream, "buffer", None)
+            for n, line in enumerate(_read_lines(stream, max_line_chars), 1):
+                events = pipeline.feed(line)
+                if events and on_events is not None:
+                    on_events(events)
+                if progress is not None and total and n % 16384 == 0 and raw is not None:
+                    progress(source, raw.tell(), total)
+            if progress is not None and total:
+                progress(source, total, total)
+    return result
+
+
+_STARTUP_ERROR_KEYS = ("needed_kv_bytes", "available_kv_bytes", "max_model_len", "estimated_max_model_len")
+
+
+def _instance_summary(snap: InstanceSnapshot, with_source: bool) -> dict[str, Any]:
+    pool = snap.pool
+    usage = snap.usage
+    pool_bytes = pool.get("bytes")
+    if pool_bytes is None:
+        # vLLM prints the memory it reserves for the pool, not the pool's exact size.
+        reserved = snap.memory.get("available_kv_bytes")
+        if reserved is not None and reserved >= 0:
+            pool_bytes = reserved
+    block_size = pool.get("block_size", snap.settings.get("block_size"))
+    failure = snap.last_failure
+    seen_preemption_info = bool(snap.preemptions_total or snap.retractions or usage)
+    out: dict[str, Any] = {}
+    if with_source:
+        out["source"] = snap.source
+    out.update(
+        {
+            "instance": snap.instance,
+            "kv_pool_tokens": pool.get("tokens"),
+            "kv_pool_blocks": pool.get("blocks"),
+            "block_size": block_size,
+            "kv_pool_bytes": pool_bytes,
+            "max_concurrency": pool.get("max_concurrency"),
+            "max_concurrency_tokens": pool.get("max_concurrency_tokens"),
+            "model_weights_bytes": snap.memory.get("weights_bytes"),
+            "kv_usage_ratio": usage.get("kv_usage_ratio"),
+            "requests_running": usage.get("running"),
+            "requests_waiting": usage.get("waiting"),
+            "preemptions_total": snap.preemptions_total if seen_preemption_info else None,
+            "startup_error": (
+                {k: failure.get(k) for k in _STARTUP_ERROR_KEYS} if failure is not None else None
+            ),
+        }
+    )
+    return out
+
+
+def summarize(snapshots: Sequence[InstanceSnapshot], engine: Engine | None = None) -> dict[str, Any]:
+    """The ``kvwatch parse --json`` object: per instance the last known pool, budget and usage.
+
+    ``source`` is added to each instance only when the snapshots come from several sources.
+    """
+    version: str | None = None
+    for snap in snapshots:
+        if engine is None:
+            engine = snap.engine
+        if version is None and snap.settings.get("version") is not None:
+            version = str(snap.settings["version"])
+    with_source = len({s.source for s in snapshots}) > 1
+    return {
+        "engine": engine,
+        "engine_version": version,
+        "instances": [_instance_summary(s, with_source) for s in snapshots],
+    }
