@@ -130,11 +130,6 @@ def _has_magic(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
 
-def _ident(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
-
-
 class _Doorbell(FileSystemEventHandler):
     """Hands watchdog events to the tailer; runs in watchdog's dispatcher thread."""
 
@@ -449,16 +444,21 @@ class LogTailer:
                 self._fail(stream, IsADirectoryError(f"not a regular file: {stream.path}"))
             return
         try:
-            fd = os.open(stream.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # O_NONBLOCK: a FIFO swapped in after the stat must not block the thread in open().
+            fd = os.open(stream.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             self._fail(stream, exc)
             return
         try:
-            dev, ino = _ident(fd)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise IsADirectoryError(f"not a regular file: {stream.path}")
         except OSError as exc:
             os.close(fd)
-            self._fail(stream, exc)
+            if current is None:
+                self._fail(stream, exc)
             return
+        dev, ino = st.st_dev, st.st_ino
         if current is not None and (dev, ino) == (current.dev, current.ino):
             os.close(fd)  # the path flipped back between stat and open; nothing changed
             return
