@@ -110,6 +110,11 @@ class LinePipeline:
         if parser is None:
             return ()
         body, meta = strip_prefixes(line)
+        if body and not (body[0].isalpha() or body[0] == "#"):
+            # Junk glued before a real prefix ('[Bug] [2026-06-28 15:16:45] ...', a pasted file name).
+            second = strip_embedded(body, meta)
+            if second is not None:
+                body, meta = second
         events = parser(body, meta)
         if not events and ("[" in body or "(" in body):
             second = strip_embedded(body, meta)

@@ -6,30 +6,12 @@ parser claims contains, so callers can drop uninteresting lines with a few subst
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
 from kvwatch.events import Engine
-from kvwatch.parsers import vllm
+from kvwatch.parsers import sglang, vllm
 from kvwatch.parsers.base import ParseFn
 
+PARSERS: dict[Engine, ParseFn] = {"vllm": vllm.parse, "sglang": sglang.parse}
+ANCHORS: dict[Engine, tuple[str, ...]] = {"vllm": vllm.ANCHORS, "sglang": sglang.ANCHORS}
 
-def _optional(name: str) -> ModuleType | None:
-    """Import a parser module that another engineer may not have landed yet."""
-    try:
-        return importlib.import_module(f"kvwatch.parsers.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"kvwatch.parsers.{name}":
-            raise
-        return None
-
-
-_sglang = _optional("sglang")
-
-PARSERS: dict[Engine, ParseFn] = {"vllm": vllm.parse}
-ANCHORS: dict[Engine, tuple[str, ...]] = {"vllm": vllm.ANCHORS}
-if _sglang is not None:
-    PARSERS["sglang"] = _sglang.parse
-    ANCHORS["sglang"] = tuple(_sglang.ANCHORS)
-
+# Every anchor of every engine, for sources whose engine is not known yet.
 ALL_ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(a for anchors in ANCHORS.values() for a in anchors))
