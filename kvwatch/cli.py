@@ -17,7 +17,7 @@ from kvwatch import __version__
 from kvwatch.errors import KvwatchError
 
 # Subcommand name -> module under kvwatch.commands. Order is the order shown in --help.
-COMMANDS: tuple[str, ...] = ("parse",)
+COMMANDS: tuple[str, ...] = ("predict", "parse")
 
 
 class _Command(Protocol):

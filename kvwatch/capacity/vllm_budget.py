@@ -1,0 +1,252 @@
+"""vLLM's arithmetic: the memory budget, the per-layer page, blocks, tokens and max concurrency.
+
+Mirrors vllm/v1/worker/gpu_worker.py (requested = total x gpu_memory_utilization, minus the
+profiled non-KV memory and, from 0.21, the CUDA-graph estimate) and vllm/v1/core/kv_cache_utils.py
+(KV cache groups, ``num_blocks = available // page_size // num_layers``, the token count and
+max concurrency it logs, the 'To serve at least one request' check and estimate_max_model_len).
+Version differences that change a number are keyed on the engine version; None means newest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from kvwatch.capacity.deployment import Deployment, version_tuple
+from kvwatch.capacity.geometry import LayerSpec, ModelGeometry, ceil_div, stage_layers
+from kvwatch.units import GiB
+
+DEFAULT_BLOCK_SIZE = 16
+# MLA backends force their own block size (FlashMLA 64; vllm/platforms/cuda.py).
+DEFAULT_MLA_BLOCK_SIZE = 64
+# Everything non-weight, non-KV (activation peak + non-torch + CUDA graphs) when not measured:
+# the seed chapter's 6.0 GiB allowance for an H100, between vLLM's profiled figure and SGLang's reserve.
+DEFAULT_OVERHEAD_BYTES = 6 * GiB
+# FP8 DeepSeek-sparse MLA cache entry (vllm MLAAttentionSpec with cache_dtype_str 'fp8_ds_mla').
+FP8_DS_MLA_BYTES = 656
+
+
+def default_utilization(version: str | None) -> float:
+    """0.90 up to 0.19, 0.92 from 0.20 (vllm/config/cache.py)."""
+    v = version_tuple(version)
+    return 0.9 if v is not None and v < (0, 20) else 0.92
+
+
+def subtracts_cuda_graphs(version: str | None) -> bool:
+    """CUDA-graph memory comes out of the KV budget by default from 0.21.0."""
+    v = version_tuple(version)
+    return v is None or v >= (0, 21)
+
+
+def logs_tokens_from_concurrency(version: str | None) -> bool:
+    """0.20+ logs int(max_concurrency * max_model_len); earlier num_blocks // groups * block_size."""
+    v = version_tuple(version)
+    return v is None or v >= (0, 20)
+
+
+def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:
+    """The API server's chunked-prefill budget: 8192 on >= 70 GiB cards, else 2048 (vllm/engine/arg_utils.py)."""
+    return 8192 if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * GiB else 2048
+
+
+@dataclass(frozen=True)
+class Spec:
+    """vLLM's KVCacheSpec for one layer on one rank."""
+
+    kind: str  # 'full' (FullAttention/MLA), 'sliding', 'chunked'
+    window: int | None
+    page_bytes: int
+    block_size: int
+
+    def max_memory_usage(self, max_model_len: int, max_num_batched_tokens: int, dcp: int) -> int:
+        """Bytes one request of max_model_len tokens needs in this layer (spec.max_memory_usage_bytes)."""
+        if self.kind == "sliding" and self.window is not None:
+            n = min(self.window - 1 + max_num_batched_tokens, max_model_len)
+            return (ceil_div(n, self.block_size) + 1) * self.page_bytes
+        if self.kind == "chunked" and self.window is not None:
+            n = min(self.window + max_num_batched_tokens, max_model_len)
+            return ceil_div(n, self.block_size) * self.page_bytes
+        length = ceil_div(max_model_len, dcp) if dcp > 1 else max_model_len
+        return ceil_div(length, self.block_size) * self.page_bytes
+
+
+@dataclass(frozen=True)
+class Group:
+    """One KV cache group: a spec and how many layers share its block table."""
+
+    spec: Spec
+    layers: int
+    page_bytes: int  # page of the whole group spec (sum over layers for a uniform-type group)
+
+
+@dataclass(frozen=True)
+class VllmPool:
+    """What vLLM would allocate and log for one engine."""
+
+    block_size: int
+    page_bytes: int
+    groups: tuple[Group, ...]
+    tensors: int  # layers sharing one pool tensor (divisor of get_num_blocks)
+    num_blocks: int
+    tokens: int
+    max_concurrency: float
+    needed_bytes: int
+    padding_layers: int
+    exact: bool
+    notes: tuple[str, ...]
+
+
+def block_size_for(model: ModelGeometry, d: Deployment) -> int:
+    if d.block_size is not None:
+        return d.block_size
+    return DEFAULT_MLA_BLOCK_SIZE if model.is_mla else DEFAULT_BLOCK_SIZE
+
+
+def layer_spec(layer: LayerSpec, d: Deployment, elem_bytes: int, block: int, hybrid: bool) -> Spec:
+    if layer.kind == "mla" and d.kv_cache_dtype == "fp8_ds_mla":
+        per_token = FP8_DS_MLA_BYTES + layer.extra_bytes_per_token
+    else:
+        per_token = layer.bytes_per_token(d.tp, elem_bytes)
+    kind = "full" if layer.kind in ("full", "mla") or not hybrid else layer.kind
+    return Spec(
+        kind=kind,
+        window=layer.window if kind != "full" else None,
+        page_bytes=per_token * block,
+        block_size=block,
+    )
+
+
+def plan(
+    model: ModelGeometry,
+    d: Deployment,
+    elem_bytes: int,
+    available: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+) -> VllmPool:
+    """Group layers, divide the available bytes, and work out tokens and concurrency as vLLM does."""
+    block = block_size_for(model, d)
+    notes: list[str] = []
+    exact = True
+    if any(layer.kind in ("linear", "mamba") for layer in model.layers):
+        exact = False
+        notes.append(
+            "hybrid linear-attention/Mamba model: vLLM pads state pages into the KV pool; "
+            "blocks estimated from the attention layers only"
+        )
+    stages = stage_layers(model.layers, d.pp)
+    best: VllmPool | None = None
+    for stage in stages:
+        paged = [layer for layer in stage if layer.is_paged]
+        if not paged:
+            continue
+        specs = [layer_spec(layer, d, elem_bytes, block, d.hybrid_kv_cache_manager) for layer in paged]
+        pool = _plan_stage(specs, available, max_model_len, max_num_batched_tokens, d, block, notes)
+        if best is None or pool.num_blocks < best.num_blocks:
+            best = pool
+    if best is None:
+        return VllmPool(block, 0, (), 0, 0, 0, 0.0, 0, 0, exact, ("model has no KV cache layers",))
+    if not exact:
+        best = VllmPool(**{**best.__dict__, "exact": False, "notes": tuple(notes)})
+    return best
+
+
+def _plan_stage(
+    specs: list[Spec],
+    available: int,
+    max_model_len: int,
+    mnbt: int,
+    d: Deployment,
+    block: int,
+    notes: list[str],
+) -> VllmPool:
+    kinds = Counter((s.kind, s.window) for s in specs)
+    pages = {s.page_bytes for s in specs}
+    padding = 0
+    groups: tuple[Group, ...]
+    if len(set(specs)) == 1:
+        # Every layer identical (most models): one group, one tensor per layer.
+        spec = specs[0]
+        groups = (Group(spec, len(specs), spec.page_bytes),)
+        tensors = len(specs)
+        num_blocks = max(int(available // spec.page_bytes // tensors), 0) if available > 0 else 0
+        page = spec.page_bytes
+    elif len(kinds) == 1:
+        # One attention type, different widths (e.g. MLA + indexer, heterogeneous heads): one group,
+        # each layer its own tensor of page x num_blocks (UniformTypeKVCacheSpecs).
+        page = sum(s.page_bytes for s in specs)
+        groups = (Group(specs[0], len(specs), page),)
+        tensors = 1
+        num_blocks = max(available // page, 0) if available > 0 else 0
+    else:
+        # Hybrid (sliding + full): groups of group_size layers sharing tensors (uniform page size).
+        if len(pages) != 1:
+            notes.append(
+                "layer types have different page sizes: vLLM unifies them; grouped with the largest page"
+            )
+        page = max(pages)
+        by_type: dict[tuple[str, int | None], list[Spec]] = {}
+        for s in specs:
+            by_type.setdefault((s.kind, s.window), []).append(s)
+        group_size = min(len(v) for v in by_type.values())
+        group_list: list[Group] = []
+        for members in by_type.values():
+            n_groups = ceil_div(len(members), group_size)
+            padding += n_groups * group_size - len(members)
+            group_list += [
+                Group(Spec(members[0].kind, members[0].window, page, block), group_size, page)
+            ] * n_groups
+        groups = tuple(group_list)
+        tensors = group_size
+        num_blocks = max(int(available // page // group_size), 0) if available > 0 else 0
+    # Blocks one max-length request takes: the sum over groups of each group's pages.
+    per_request = sum(
+        ceil_div(g.spec.max_memory_usage(max_model_len, mnbt, d.dcp), g.spec.page_bytes) for g in groups
+    )
+    max_concurrency = num_blocks / per_request if per_request else 0.0
+    if logs_tokens_from_concurrency(d.engine_version):
+        tokens = int(max_concurrency * max_model_len)
+    else:
+        tokens = num_blocks // len(groups) * block
+    if d.dcp > 1 and not logs_tokens_from_concurrency(d.engine_version):
+        tokens *= d.dcp
+    needed = sum(s.max_memory_usage(max_model_len, mnbt, d.dcp) for s in specs)
+    return VllmPool(
+        block, page, groups, tensors, num_blocks, tokens, max_concurrency, needed, padding, True, ()
+    )
+
+
+def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len: int, mnbt: int) -> int:
+    """KV bytes one request of model_len tokens needs on the most loaded rank (max_memory_usage_bytes)."""
+    block = block_size_for(model, d)
+    worst = 0
+    for stage in stage_layers(model.layers, d.pp):
+        specs = [
+            layer_spec(layer, d, elem_bytes, block, d.hybrid_kv_cache_manager)
+            for layer in stage
+            if layer.is_paged
+        ]
+        worst = max(worst, sum(s.max_memory_usage(model_len, mnbt, d.dcp) for s in specs))
+    return worst
+
+
+def estimate_max_model_len(
+    model: ModelGeometry, d: Deployment, elem_bytes: int, available: int, max_model_len: int, mnbt: int
+) -> int:
+    """vLLM's binary search for the longest request that fits (0 when not even one token does)."""
+    if needed_bytes(model, d, elem_bytes, 1, mnbt) > available:
+        return 0
+    left, right, result = 1, max_model_len, 1
+    while left <= right:
+        mid = (left + right) // 2
+        if needed_bytes(model, d, elem_bytes, mid, mnbt) <= available:
+            result, left = mid, mid + 1
+        else:
+            right = mid - 1
+    return result
+
+
+def requested_bytes(total: int, utilization: float) -> int:
+    """ceil(total x gpu_memory_utilization), as vLLM's request_memory computes it."""
+    return math.ceil(total * utilization)

@@ -1,0 +1,301 @@
+"""Weights: the parameter count recomputed from config shapes, and the bytes it takes per rank.
+
+The count is itemised (embeddings, attention, dense MLP, routed experts, shared experts, Mamba /
+linear-attention mixers, norms) because quantisation applies to some items and not others:
+gpt-oss' MXFP4 and Kimi's int4 cover only the routed experts, DeepSeek's FP8 every decoder linear.
+When the model directory has model.safetensors.index.json its ``total_size`` is the checkpoint's
+own figure and wins over the estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvwatch.errors import ConfigError, ModelConfigError
+
+if TYPE_CHECKING:
+    from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
+
+# Itemised parameter groups.
+EMBED = "embeddings"
+LM_HEAD = "lm_head"
+ATTENTION = "attention"
+DENSE_MLP = "dense_mlp"
+EXPERTS = "routed_experts"
+SHARED = "shared_experts"
+ROUTER = "router"
+MIXER = "mamba_linear_mixers"
+NORMS = "norms"
+
+
+def _i(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
+    for key in keys:
+        v = cfg.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+            return int(v)
+    return default
+
+
+def _find_multiple(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - n % k
+
+
+def _attention_params(cfg: Mapping[str, Any], layer: LayerSpec, hidden: int, heads: int) -> int:
+    model_type = str(cfg.get("model_type") or "")
+    if layer.kind == "mla":
+        q_lora = _i(cfg, "q_lora_rank")
+        nope = _i(cfg, "qk_nope_head_dim")
+        rope = _i(cfg, "qk_rope_head_dim")
+        v_dim = _i(cfg, "v_head_dim")
+        kv_lora = _i(cfg, "kv_lora_rank")
+        q_out = heads * (nope + rope)
+        q = hidden * q_lora + q_lora + q_lora * q_out if q_lora else hidden * q_out
+        kv = hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+        o = heads * v_dim * hidden
+        idx = 0
+        index_dim = _i(cfg, "index_head_dim")
+        if index_dim:
+            index_heads = _i(cfg, "index_n_heads")
+            idx = q_lora * index_heads * index_dim + hidden * index_dim + 2 * index_dim + hidden * index_heads
+        return q + kv + o + idx
+    hq = layer.head_size_k
+    q_out = heads * hq
+    if model_type.startswith(("qwen3_next", "qwen3_5")):
+        q_out *= 2  # gated attention output: q_proj also produces the gate
+    k_out = layer.num_kv_heads * layer.head_size_k
+    v_out = 0 if cfg.get("attention_k_eq_v") else layer.num_kv_heads * layer.head_size_v
+    total = hidden * (q_out + k_out + v_out) + heads * layer.head_size_v * hidden
+    if cfg.get("attention_bias") is True:
+        total += heads * hq + k_out + v_out + hidden
+    elif model_type.startswith("qwen2"):
+        total += heads * hq + k_out + v_out  # Qwen2 always has q/k/v biases
+    if model_type.startswith(("qwen3", "gemma3", "gemma4")):
+        total += 2 * layer.head_size_k  # q_norm / k_norm
+    return total
+
+
+def _mixer_params(cfg: Mapping[str, Any], kind: str, hidden: int) -> int:
+    if kind == "mamba":
+        heads = _i(cfg, "mamba_num_heads")
+        head_dim = _i(cfg, "mamba_head_dim")
+        d_inner = heads * head_dim or _i(cfg, "expand", default=2) * hidden
+        groups = _i(cfg, "n_groups", default=1)
+        state = _i(cfg, "ssm_state_size", "state_size", default=128)
+        conv = _i(cfg, "conv_kernel", default=4)
+        heads = heads or d_inner // 64
+        conv_dim = d_inner + 2 * groups * state
+        in_proj = hidden * (2 * d_inner + 2 * groups * state + heads)
+        return in_proj + conv_dim * (conv + 1) + 3 * heads + d_inner + d_inner * hidden
+    # Gated DeltaNet (Qwen3-Next / Qwen3.5 linear attention).
+    kh = _i(cfg, "linear_num_key_heads")
+    vh = _i(cfg, "linear_num_value_heads")
+    kd = _i(cfg, "linear_key_head_dim")
+    vd = _i(cfg, "linear_value_head_dim")
+    if not (kh and vh and kd and vd):
+        raise ModelConfigError("config.json has linear-attention layers but no 'linear_num_key_heads'")
+    key_dim, value_dim = kh * kd, vh * vd
+    conv = _i(cfg, "linear_conv_kernel_dim", default=4)
+    in_proj = hidden * (2 * key_dim + 2 * value_dim) + hidden * 2 * vh
+    return in_proj + (2 * key_dim + value_dim) * conv + 2 * vh + vd + value_dim * hidden
+
+
+def _is_moe_layer(cfg: Mapping[str, Any], i: int, n_experts: int) -> bool:
+    if not n_experts:
+        return False
+    if "first_k_dense_replace" in cfg:
+        freq = _i(cfg, "moe_layer_freq", default=1)
+        return i >= int(cfg.get("first_k_dense_replace") or 0) and i % freq == 0
+    mlp_only = cfg.get("mlp_only_layers") or []
+    if i in mlp_only:
+        return False
+    step = _i(cfg, "decoder_sparse_step", default=1)
+    return (i + 1) % step == 0
+
+
+def count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[str, int]:
+    """Itemised parameter count from a (text) config and its layer specs."""
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    vocab = _i(cfg, "vocab_size")
+    model_type = str(cfg.get("model_type") or "")
+    tied = cfg.get("tie_word_embeddings", True)
+    n_experts = _i(cfg, "n_routed_experts", "num_experts", "num_local_experts")
+    moe_inter = _i(cfg, "moe_intermediate_size", "intermediate_size")
+    inter = _i(cfg, "intermediate_size")
+    gated = 2 if model_type.startswith("nemotron_h") else 3  # relu2 MLPs have no gate
+    out = dict.fromkeys((EMBED, LM_HEAD, ATTENTION, DENSE_MLP, EXPERTS, SHARED, ROUTER, MIXER, NORMS), 0)
+    out[EMBED] = vocab * hidden
+    out[LM_HEAD] = 0 if tied else vocab * hidden
+    out[NORMS] = hidden  # final norm
+    block_configs = cfg.get("block_configs") if isinstance(cfg.get("block_configs"), list) else None
+    pattern = (
+        cfg.get("hybrid_override_pattern") if isinstance(cfg.get("hybrid_override_pattern"), str) else None
+    )
+    for i, layer in enumerate(layers):
+        out[NORMS] += 2 * hidden
+        if layer.kind in ("full", "sliding", "chunked", "mla"):
+            if block_configs is not None:
+                group = block_configs[i]["attention"]["n_heads_in_group"]
+                out[ATTENTION] += _attention_params(cfg, layer, hidden, heads) if group else 0
+            else:
+                out[ATTENTION] += _attention_params(cfg, layer, hidden, heads)
+        elif layer.kind in ("mamba", "linear"):
+            out[MIXER] += _mixer_params(cfg, layer.kind, hidden)
+        elif block_configs is not None:
+            attn = block_configs[i].get("attention", {})
+            if attn.get("replace_with_linear"):
+                out[ATTENTION] += hidden * hidden
+        # Feed-forward part of the layer.
+        if block_configs is not None:
+            ffn = block_configs[i].get("ffn", {})
+            if ffn.get("no_op"):
+                continue
+            if ffn.get("replace_with_linear"):
+                out[DENSE_MLP] += hidden * hidden
+                continue
+            mult = ffn.get("ffn_mult")
+            if not isinstance(mult, int | float):
+                raise ModelConfigError(f"config.json block_configs[{i}].ffn has no 'ffn_mult'")
+            out[DENSE_MLP] += 3 * hidden * _find_multiple(int(2 * mult * hidden / 3), 256)
+            continue
+        if pattern is not None:
+            ch = pattern[i]
+            if ch == "-":
+                out[DENSE_MLP] += gated * hidden * inter
+            elif ch == "E":
+                out[EXPERTS] += n_experts * gated * hidden * moe_inter
+            out[NORMS] -= hidden  # Nemotron-H blocks have a single norm
+            continue
+        if _is_moe_layer(cfg, i, n_experts):
+            out[EXPERTS] += n_experts * 3 * hidden * moe_inter
+            out[ROUTER] += hidden * n_experts
+            shared = _i(cfg, "n_shared_experts")
+            if shared:
+                out[SHARED] += shared * 3 * hidden * moe_inter
+            shared_inter = _i(cfg, "shared_expert_intermediate_size")
+            if shared_inter:
+                out[SHARED] += 3 * hidden * shared_inter + hidden
+        else:
+            if not inter:
+                raise ModelConfigError(
+                    "config.json has no 'intermediate_size'; kvwatch cannot size the weights"
+                )
+            out[DENSE_MLP] += gated * hidden * inter
+    return out
+
+
+@dataclass(frozen=True)
+class WeightsEstimate:
+    """Weight bytes of the whole model and of one rank, with how they were derived."""
+
+    total_bytes: int
+    per_rank_bytes: int
+    scheme: str
+    source: str  # 'safetensors_index' | 'estimate'
+
+
+# Bits per parameter of quantised linears (values + scales), by scheme.
+_INT4_DEFAULT_GROUP = 128
+
+
+def _quant_scheme(quant: Mapping[str, Any] | None) -> tuple[str, float, frozenset[str]] | None:
+    """(name, bits per quantised param, which item groups it covers) from quantization_config."""
+    if not quant:
+        return None
+    method = str(quant.get("quant_method") or "").lower()
+    linear_groups = frozenset({ATTENTION, DENSE_MLP, EXPERTS, SHARED, MIXER})
+    ignored = " ".join(str(x) for x in (quant.get("ignore") or quant.get("modules_to_not_convert") or []))
+    groups = set(linear_groups)
+    if "self_attn" in ignored:
+        groups.discard(ATTENTION)
+    if "shared_expert" in ignored:
+        groups.discard(SHARED)
+    if "mlp.(gate|up" in ignored or "mlp.gate_proj" in ignored:
+        groups.discard(DENSE_MLP)
+    if method == "mxfp4":
+        return "mxfp4", 4.25, frozenset({EXPERTS} & groups)
+    if method in ("fp8", "fbgemm_fp8", "modelopt"):
+        return "fp8", 8.0, frozenset(groups)
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round"):
+        bits = int(quant.get("bits") or quant.get("w_bit") or 4)
+        group = int(quant.get("group_size") or quant.get("q_group_size") or _INT4_DEFAULT_GROUP)
+        group = group if group > 0 else 4096
+        return f"int{bits} {method}", bits + 16 / group + bits / group, frozenset(groups)
+    if method == "compressed-tensors":
+        cg = quant.get("config_groups") or {}
+        first: Mapping[str, Any] = next(iter(cg.values()), {}) if isinstance(cg, dict) else {}
+        w = first.get("weights") or {}
+        bits = int(w.get("num_bits") or 8)
+        if bits >= 8:
+            return f"{w.get('type', 'int')}{bits} compressed-tensors", 8.0, frozenset(groups)
+        group = int(w.get("group_size") or _INT4_DEFAULT_GROUP)
+        return f"int{bits} compressed-tensors", bits + 16 / group, frozenset(groups)
+    return None
+
+
+WEIGHT_DTYPES: dict[str, float] = {
+    "bf16": 16,
+    "bfloat16": 16,
+    "fp16": 16,
+    "float16": 16,
+    "fp8": 8,
+    "int8": 8,
+    "int4": 4.25,  # AWQ/GPTQ group 128: 4 bits + fp16 scale and zero per group
+    "awq": 4.25,
+    "gptq": 4.25,
+    "mxfp4": 4.25,
+    "nvfp4": 4.5,
+}
+
+
+def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tuple[int, str]:
+    """Bytes of all weights and the scheme used.
+
+    ``weights_dtype`` overrides the checkpoint: 'bf16'/'fp16' (unquantised), 'fp8'/'int8' (every
+    decoder linear at 1 byte), 'int4'/'awq'/'gptq' (4-bit group-128), 'mxfp4', 'nvfp4'.
+    """
+    params = model.params
+    base_bits = model.dtype_bytes * 8
+    if weights_dtype is not None:
+        key = weights_dtype.lower()
+        if key not in WEIGHT_DTYPES:
+            raise ConfigError(
+                f"unknown weights dtype {weights_dtype!r} (use one of {', '.join(sorted(WEIGHT_DTYPES))})"
+            )
+        bits = WEIGHT_DTYPES[key]
+        if bits >= 16:
+            scheme: tuple[str, float, frozenset[str]] | None = None
+        else:
+            covered = frozenset({ATTENTION, DENSE_MLP, EXPERTS, SHARED, MIXER})
+            scheme = (key, bits, covered)
+    else:
+        scheme = _quant_scheme(model.quantization)
+    total_bits = 0.0
+    for group, count in params.items():
+        bits = scheme[1] if scheme is not None and group in scheme[2] else base_bits
+        total_bits += count * bits
+    name = scheme[0] if scheme is not None else model.dtype
+    return int(total_bits // 8), name
+
+
+def weights_per_rank(
+    model: ModelGeometry, tp: int, pp: int, weights_dtype: str | None = None
+) -> WeightsEstimate:
+    """Weight bytes on the most loaded rank: layers split over PP stages, every matrix split over TP."""
+    if model.safetensors_total_size is not None and weights_dtype is None:
+        total, scheme, source = model.safetensors_total_size, "checkpoint", "safetensors_index"
+    else:
+        total, scheme = weight_bytes(model, weights_dtype)
+        source = "estimate"
+    if pp <= 1:
+        per_rank = total // tp
+    else:
+        params = model.params
+        whole = sum(params.values()) or 1
+        edge = max(params[EMBED], params[LM_HEAD]) / whole
+        stage_layers = -(-model.num_layers // pp)
+        layer_share = (1 - (params[EMBED] + params[LM_HEAD]) / whole) * stage_layers / model.num_layers
+        per_rank = int(total * (layer_share + edge)) // tp
+    return WeightsEstimate(total_bytes=total, per_rank_bytes=per_rank, scheme=scheme, source=source)

@@ -1,0 +1,207 @@
+"""``kvwatch predict``: the KV pool an engine will allocate, worked out before launching it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvwatch.capacity import Deployment, Prediction, gpus, load_model, predict
+from kvwatch.errors import ConfigError
+from kvwatch.units import format_bytes, parse_size
+
+HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model config.json"
+
+BAR_WIDTH = 60
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model_config", metavar="MODEL_CONFIG", help="config.json, a model dir or a hub-cache dir"
+    )
+    parser.add_argument(
+        "--engine", choices=("vllm", "sglang"), default="vllm", help="serving engine (default vllm)"
+    )
+    parser.add_argument("--engine-version", help="engine version whose defaults apply (default: newest)")
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu", help="GPU name from the catalogue (h100, H100-SXM-80GB, a6000-ecc-off, ...)")
+    gpu.add_argument(
+        "--gpu-memory", metavar="SIZE", help="GPU memory as the driver reports it (81559MiB, 80GB, bytes)"
+    )
+    parser.add_argument("--tp", type=_positive_int, default=1, help="tensor parallel size")
+    parser.add_argument("--pp", type=_positive_int, default=1, help="pipeline parallel size")
+    parser.add_argument("--dcp", type=_positive_int, default=1, help="decode context parallel size")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto, bf16, fp16, fp8, fp8_e4m3, fp8_e5m2")
+    parser.add_argument(
+        "--block-size", type=_positive_int, help="vLLM block size / SGLang page size (tokens)"
+    )
+    parser.add_argument(
+        "--max-model-len", type=_positive_int, help="context length (default: from config.json)"
+    )
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, help="vLLM chunked-prefill budget")
+    parser.add_argument("--gpu-memory-utilization", type=_fraction, help="vLLM fraction of GPU memory")
+    parser.add_argument("--mem-fraction-static", type=_fraction, help="SGLang static memory fraction")
+    parser.add_argument(
+        "--weights-dtype", help="override the checkpoint: bf16, fp16, fp8, int8, int4, awq, gptq, mxfp4"
+    )
+    parser.add_argument(
+        "--weights-memory", metavar="SIZE", help="measured weights per GPU (skips the estimate)"
+    )
+    parser.add_argument(
+        "--activation-memory", metavar="SIZE", help="activation peak + non-torch + CUDA graphs per GPU"
+    )
+    parser.add_argument(
+        "--available-kv-memory",
+        metavar="SIZE",
+        help="the engine's own KV budget per GPU ('Available KV cache memory'); skips the subtraction",
+    )
+    parser.add_argument(
+        "--disable-hybrid-kv-cache-manager", action="store_true", help="vLLM: treat sliding layers as full"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_deployment(args: argparse.Namespace) -> Deployment:
+    """Flags -> Deployment (sizes parsed, GPU looked up)."""
+    gpu_name = None
+    gpu_memory = None
+    if args.gpu:
+        spec = gpus.lookup(args.gpu)
+        gpu_name, gpu_memory = spec.name, spec.memory_bytes
+    elif args.gpu_memory:
+        gpu_memory = parse_size(args.gpu_memory)
+    if args.engine == "vllm" and args.mem_fraction_static is not None:
+        raise ConfigError(
+            "--mem-fraction-static is an SGLang setting; use --gpu-memory-utilization with vLLM"
+        )
+    if args.engine == "sglang" and args.gpu_memory_utilization is not None:
+        raise ConfigError("--gpu-memory-utilization is a vLLM setting; use --mem-fraction-static with SGLang")
+    return Deployment(
+        engine=args.engine,
+        engine_version=args.engine_version,
+        gpu_memory_bytes=gpu_memory,
+        gpu_name=gpu_name,
+        tp=args.tp,
+        pp=args.pp,
+        dcp=args.dcp,
+        kv_cache_dtype=args.kv_cache_dtype,
+        block_size=args.block_size if args.engine == "vllm" else None,
+        page_size=args.block_size if args.engine == "sglang" else None,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        mem_fraction_static=args.mem_fraction_static,
+        weights_dtype=args.weights_dtype,
+        weights_bytes=parse_size(args.weights_memory) if args.weights_memory else None,
+        activation_bytes=parse_size(args.activation_memory) if args.activation_memory else None,
+        available_kv_bytes=parse_size(args.available_kv_memory) if args.available_kv_memory else None,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
+    )
+
+
+def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:
+    """weights | activations+graphs | margin | KV pool, one character per 1/width of the card."""
+    if not p.total_bytes or p.weights_bytes is None:
+        return None
+    parts = [
+        ("W", p.weights_bytes),
+        ("A", (p.activation_bytes or 0) + (p.non_torch_bytes or 0) + (p.cuda_graph_bytes or 0)),
+        (".", p.total_bytes - (p.usable_bytes or p.total_bytes)),
+        ("K", max(p.available_kv_bytes, 0)),
+    ]
+    cells = []
+    for ch, size in parts:
+        cells.append(ch * max(0, round(size / p.total_bytes * width)))
+    bar = "".join(cells)[:width].ljust(width, " ")
+    return f"[{bar}]  W weights  A activations+graphs  . margin  K KV pool"
+
+
+def render(p: Prediction) -> str:
+    """The human table."""
+    rows: list[tuple[str, str]] = [
+        ("model", f"{p.model} ({p.param_count / 1e9:.2f}B params)"),
+        ("engine", f"{p.engine} {p.engine_version or '(newest defaults)'}"),
+        ("gpu", f"{p.gpu_name or '-'}  {format_bytes(p.total_bytes)}"),
+        ("parallelism", f"tp={p.tp} pp={p.pp}" + (f" dcp={p.dcp}" if p.dcp > 1 else "")),
+        ("kv cache dtype", f"{p.kv_cache_dtype} ({p.kv_elem_bytes} B/elem)"),
+        (
+            "bytes per token",
+            f"{p.bytes_per_token:,} B per GPU ({format_bytes(p.bytes_per_token)}); "
+            f"{p.bytes_per_token_all_ranks:,} B all GPUs",
+        ),
+    ]
+    if p.usable_bytes is not None:
+        label = "requested (util)" if p.engine == "vllm" else "static (mem_fraction)"
+        frac = p.gpu_memory_utilization if p.engine == "vllm" else p.mem_fraction_static
+        rows.append((label, f"{format_bytes(p.usable_bytes)} ({frac})"))
+    if p.weights_bytes is not None:
+        rows.append(("weights", f"{format_bytes(p.weights_bytes)} per GPU ({p.weights_scheme})"))
+    if p.activation_bytes is not None:
+        rows.append(
+            ("activation+graphs", format_bytes((p.activation_bytes or 0) + (p.cuda_graph_bytes or 0)))
+        )
+    if p.non_torch_bytes:
+        rows.append(("non-torch", format_bytes(p.non_torch_bytes)))
+    rows.append(("available KV", format_bytes(p.available_kv_bytes)))
+    if p.kv_pool_blocks is not None:
+        rows.append(
+            (
+                "KV blocks",
+                f"{p.kv_pool_blocks:,} x {p.block_size} tokens"
+                + (f" ({p.kv_groups} groups)" if p.kv_groups and p.kv_groups > 1 else ""),
+            )
+        )
+    else:
+        rows.append(("page size", f"{p.block_size} tokens"))
+    rows.append(("KV pool", f"{p.kv_pool_tokens:,} tokens" + ("" if p.exact else " (estimate)")))
+    if p.swa_pool_tokens is not None:
+        rows.append(("sliding-window pool", f"{p.swa_pool_tokens:,} tokens"))
+    rows.append(("max concurrency", f"{p.max_concurrency:.2f}x at {p.max_model_len:,} tokens"))
+    verdict = "yes" if p.fits else "NO"
+    if not p.fits and p.estimated_max_model_len:
+        verdict += f" (longest that fits: {p.estimated_max_model_len:,} tokens)"
+    rows.append(("fits max_model_len", verdict))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    bar = budget_bar(p)
+    if bar:
+        lines += ["", bar]
+    if p.failure:
+        lines += ["", f"engine would fail: {p.failure}"]
+    if p.assumptions:
+        lines += ["", "assumptions:"] + [f"  - {a}" for a in p.assumptions]
+    given = sorted(k for k, v in p.inputs.items() if v == "given")
+    other = sorted(f"{k} ({v.replace('_', ' ')})" for k, v in p.inputs.items() if v != "given")
+    lines.append(f"inputs given: {', '.join(given) or '-'}; not given: {', '.join(other) or '-'}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args.model_config)
+    prediction = predict(model, build_deployment(args))
+    if args.json:
+        json.dump(prediction.to_json_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render(prediction))
+    return 0
