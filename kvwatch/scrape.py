@@ -1,0 +1,196 @@
+"""HTTP GET of an engine's /metrics: the I/O half of the metrics source (MetricsReader is the other).
+
+``Scraper.fetch`` never raises: every failure comes back as a ``ScrapeResult`` whose ``error`` is
+one of ``kvwatch.names.SCRAPE_ERROR_REASONS``, so the sidecar counts it and tries again next
+interval. The whole exchange is bounded: ``connect_timeout`` for the TCP/TLS connect,
+``read_timeout`` for everything after it (a server that drips one byte at a time still stops
+there), ``max_bytes`` for the body on the wire and again after gzip decoding (so a compressed bomb
+stops at the cap too). Only configuration mistakes raise, at construction, as ConfigError.
+Standard library only (http.client, ssl, zlib): the sidecar needs nothing a dependency would add.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ssl
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from kvwatch import __version__
+from kvwatch.errors import ConfigError
+
+_CHUNK = 64 * 1024
+# Prometheus' classic text format: what prometheus_client.parser reads (no OpenMetrics negotiation).
+_ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
+
+
+@dataclass(frozen=True)
+class ScrapeResult:
+    """One attempt: the decoded body when ok, else the reason (a SCRAPE_ERROR_REASONS value)."""
+
+    ok: bool
+    text: str | None
+    duration_seconds: float
+    error: str | None
+    status: int | None
+    # A short human-readable cause for the sidecar's log line (never used as a label).
+    detail: str | None = None
+
+
+class _Failure(Exception):
+    def __init__(self, reason: str, detail: str, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.status = status
+
+
+class Scraper:
+    """Fetches one /metrics URL; reusable, holds no connection between fetches."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 5.0,
+        bearer_token: str | None = None,
+        ca_file: str | None = None,
+        insecure_skip_verify: bool = False,
+        max_bytes: int = 16 * 2**20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"metrics URL must be http:// or https:// with a host, got {url!r}")
+        try:
+            self._port = parts.port
+        except ValueError as exc:
+            raise ConfigError(f"metrics URL has a bad port: {url!r}") from exc
+        if connect_timeout <= 0 or read_timeout <= 0:
+            raise ConfigError("scrape timeouts must be positive")
+        if max_bytes <= 0:
+            raise ConfigError("scrape max_bytes must be positive")
+        if bearer_token is not None and (not bearer_token.strip() or any(c in bearer_token for c in "\r\n")):
+            raise ConfigError("bearer token is empty or contains a line break")
+        self.url = url
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._headers = {
+            "Accept": _ACCEPT,
+            "Accept-Encoding": "gzip",
+            "User-Agent": f"kvwatch/{__version__}",
+        }
+        if bearer_token is not None:
+            self._headers["Authorization"] = f"Bearer {bearer_token.strip()}"
+        self._tls: ssl.SSLContext | None = None
+        if self._https:
+            try:
+                self._tls = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"cannot load CA file {ca_file!r}: {exc}") from exc
+            if insecure_skip_verify:
+                self._tls.check_hostname = False
+                self._tls.verify_mode = ssl.CERT_NONE
+
+    def fetch(self) -> ScrapeResult:
+        """GET the URL once; never raises."""
+        start = self._clock()
+        try:
+            status, text = self._get()
+        except _Failure as f:
+            return ScrapeResult(False, None, self._clock() - start, f.reason, f.status, f.detail)
+        except TimeoutError as exc:  # socket.timeout is TimeoutError since 3.10
+            return ScrapeResult(False, None, self._clock() - start, "timeout", None, str(exc) or "timed out")
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            # Refused, reset, DNS, TLS handshake, a reply that is not HTTP.
+            detail = f"{type(exc).__name__}: {exc}"
+            return ScrapeResult(False, None, self._clock() - start, "connection", None, detail)
+        return ScrapeResult(True, text, self._clock() - start, None, status)
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._https:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=self._connect_timeout, context=self._tls
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
+
+    def _get(self) -> tuple[int, str]:
+        conn = self._connection()
+        try:
+            conn.connect()
+            deadline = self._clock() + self._read_timeout
+            self._arm(conn, deadline)
+            conn.request("GET", self._path, headers=self._headers)
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise _Failure("http_status", f"HTTP {resp.status} {resp.reason}", resp.status)
+            length = resp.getheader("Content-Length")
+            if length is not None and length.isdigit() and int(length) > self._max_bytes:
+                raise _Failure("too_large", f"Content-Length {length} > {self._max_bytes}", resp.status)
+            encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+            if encoding not in ("identity", "gzip"):
+                raise _Failure("decode", f"unsupported Content-Encoding {encoding!r}", resp.status)
+            body = self._read_body(conn, resp, deadline, gzip=encoding == "gzip")
+            try:
+                return resp.status, body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _Failure("decode", f"body is not UTF-8: {exc}", resp.status) from exc
+        finally:
+            conn.close()
+
+    def _arm(self, conn: http.client.HTTPConnection, deadline: float) -> None:
+        """Give the socket what is left of the read budget (so the whole reply, not each recv, is bounded)."""
+        left = deadline - self._clock()
+        if left <= 0:
+            raise TimeoutError(f"no complete reply within {self._read_timeout}s")
+        if conn.sock is not None:
+            conn.sock.settimeout(left)
+
+    def _read_body(
+        self,
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        deadline: float,
+        *,
+        gzip: bool,
+    ) -> bytes:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
+        out = bytearray()
+        wire = 0
+        while True:
+            self._arm(conn, deadline)
+            chunk = resp.read1(_CHUNK)
+            if not chunk:
+                break
+            wire += len(chunk)
+            if wire > self._max_bytes:
+                raise _Failure("too_large", f"body over {self._max_bytes} bytes", resp.status)
+            if inflater is None:
+                out += chunk
+            else:
+                out += self._inflate(inflater, chunk, len(out), resp.status)
+            if len(out) > self._max_bytes:
+                raise _Failure("too_large", f"decoded body over {self._max_bytes} bytes", resp.status)
+        if inflater is not None and not inflater.eof:
+            raise _Failure("decode", "gzip stream ends early", resp.status)
+        return bytes(out)
+
+    def _inflate(self, inflater: zlib._Decompress, chunk: bytes, have: int, status: int) -> bytes:
+        # max_length stops a small compressed chunk from expanding past the cap in memory.
+        room = self._max_bytes - have + 1
+        try:
+            data = inflater.decompress(chunk, room)
+        except zlib.error as exc:
+            raise _Failure("decode", f"bad gzip data: {exc}", status) from exc
+        if inflater.unconsumed_tail:
+            raise _Failure("too_large", f"decoded body over {self._max_bytes} bytes", status)
+        return data
