@@ -234,7 +234,7 @@ def _peel(text: str, meta: _Meta) -> str:
                 meta.ts = m.group("ts")
                 text = text[m.end() :]
                 continue
-        if first == "-":
+        if first == "-" or first.isalpha():
             m = _LAUNCHER_LEVEL.match(text)
             if m is not None:
                 text = text[m.end() :]

@@ -320,10 +320,6 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _STATS_HEAD.match(body)
     if m is not None:
         return _stats(body, m, meta)
-    if body.startswith("Prefix cache hit rate: GPU"):
-        h = _V0_HIT_RATE.match(body)
-        if h is not None:
-            return (_make(UsageSample, meta, prefix_cache_hit_ratio=_ratio(h.group("gpu"))),)
     if "weights memory" in body:
         d = _PROFILE_DEBUG.search(body)
         if d is not None:
@@ -344,7 +340,8 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 
 def _failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
-    text = body[_ERROR_HEAD.match(body).end() :]  # type: ignore[union-attr]
+    head = _ERROR_HEAD.match(body)
+    text = body[head.end() :] if head is not None else body
     m = _V1_MAXLEN.match(text)
     if m is not None:
         est = m.group("est")
@@ -569,6 +566,9 @@ def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if "block size" in body:
         m = _FORCED_BLOCK.match(body)
         return (_make(EngineSettings, meta, block_size=int(m.group("n"))),) if m else NO_EVENTS
+    if body.startswith("Prefix cache hit rate: GPU"):
+        m = _V0_HIT_RATE.match(body)
+        return (_make(UsageSample, meta, prefix_cache_hit_ratio=_ratio(m.group("gpu"))),) if m else NO_EVENTS
     if "█  model" in body:
         m = _LOGO_MODEL.match(body)
         return (_make(EngineSettings, meta, model=m.group("model")),) if m else NO_EVENTS
