@@ -8,6 +8,7 @@ import pytest
 
 from kvwatch.events import (
     EngineSettings,
+    Event,
     MemoryBudget,
     PoolSized,
     Preemption,
@@ -652,7 +653,7 @@ def test_v0_breakdown_three_crlf_lines_through_prefixes() -> None:
         "INFO 12-20 10:00:04 worker.py:241] model weights take 14.99GiB; non_torch_memory takes 0.20GiB; "
         "PyTorch activation peak memory takes 1.92GiB; the rest of the memory reserved for KV Cache is 54.09GiB.\r\n"
     )
-    events = []
+    events: list[Event] = []
     for line in record.splitlines(keepends=True):
         events.extend(vllm.parse(*strip_prefixes(line)))
     assert [type(e) for e in events] == [MemoryBudget, MemoryBudget]
