@@ -118,10 +118,14 @@ class MetricsReader:
         by_instance: dict[str, list[_Sample]] = {}
         for sample in samples:
             by_instance.setdefault(sample.instance, []).append(sample)
+        # vLLM's front end sums num_gpu_blocks over the DP engines it serves and repeats the sum in
+        # every engine's cache_config_info (v1/engine/utils.py, 0.11): per instance only with one engine.
+        info_engines = {s.instance for s in samples if s.name == "cache_config_info"}
+        summed = engine == "vllm" and len(info_engines) > 1
         events: list[Event] = []
         for instance in sorted(by_instance, key=_instance_order):
             chosen = self._one_rank(by_instance[instance])
-            events.extend(self._instance_events(engine, instance, chosen))
+            events.extend(self._instance_events(engine, instance, chosen, summed))
         return tuple(events)
 
     def _detect(self, names: Iterable[str]) -> Engine | None:
@@ -180,7 +184,7 @@ class MetricsReader:
     # --- per instance ------------------------------------------------------------------------------
 
     def _instance_events(
-        self, engine: Engine, instance: str, by_name: dict[str, list[_Sample]]
+        self, engine: Engine, instance: str, by_name: dict[str, list[_Sample]], summed_blocks: bool
     ) -> list[Event]:
         events: list[Event] = []
         reset = self._check_counters(engine, instance, by_name)
@@ -191,7 +195,9 @@ class MetricsReader:
         if rank is not None:
             ident["rank"] = rank
         if engine == "vllm":
-            settings, pools, usage, preemption = self._vllm(instance, by_name, reset is not None)
+            settings, pools, usage, preemption = self._vllm(
+                instance, by_name, reset is not None, summed_blocks
+            )
         else:
             settings, pools, usage, preemption = self._sglang(instance, by_name)
         model = self._label(by_name, "model_name")
@@ -312,7 +318,7 @@ class MetricsReader:
     # --- vLLM --------------------------------------------------------------------------------------
 
     def _vllm(
-        self, instance: str, by_name: dict[str, list[_Sample]], was_reset: bool
+        self, instance: str, by_name: dict[str, list[_Sample]], was_reset: bool, summed_blocks: bool
     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any], dict[str, Any]]:
         settings: dict[str, Any] = {}
         pool: dict[str, Any] = {}
@@ -325,8 +331,10 @@ class MetricsReader:
             settings["kv_cache_dtype"] = dtype if dtype not in (None, "", "None") else None
             prefix = info.get("enable_prefix_caching")
             settings["enable_prefix_caching"] = {"True": True, "False": False}.get(prefix or "")
-            pool["blocks"] = self._label_number(info, "num_gpu_blocks", int)
-            pool["cpu_blocks"] = self._label_number(info, "num_cpu_blocks", int)
+            if not summed_blocks:
+                # 'None' before the engine sized its cache (V1 0.8.x registered the gauge too early).
+                pool["blocks"] = self._label_number(info, "num_gpu_blocks", int)
+                pool["cpu_blocks"] = self._label_number(info, "num_cpu_blocks", int)
             pool["block_size"] = block_size
             # From 0.28: the pool in tokens and the concurrency vLLM also logs at startup.
             pool["tokens"] = self._label_number(info, "kv_cache_size_tokens", int)
@@ -398,6 +406,8 @@ class MetricsReader:
             # token_usage is the max over a hybrid model's pools; full_token_usage (0.5.10+) the full pool.
             "kv_usage_ratio": self._ratio(by_name, "full_token_usage", "token_usage"),
             "used_tokens": self._count(by_name, "num_used_tokens", "kv_used_tokens"),
+            "swa_used_tokens": self._count(by_name, "swa_used_tokens"),
+            "mamba_used_slots": self._count(by_name, "mamba_used_tokens"),
             "running": self._count(by_name, "num_running_reqs"),
             "waiting": self._count(by_name, "num_queue_reqs"),
             "prefix_cache_hit_ratio": self._ratio(by_name, "cache_hit_rate"),
