@@ -883,11 +883,3 @@ def test_shuffled_real_lines_keep_the_contract(body: str, rnd: random.Random) ->
 @given(st.sampled_from(REAL_BODIES), st.text(), st.text())
 def test_real_lines_inside_noise_keep_the_contract(body: str, before: str, after: str) -> None:
     _contract_holds(before + body + after)
-
-
-def test_every_anchor_reaches_a_pattern() -> None:
-    # An anchor no handler uses would make the pipeline call the parser for nothing.
-    from kvwatch.parsers import sglang
-
-    handled = {anchor for anchor, _ in sglang._HANDLERS}
-    assert set(ANCHORS) == handled

@@ -33,29 +33,6 @@ from kvwatch.events import (
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 from kvwatch.units import GiB
 
-ANCHORS: tuple[str, ...] = (
-    "Decode batch",
-    "Prefill batch",
-    "#retracted_reqs",
-    "Cache is allocated",
-    "KV cache allocated",
-    "max_total_num_token",
-    "swa_layer_tokens=",
-    "SWA ring: ",
-    "Load weight ",
-    "Memory pool end",
-    "graph end",
-    "server_args=",
-    "Not enough memory",
-    "Not enough GPU memory",
-    "Memory pool size is too small",
-    "state cache is too small",
-    "cannot hold even one request",
-    "reduce --mem-fraction-static",
-    "sglang: ",
-)
-"""Substrings of which every line a pattern here can claim contains at least one."""
-
 Handler = Callable[[str, LineMeta], tuple[Event, ...]]
 
 
@@ -652,28 +629,29 @@ def _parse_version(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 # --- dispatch ------------------------------------------------------------------------------------
 
-# (anchor, handler) in order of frequency on a busy server; the first handler that returns events wins.
-_HANDLERS: tuple[tuple[str, Handler], ...] = (
-    ("Decode batch", _parse_batch),
-    ("Prefill batch", _parse_batch),
-    ("#retracted_reqs", _parse_retract),
-    ("Cache is allocated", _parse_cache_allocated),
-    ("KV cache allocated", _parse_post_capture),
-    ("swa_layer_tokens=", _parse_swa_split),
-    ("SWA ring: ", _parse_swa_ring),
-    ("max_total_num_token", _parse_max_total),
-    ("Load weight ", _parse_load_weight),
-    ("Memory pool end", _parse_pool_end),
-    ("graph end", _parse_graph_end),
-    ("server_args=", _parse_server_args),
-    ("Not enough memory", _parse_not_enough),
-    ("Not enough GPU memory", _parse_not_enough),
-    ("Memory pool size is too small", _parse_too_small),
-    ("state cache is too small", _parse_too_small),
-    ("cannot hold even one request", _parse_too_small),
-    ("reduce --mem-fraction-static", _parse_mfs_reduced),
-    ("sglang: ", _parse_version),
+# (anchor, handlers) in order of frequency on a busy server; the first handler that returns events
+# wins. Few, distinctive anchors: the pipeline tests every line of the log against all of them.
+_HANDLERS: tuple[tuple[str, tuple[Handler, ...]], ...] = (
+    ("Decode batch", (_parse_batch,)),
+    ("Prefill batch", (_parse_batch,)),
+    ("#retracted_reqs", (_parse_retract,)),
+    ("Cache is allocated", (_parse_cache_allocated,)),
+    ("KV cache allocated", (_parse_post_capture,)),
+    ("swa_layer_tokens=", (_parse_swa_split,)),
+    ("max_total_num_token", (_parse_max_total, _parse_swa_ring)),
+    ("Load weight ", (_parse_load_weight,)),
+    ("Memory pool end", (_parse_pool_end,)),
+    ("graph end", (_parse_graph_end,)),
+    ("server_args=", (_parse_server_args,)),
+    ("Not enough ", (_parse_not_enough,)),
+    ("is too small", (_parse_too_small,)),
+    ("cannot hold even one request", (_parse_too_small,)),
+    ("reduce --mem-fraction-static", (_parse_mfs_reduced,)),
+    ("sglang: ", (_parse_version,)),
 )
+
+ANCHORS: tuple[str, ...] = tuple(anchor for anchor, _ in _HANDLERS)
+"""Substrings of which every line a pattern here can claim contains at least one."""
 
 
 def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -682,11 +660,12 @@ def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:
     Raises ParseError (only) when a pattern claims the line but a value cannot be converted.
     """
     try:
-        for anchor, handler in _HANDLERS:
+        for anchor, handlers in _HANDLERS:
             if anchor in body:
-                events = handler(body, meta)
-                if events:
-                    return events
+                for handler in handlers:
+                    events = handler(body, meta)
+                    if events:
+                        return events
     except ParseError:
         raise
     except (ValidationError, ValueError, ArithmeticError) as exc:
