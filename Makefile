@@ -32,8 +32,10 @@ unit: $(STAMP)
 
 test: $(STAMP) tools lint unit
 
+# The sidecar on bundled vLLM and SGLang logs written live (Ctrl-C stops; DEMO_ARGS='--duration 30').
 demo: $(STAMP)
 	$(BIN)/kvwatch predict tests/model_configs/meta-llama--Meta-Llama-3.1-8B.json --gpu H100-SXM-80GB --max-model-len 8192
+	$(BIN)/kvwatch demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -113,7 +113,8 @@ class Settings(BaseModel):
 
     log: tuple[LogSource, ...] = ()
     metrics_url: tuple[MetricsSource, ...] = ()
-    model_config_path: Path | None = Field(default=None, alias="model_config")
+    # Source name ('' = every source without its own) -> model config.json, file or folder.
+    model_config_path: dict[str, Path] = Field(default_factory=dict, alias="model_config")
     engine: EngineChoice = "auto"
     gpu: str | None = None
     gpu_memory: int | None = None
@@ -156,6 +157,20 @@ class Settings(BaseModel):
                 out.append({"name": name or _default_url_name(url), "url": url})
             else:
                 out.append(item)
+        return out
+
+    @field_validator("model_config_path", mode="before")
+    @classmethod
+    def _model_configs(cls, value: Any) -> Any:
+        if isinstance(value, dict) and all(isinstance(v, Path) for v in value.values()):
+            return value
+        out: dict[str, str] = {}
+        for item in _as_list(value if not isinstance(value, Path) else str(value), "model_config"):
+            name, path = _split_named(str(item))
+            key = name or ""
+            if key in out:
+                raise ValueError(f"two model configs for {key or 'all sources'!r}")
+            out[key] = path
         return out
 
     @field_validator("gpu_memory", mode="before")
@@ -209,9 +224,17 @@ class Settings(BaseModel):
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 raise ValueError(f"two {kind} sources named {dup[0]!r}; give them names with NAME=")
+        known = {s.name for s in self.log} | {s.name for s in self.metrics_url}
+        for name in self.model_config_path:
+            if name and name not in known:
+                raise ValueError(f"model config for unknown source {name!r}")
         if sum(1 for s in self.log if s.path == "-") > 1:
             raise ValueError("standard input ('--log -') can be read only once")
         return self
+
+    def model_config_for(self, source: str) -> Path | None:
+        """The model config given for a source, or the one given for all sources."""
+        return self.model_config_path.get(source, self.model_config_path.get(""))
 
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:

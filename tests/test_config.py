@@ -117,3 +117,14 @@ def test_web_config(tmp_path: Path) -> None:
     web.write_text("tls_server_config: {cert_file: c.pem}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="both"):
         load_web_config(web)
+
+
+def test_model_config_per_source() -> None:
+    s = load_settings(
+        {"log": ["a=/a.log", "b=/b.log"], "model_config": ["/m/all.json", "b=/m/b"]}, environ={}
+    )
+    assert s.model_config_for("a") == Path("/m/all.json")
+    assert s.model_config_for("b") == Path("/m/b")
+    with pytest.raises(ConfigError, match="unknown source 'c'"):
+        load_settings({"log": ["a=/a.log"], "model_config": ["c=/m.json"]}, environ={})
+    assert load_settings({"log": ["/a.log"]}, environ={}).model_config_for("a") is None

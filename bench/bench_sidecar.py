@@ -1,0 +1,169 @@
+"""Sidecar speed targets (issue 7 item 6), each printed against its target.
+
+1. A line appended to a tailed log shows on /metrics within 50 ms at p99 (kvwatch run as a separate
+   process, polled over HTTP the way a scraper sees it).
+2. Idle RSS of that process at most 40 MiB.
+3. At most 1% of one core while the log grows by 100 lines/s.
+4. Rendering /metrics with 64 engine instances in at most 5 ms (in-process, predictions cached).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "tests" / "log_samples"
+LLAMA_8B = ROOT / "tests" / "model_configs" / "meta-llama--Meta-Llama-3.1-8B.json"
+STARTUP = (SAMPLES / "vllm/001-llama31-8b-rtx3090-profiling-20k.log").read_text().splitlines()
+STATS = (SAMPLES / "vllm/012-v0-metrics449-low-usage-2025-01.log").read_text().splitlines()
+
+LATENCY_P99_MS = 50.0
+IDLE_RSS_MIB = 40.0
+CPU_PERCENT = 1.0
+RENDER_MS = 5.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _lines_read(url: str) -> float:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        for raw in resp.read().decode().splitlines():
+            if raw.startswith('kvwatch_lines_read_total{source="b"}'):
+                return float(raw.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def _append(path: Path, line: str) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _report(name: str, value: float, target: float, unit: str) -> bool:
+    ok = value <= target
+    print(f"  {name:<44} {value:10.3f} {unit:<4} target <= {target:g} {unit}  {'ok' if ok else 'MISSED'}")
+    return ok
+
+
+def bench_process() -> list[bool]:
+    """Latency, idle RSS and CPU of `kvwatch run` as its own process."""
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "vllm.log"
+        log.write_text("".join(line + "\n" for line in STARTUP), encoding="utf-8")
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}/metrics"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvwatch", "run", "--log", f"b={log}", "--model-config", str(LLAMA_8B),
+             "--listen", f"127.0.0.1:{port}", "--state-dir", str(Path(tmp) / "state")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if _lines_read(url) == len(STARTUP):
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("kvwatch run did not come up")
+                time.sleep(0.05)
+
+            latencies = []
+            seen = float(len(STARTUP))
+            for i in range(300):
+                _append(log, STATS[i % len(STATS)])
+                t0 = time.perf_counter()
+                while _lines_read(url) < seen + 1:
+                    if time.perf_counter() - t0 > 5:
+                        raise RuntimeError("line never showed on /metrics")
+                latencies.append((time.perf_counter() - t0) * 1000)
+                seen += 1
+                time.sleep(0.01)
+            latencies.sort()
+            p99 = latencies[int(len(latencies) * 0.99) - 1]
+            print(
+                f"  append -> /metrics latency: p50 {statistics.median(latencies):.2f} ms over {len(latencies)} lines"
+            )
+            results.append(_report("append -> /metrics p99", p99, LATENCY_P99_MS, "ms"))
+
+            time.sleep(3.0)
+            results.append(_report("idle RSS", _rss_mib(proc.pid), IDLE_RSS_MIB, "MiB"))
+
+            seconds = 10.0
+            cpu0, wall0 = _cpu_seconds(proc.pid), time.monotonic()
+            n = 0
+            while time.monotonic() - wall0 < seconds:
+                _append(log, STATS[n % len(STATS)])
+                n += 1
+                time.sleep(max(0.0, wall0 + n / 100.0 - time.monotonic()))
+            time.sleep(0.5)
+            cpu = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - wall0) * 100
+            print(f"  wrote {n} lines in {seconds:.0f} s")
+            results.append(_report("CPU at 100 lines/s (% of one core)", cpu, CPU_PERCENT, "%"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+    return results
+
+
+def bench_render() -> bool:
+    """Render /metrics for 64 instances with warm prediction caches."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
+    from kvwatch.pipeline import LinePipeline
+    from kvwatch.state import Fleet
+
+    fleet = Fleet()
+    sources = []
+    for i in range(64):
+        pipeline = LinePipeline(f"engine-{i:02d}", fleet, "vllm")
+        for line in STARTUP + STATS:
+            pipeline.feed(line)
+        sources.append(SourceStatus(f"engine-{i:02d}", "log", up=True, lines_read=pipeline.lines_read))
+    registry = CollectorRegistry()
+    predictor = Predictor(model_config=lambda source: LLAMA_8B)
+    registry.register(KvwatchCollector(fleet.snapshot, predictor, lambda: sources))
+    size = len(generate_latest(registry))
+    times = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        generate_latest(registry)
+        times.append((time.perf_counter() - t0) * 1000)
+    print(f"  64 instances: {size:,} bytes of exposition, p50 {statistics.median(times):.2f} ms")
+    return _report("render /metrics, 64 instances (median)", statistics.median(times), RENDER_MS, "ms")
+
+
+def main() -> int:
+    """Run every sidecar benchmark; non-zero when a target is missed."""
+    results = [bench_render(), *bench_process()]
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,413 @@
+"""Export: the only module that builds Prometheus metric families.
+
+``KvwatchCollector.collect`` runs on every scrape of kvwatch's /metrics: it takes one
+``Fleet.snapshot()`` (a consistent, frozen view), derives what the engine did not print (used tokens,
+headroom, gap to the prediction) and yields one family per entry of ``kvwatch.names.METRICS``.
+Nothing here mutates state; predictions are cached per (instance, epoch, settings) by ``Predictor``
+so a scrape costs a dictionary look-up, not a re-computation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from kvwatch import __version__, capacity, names
+from kvwatch.errors import KvwatchError, ModelConfigError
+from kvwatch.state import InstanceSnapshot
+
+log = logging.getLogger(__name__)
+
+# Longest label value kvwatch exports (model paths can be long; labels must stay small).
+_MAX_LABEL = 128
+
+# MemoryBudget fields known before the engine starts (the 'config' basis may use them).
+_APRIORI_MEMORY = frozenset({"total_bytes", "gpu_memory_utilization", "mem_fraction_static"})
+
+# MemoryBudget field -> names.MEMORY_TERMS term (basis 'observed').
+_OBSERVED_TERMS: dict[str, str] = {
+    "total_bytes": "total",
+    "requested_bytes": "usable",
+    "weights_bytes": "weights",
+    "activation_bytes": "activation",
+    "non_torch_bytes": "non_torch",
+    "cuda_graph_bytes": "cuda_graphs",
+    "available_kv_bytes": "kv",
+}
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """Self-metrics of one configured source (a log or a /metrics URL), read at scrape time."""
+
+    name: str
+    kind: str  # 'log' or 'metrics'
+    up: bool
+    lines_read: int = 0
+    lines_matched: int = 0
+    parse_errors: int = 0
+    rotations: int = 0
+    read_errors: int = 0
+    scrape_duration_seconds: float | None = None
+    scrape_errors: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PredictionResult:
+    """What kvwatch predicts for one instance, per basis; ``state`` is one of names.PREDICTION_STATES."""
+
+    state: str
+    reason: str = ""
+    # basis -> predicted pool tokens / bytes / max concurrency
+    tokens: Mapping[str, int] = field(default_factory=dict)
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    max_concurrency: Mapping[str, float] = field(default_factory=dict)
+    bytes_per_token: int | None = None
+    memory: Mapping[str, int] = field(default_factory=dict)
+    # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
+    block_size: int | None = None
+
+
+def _freeze(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, v) for k, v in mapping.items() if isinstance(v, str | int | float | bool)))
+
+
+class Predictor:
+    """Predicts the pool of each instance from the model config, its logged settings and the GPU.
+
+    Basis 'config' uses only what is known before the engine starts (model, settings, GPU memory);
+    basis 'engine_budget' divides the KV memory the engine itself logged, with the engine's own
+    arithmetic, so its gap isolates the bytes-per-token model from the memory-budget model.
+    """
+
+    def __init__(
+        self,
+        model_config: Callable[[str], Path | None] = lambda source: None,
+        gpu_memory_bytes: int | None = None,
+        resolve_model: Callable[[str], Path | None] | None = None,
+        max_entries: int = 1024,
+    ) -> None:
+        self._model_config = model_config
+        self._gpu_memory = gpu_memory_bytes
+        self._resolve = resolve_model
+        self._max = max_entries
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[Any, ...], PredictionResult] = {}
+        self._models: dict[Path, capacity.ModelGeometry | KvwatchError] = {}
+        self._resolved: dict[str, Path | None] = {}
+        self.computations = 0
+
+    def predict(self, snap: InstanceSnapshot) -> PredictionResult:
+        """The prediction for one instance, computed once per (epoch, settings, memory)."""
+        key = (
+            snap.source,
+            snap.instance,
+            snap.epoch,
+            snap.engine,
+            _freeze(snap.settings),
+            _freeze(snap.memory),
+        )
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+            result = self._compute(snap)
+            if len(self._cache) >= self._max:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = result
+            return result
+
+    def _model_path(self, source: str, settings: Mapping[str, Any]) -> Path | None:
+        given = self._model_config(source)
+        if given is not None:
+            return given
+        model = settings.get("model")
+        if not isinstance(model, str) or self._resolve is None:
+            return None
+        if model not in self._resolved:
+            path = self._resolve(model)
+            self._resolved[model] = path
+            if path is None:
+                log.info("no model config found for model=%s (give --model-config)", model)
+            else:
+                log.info("model config discovered model=%s path=%s", model, path)
+        return self._resolved[model]
+
+    def _load(self, path: Path) -> capacity.ModelGeometry | KvwatchError:
+        if path not in self._models:
+            try:
+                self._models[path] = capacity.load_model(path)
+            except KvwatchError as exc:
+                log.warning("model config unusable path=%s err=%s", path, exc)
+                self._models[path] = exc
+        return self._models[path]
+
+    def _compute(self, snap: InstanceSnapshot) -> PredictionResult:
+        self.computations += 1
+        path = self._model_path(snap.source, snap.settings)
+        if path is None:
+            return PredictionResult(state="no_model_config")
+        model = self._load(path)
+        if isinstance(model, KvwatchError):
+            return PredictionResult(state=_failure_state(model), reason=str(model))
+        settings = dict(snap.settings)
+        if settings.get("max_model_len") is None and snap.pool.get("max_concurrency_tokens"):
+            # vLLM's 'Maximum concurrency for N tokens per request' names max_model_len.
+            settings["max_model_len"] = snap.pool["max_concurrency_tokens"]
+        gpu = self._gpu_memory
+        tokens: dict[str, int] = {}
+        pool_bytes: dict[str, int] = {}
+        concurrency: dict[str, float] = {}
+        memory: dict[str, int] = {}
+        bytes_per_token = block_size = None
+        state = "ok"
+        try:
+            # Basis 'config': only what is known before the engine starts (the card, the settings).
+            apriori = {k: v for k, v in snap.memory.items() if k in _APRIORI_MEMORY}
+            deployment = capacity.deployment_from_settings(snap.engine, settings, apriori, gpu)
+            block_size = deployment.block_size or deployment.page_size
+            if deployment.gpu_memory_bytes is None:
+                state = "no_gpu_memory"
+            else:
+                pred = capacity.predict(model, deployment)
+                bytes_per_token, block_size = pred.bytes_per_token, pred.block_size
+                tokens["config"] = pred.kv_pool_tokens
+                pool_bytes["config"] = pred.kv_pool_bytes
+                concurrency["config"] = float(pred.max_concurrency)
+                memory = {k: int(v) for k, v in pred.memory_terms().items() if v is not None}
+            # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
+            available = snap.memory.get("available_kv_bytes")
+            if available is None and snap.engine == "sglang":
+                available = snap.pool.get("bytes")
+            if isinstance(available, int) and available > 0:
+                full = capacity.deployment_from_settings(snap.engine, settings, snap.memory, gpu)
+                budget_tokens, _blocks = capacity.pool_from_available(model, full, available)
+                tokens["engine_budget"] = budget_tokens
+                pool_bytes["engine_budget"] = available
+                max_len = settings.get("max_model_len")
+                if isinstance(max_len, int) and max_len > 0:
+                    concurrency["engine_budget"] = budget_tokens / max_len
+        except KvwatchError as exc:
+            log.info("no prediction source=%s dp_rank=%s err=%s", snap.source, snap.instance, exc)
+            return PredictionResult(state=_failure_state(exc), reason=str(exc), block_size=block_size)
+        return PredictionResult(
+            state=state,
+            tokens=tokens,
+            bytes=pool_bytes,
+            max_concurrency=concurrency,
+            bytes_per_token=bytes_per_token,
+            memory=memory,
+            block_size=block_size,
+        )
+
+
+def _failure_state(exc: KvwatchError) -> str:
+    """Which names.PREDICTION_STATES a capacity error means."""
+    text = str(exc).lower()
+    # A layer kind or dtype kvwatch does not model, as opposed to a missing or malformed field.
+    unsupported = ("a layer", "kind kvwatch cannot size", "not one kvwatch knows", "unsupported")
+    if isinstance(exc, ModelConfigError) and any(u in text for u in unsupported):
+        return "unsupported_model"
+    if "gpu" in text and "memory" in text:
+        return "no_gpu_memory"
+    return "bad_model_config"
+
+
+def _label(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)[:_MAX_LABEL]
+
+
+class _Families:
+    """One empty family per names.METRICS entry, filled by one collect() call."""
+
+    def __init__(self) -> None:
+        self.gauges: dict[str, GaugeMetricFamily] = {}
+        self.counters: dict[str, CounterMetricFamily] = {}
+        self.infos: dict[str, InfoMetricFamily] = {}
+        self.order: list[Metric] = []
+        for m in names.METRICS:
+            family: Metric
+            if m.type == "gauge":
+                family = self.gauges[m.name] = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
+            elif m.type == "counter":
+                family = self.counters[m.name] = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
+            else:
+                # Info labels beyond the identity ones are the info's value, not family labels.
+                base = [
+                    label for label in m.labels if label in (*names.INSTANCE_LABELS, *names.SOURCE_LABELS)
+                ]
+                family = self.infos[m.name] = InfoMetricFamily(m.name, m.help, labels=base)
+            self.order.append(family)
+
+    def gauge(self, metric: names.Metric, labels: Sequence[str], value: float) -> None:
+        self.gauges[metric.name].add_metric(labels, value)
+
+    def counter(self, metric: names.Metric, labels: Sequence[str], value: float) -> None:
+        self.counters[metric.name].add_metric(labels, value)
+
+    def info(self, metric: names.Metric, labels: Sequence[str], value: dict[str, str]) -> None:
+        self.infos[metric.name].add_metric(labels, value)
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+class KvwatchCollector(Collector):
+    """Yields every kvwatch metric family from a fleet snapshot and the sources' self-metrics."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Sequence[InstanceSnapshot]],
+        predictor: Predictor,
+        sources: Callable[[], Iterable[SourceStatus]] = tuple,
+        dropped_events: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self._snapshot = snapshot
+        self._predictor = predictor
+        self._sources = sources
+        self._dropped = dropped_events
+
+    def describe(self) -> Iterable[Metric]:
+        """The families without samples, so registering does not take a snapshot."""
+        return _Families().order
+
+    def collect(self) -> Iterator[Metric]:
+        """One scrape: every family, from one snapshot."""
+        fam = _Families()
+        snaps = self._snapshot()
+        for snap in snaps:
+            self._instance(fam, snap)
+        self._self_metrics(fam, len(snaps))
+        yield from fam.order
+
+    def _instance(self, fam: _Families, snap: InstanceSnapshot) -> None:
+        settings, usage, pool = snap.settings, snap.usage, snap.pool
+        model = settings.get("served_model_name") or settings.get("model")
+        lab = [snap.source, snap.engine, _label(model), snap.instance]
+
+        def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
+            if value is not None and math.isfinite(value):
+                fam.gauge(metric, [*lab, *extra], float(value))
+
+        def counter(metric: names.Metric, value: float, *extra: str) -> None:
+            fam.counter(metric, [*lab, *extra], float(value))
+
+        pred = self._predictor.predict(snap)
+        block_size = _int(pool.get("block_size")) or _int(settings.get("block_size"))
+        block_size = block_size or _int(settings.get("page_size")) or pred.block_size
+        pool_tokens = _int(pool.get("tokens"))
+        blocks = _int(pool.get("blocks"))
+        if pool_tokens is None and blocks is not None and block_size:
+            pool_tokens = blocks * block_size
+        gauge(names.KV_POOL_TOKENS, pool_tokens)
+        gauge(names.KV_POOL_BLOCKS, blocks)
+        gauge(names.KV_POOL_BYTES, _int(pool.get("bytes")))
+        gauge(names.KV_BLOCK_SIZE, block_size)
+
+        for state in names.PREDICTION_STATES:
+            gauge(names.PREDICTION_AVAILABLE, 1.0 if state == pred.state else 0.0, state)
+        for basis in names.PREDICTION_BASES:
+            predicted = pred.tokens.get(basis)
+            gauge(names.KV_POOL_PREDICTED_TOKENS, predicted, basis)
+            gauge(names.KV_POOL_PREDICTED_BYTES, pred.bytes.get(basis), basis)
+            if predicted and pool_tokens is not None:
+                gauge(names.KV_POOL_GAP_RATIO, pool_tokens / predicted - 1.0, basis)
+        bpt = pred.bytes_per_token
+        if bpt is None and pool_tokens and _int(pool.get("bytes")):
+            bpt = int(pool["bytes"]) // pool_tokens
+        gauge(names.KV_BYTES_PER_TOKEN, bpt)
+
+        ratio = usage.get("kv_usage_ratio")
+        used = _int(usage.get("used_tokens"))
+        if used is None and ratio is not None and pool_tokens is not None:
+            used = round(float(ratio) * pool_tokens)
+        if ratio is None and used is not None and pool_tokens:
+            ratio = used / pool_tokens
+        gauge(names.KV_USAGE_RATIO, ratio)
+        gauge(names.KV_USED_TOKENS, used)
+        max_len = _int(settings.get("max_model_len")) or _int(pool.get("max_concurrency_tokens"))
+        if pool_tokens is not None and used is not None:
+            free = max(pool_tokens - used, 0)
+            gauge(names.KV_HEADROOM_TOKENS, free)
+            if max_len:
+                gauge(names.KV_HEADROOM_REQUESTS, float(free // max_len))
+        observed_conc = pool.get("max_concurrency")
+        if observed_conc is None and pool_tokens is not None and max_len:
+            observed_conc = pool_tokens / max_len
+        gauge(names.MAX_CONCURRENCY, observed_conc, "observed")
+        for basis, value in pred.max_concurrency.items():
+            gauge(names.MAX_CONCURRENCY, value, basis)
+        gauge(names.PREFIX_CACHE_HIT_RATIO, usage.get("prefix_cache_hit_ratio"))
+        gauge(names.REQUESTS_RUNNING, usage.get("running"))
+        gauge(names.REQUESTS_WAITING, usage.get("waiting"))
+        counter(names.PREEMPTIONS, snap.preemptions_total)
+
+        for key, term in _OBSERVED_TERMS.items():
+            gauge(names.MEMORY_BYTES, _int(snap.memory.get(key)), term, "observed")
+        for term in names.MEMORY_TERMS:
+            gauge(names.MEMORY_BYTES, pred.memory.get(term), term, "predicted")
+
+        utilisation = settings.get("gpu_memory_utilization", settings.get("mem_fraction_static"))
+        info = {
+            "version": _label(settings.get("version")),
+            "tp": _label(settings.get("tensor_parallel_size")),
+            "pp": _label(settings.get("pipeline_parallel_size")),
+            "dp": _label(settings.get("data_parallel_size")),
+            "kv_cache_dtype": _label(settings.get("kv_cache_dtype")),
+            "block_size": _label(block_size),
+            "max_model_len": _label(max_len),
+            "gpu_memory_utilization": _label(utilisation),
+        }
+        fam.info(names.ENGINE_INFO, lab, info)
+        gauge(names.EPOCH_START, snap.epoch_started)
+        counter(names.RESTARTS, snap.restarts)
+        for reason in names.FAILURE_REASONS:
+            counter(names.STARTUP_FAILURES, snap.startup_failures.get(reason, 0), reason)
+        for origin, ts in sorted(snap.last_update.items()):
+            gauge(names.LAST_UPDATE, ts, origin)
+        for fact, count in sorted(snap.disagreements.items()):
+            counter(names.DISAGREEMENTS, count, fact)
+
+    def _self_metrics(self, fam: _Families, instances: int) -> None:
+        merged: dict[str, list[SourceStatus]] = {}
+        for status in self._sources():
+            merged.setdefault(status.name, []).append(status)
+        for name, parts in sorted(merged.items()):
+            lab = [name]
+            logs = [p for p in parts if p.kind == "log"]
+            scrapes = [p for p in parts if p.kind == "metrics"]
+            # A log and a URL may share a name (same engine): up only when both are.
+            fam.gauge(names.SOURCE_UP, lab, 1.0 if all(p.up for p in parts) else 0.0)
+            if logs:
+                fam.counter(names.LINES_READ, lab, sum(p.lines_read for p in logs))
+                fam.counter(names.LINES_MATCHED, lab, sum(p.lines_matched for p in logs))
+                fam.counter(names.PARSE_ERRORS, lab, sum(p.parse_errors for p in logs))
+                fam.counter(names.LOG_ROTATIONS, lab, sum(p.rotations for p in logs))
+                fam.counter(names.LOG_READ_ERRORS, lab, sum(p.read_errors for p in logs))
+            for part in scrapes:
+                if part.scrape_duration_seconds is not None:
+                    fam.gauge(names.SCRAPE_DURATION, lab, part.scrape_duration_seconds)
+                for reason in names.SCRAPE_ERROR_REASONS:
+                    fam.counter(names.SCRAPE_ERRORS, [name, reason], part.scrape_errors.get(reason, 0))
+        fam.gauge(names.INSTANCES, [], float(instances))
+        fam.counter(names.INSTANCES_DROPPED, [], float(self._dropped()))
+        fam.info(names.BUILD_INFO, [], {"version": __version__, "python_version": platform.python_version()})

@@ -1,0 +1,97 @@
+"""`kvwatch run`: the sidecar. Flags map onto kvwatch.config.Settings; the work is in kvwatch.app."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from kvwatch.config import DEFAULT_PORT, load_settings
+
+HELP = "Run the sidecar: tail engine logs, scrape engine /metrics, export KV-cache metrics for Prometheus."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags; every one can also come from KVWATCH_<NAME> or the --config YAML (flags win)."""
+    add = parser.add_argument
+    add("--config", type=Path, help="YAML settings file (keys as the long flags, e.g. metrics_url)")
+    add(
+        "--log",
+        action="append",
+        metavar="[NAME=]PATH",
+        help="engine log to tail: file, glob or '-' (repeatable)",
+    )
+    add("--metrics-url", action="append", metavar="[NAME=]URL", help="engine /metrics to scrape (repeatable)")
+    add(
+        "--model-config",
+        action="append",
+        metavar="[NAME=]PATH",
+        help="model config.json or folder, for all sources or source NAME (default: found from the model the log names)",
+    )
+    add("--engine", choices=("auto", "vllm", "sglang"), help="engine of every source (default: auto)")
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument(
+        "--gpu", metavar="NAME", help="GPU model, e.g. H100-SXM-80GB (else the log's total memory)"
+    )
+    gpu.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory per device, e.g. 80GB or 81559MiB")
+    add("--listen", metavar="HOST:PORT", help=f"where to serve /metrics (default 0.0.0.0:{DEFAULT_PORT})")
+    add("--web-config", metavar="FILE", help="TLS and basic-auth settings (Prometheus web-config format)")
+    add(
+        "--state-dir",
+        metavar="DIR",
+        help="keep once-printed facts, counters and positions here across restarts",
+    )
+    add("--scrape-interval", type=float, metavar="SECONDS", help="seconds between engine scrapes (default 5)")
+    add("--scrape-timeout", type=float, metavar="SECONDS", help="timeout of one engine scrape (default 3)")
+    add("--max-instances", type=int, metavar="N", help="cap on tracked engine instances (default 256)")
+    add("--poll", action="store_true", default=None, help="poll log files instead of using inotify")
+    add("--log-level", choices=("debug", "info", "warning", "error"), help="kvwatch's own log level")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate settings, start the sidecar, run until SIGTERM/SIGINT."""
+    flags = {
+        key: getattr(args, key)
+        for key in (
+            "log",
+            "metrics_url",
+            "model_config",
+            "engine",
+            "gpu",
+            "gpu_memory",
+            "listen",
+            "web_config",
+            "state_dir",
+            "scrape_interval",
+            "scrape_timeout",
+            "max_instances",
+            "poll",
+            "log_level",
+        )
+    }
+    settings = load_settings(flags, config_file=args.config)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from kvwatch.app import Sidecar
+
+    sidecar = Sidecar(settings)
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        sidecar.request_stop()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    sidecar.start()
+    print(f"kvwatch: serving {sidecar.url}", file=sys.stderr, flush=True)
+    try:
+        while not sidecar.wait(1.0):
+            pass
+    finally:
+        sidecar.stop()
+    return 0

@@ -1,0 +1,271 @@
+"""The sidecar in-process and as `kvwatch run`: tail -> /metrics, bad input, auth, TLS, kill -9 recovery."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch.app import Sidecar, find_model_config
+from kvwatch.cli import main
+from kvwatch.config import load_settings
+
+TESTS = Path(__file__).parent
+LOG_SAMPLES = TESTS / "log_samples"
+MODEL_CONFIGS = TESTS / "model_configs"
+LLAMA_8B = MODEL_CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"
+VLLM_STARTUP = (LOG_SAMPLES / "vllm/001-llama31-8b-rtx3090-profiling-20k.log").read_text().splitlines()
+VLLM_STATS = (LOG_SAMPLES / "vllm/012-v0-metrics449-low-usage-2025-01.log").read_text().splitlines()
+SGLANG_POOL = (LOG_SAMPLES / "sglang/017-dsv32-dp8-mla-kv-size-single-pool.log").read_text().splitlines()
+SGLANG_RETRACT = next(
+    line
+    for line in (LOG_SAMPLES / "sglang/014-decode-oom-retract-old-wording-with-debug-prints.log")
+    .read_text()
+    .splitlines()
+    if "#retracted_reqs" in line
+)
+
+
+def _append(path: Path, *lines: str) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write("".join(line + "\n" for line in lines))
+
+
+def _wait(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def _scrape(url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None) -> str:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=5, context=context) as resp:
+        return str(resp.read().decode())
+
+
+def _status(url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None) -> int:
+    """HTTP status of a GET (errors included), closing the response."""
+    try:
+        _scrape(url, headers, context)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return int(exc.code)
+    return 200
+
+
+def _value(text: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+@pytest.fixture
+def sidecar_factory(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
+    started: list[Sidecar] = []
+
+    def make(**flags: object) -> Sidecar:
+        flags.setdefault("listen", "127.0.0.1:0")
+        car = Sidecar(load_settings(flags, environ={}), environ={"HOME": str(tmp_path)})
+        car.start()
+        started.append(car)
+        return car
+
+    yield make
+    for car in started:
+        car.stop()
+
+
+def test_tailed_lines_reach_metrics(tmp_path: Path, sidecar_factory: Callable[..., Sidecar]) -> None:
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"], model_config=[str(LLAMA_8B)])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 1952 * 16)
+    _append(log, *VLLM_STATS)
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_usage_ratio", source="v") == pytest.approx(0.023))
+    text = _scrape(car.url)
+    assert _value(text, "kvwatch_prediction_available", source="v", state="ok") == 1
+    assert _value(text, "kvwatch_lines_read_total", source="v") == len(VLLM_STARTUP) + len(VLLM_STATS)
+    assert _value(text, "kvwatch_source_up", source="v") == 1
+    assert _scrape(car.url.replace("/metrics", "/healthz")) == "ok\n"
+    assert _status(car.url.replace("/metrics", "/nope")) == 404
+
+
+def test_missing_log_is_counted_and_waited_for(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
+) -> None:
+    log = tmp_path / "later.log"
+    car = sidecar_factory(log=[f"v={log}"])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_source_up", source="v") == 0)
+    _append(log, *VLLM_STARTUP)
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_blocks", source="v") == 1952)
+    assert _value(_scrape(car.url), "kvwatch_source_up", source="v") == 1
+
+
+def test_unreachable_engine_metrics_is_source_down(sidecar_factory: Callable[..., Sidecar]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once we leave: nothing listens there
+    car = sidecar_factory(metrics_url=[f"e=127.0.0.1:{port}"], scrape_interval=0.2)
+    _wait(
+        lambda: (
+            (_value(_scrape(car.url), "kvwatch_scrape_errors_total", source="e", reason="connection") or 0)
+            >= 1
+        )
+    )
+    assert _value(_scrape(car.url), "kvwatch_source_up", source="e") == 0
+
+
+def test_bad_model_config_keeps_observed_metrics(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
+) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json", encoding="utf-8")
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP, *VLLM_STATS)
+    car = sidecar_factory(log=[f"v={log}"], model_config=[str(bad)])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_usage_ratio", source="v") is not None)
+    assert _value(_scrape(car.url), "kvwatch_prediction_available", source="v", state="bad_model_config") == 1
+
+
+def test_basic_auth_and_tls(tmp_path: Path, sidecar_factory: Callable[..., Sidecar]) -> None:
+    bcrypt = pytest.importorskip("bcrypt")
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not installed")
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\nbasic_auth_users:\n  prom: '{hashed}'\n",
+        encoding="utf-8",
+    )
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"], web_config=str(web))
+    assert car.url.startswith("https://")
+    ctx = ssl.create_default_context(cafile=str(tmp_path / "cert.pem"))
+    ctx.check_hostname = False
+    good = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
+    bad = {"Authorization": "Basic " + base64.b64encode(b"prom:wrong").decode()}
+    for headers in ({}, bad):
+        assert _status(car.url, headers, ctx) == 401
+    _wait(lambda: _value(_scrape(car.url, good, ctx), "kvwatch_kv_pool_blocks", source="v") == 1952)
+    with pytest.raises(OSError):  # plain HTTP on the TLS port
+        _scrape(car.url.replace("https://", "http://"), good)
+
+
+def test_find_model_config_local_and_hf_cache(tmp_path: Path) -> None:
+    local = tmp_path / "models" / "llama"
+    local.mkdir(parents=True)
+    shutil.copy(LLAMA_8B, local / "config.json")
+    assert find_model_config(str(local), {}) == local / "config.json"
+    hub = tmp_path / "hf" / "hub" / "models--meta-llama--Llama-3.1-8B"
+    (hub / "snapshots" / "abc123").mkdir(parents=True)
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text("abc123", encoding="utf-8")
+    shutil.copy(LLAMA_8B, hub / "snapshots" / "abc123" / "config.json")
+    env = {"HF_HOME": str(tmp_path / "hf")}
+    assert find_model_config("meta-llama/Llama-3.1-8B", env) == hub / "snapshots" / "abc123" / "config.json"
+    assert find_model_config("meta-llama/Other", env) is None
+    assert find_model_config("meta-llama/Llama-3.1-8B", {"HF_HUB_CACHE": str(tmp_path / "nowhere")}) is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run"],
+        ["run", "--log", "a.log", "--listen", "nohost:port"],
+        ["run", "--log", "a.log", "--model-config", "/does/not/exist.json"],
+        ["run", "--log", "a.log", "--gpu", "NoSuchGPU-1GB"],
+    ],
+)
+def test_bad_configuration_exits_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvwatch run: error:"), err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_kvwatch(log: Path, state: Path, port: int) -> subprocess.Popen[bytes]:
+    with (log.parent / "kvwatch.stderr").open("ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kvwatch", "run", "--log", f"s={log}", "--state-dir", str(state),
+             "--listen", f"127.0.0.1:{port}", "--engine", "sglang"],
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+
+
+def _metrics_or_empty(url: str) -> str:
+    try:
+        return _scrape(url)
+    except OSError:
+        return ""
+
+
+@pytest.mark.integration
+def test_kill_9_and_restart_recovers_pool_and_counts_once(tmp_path: Path) -> None:
+    """kill -9 mid-log, rotate the log while kvwatch is down, restart with the same --state-dir."""
+    log, state, port = tmp_path / "sglang.log", tmp_path / "state", _free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    lab = {"source": "s", "dp_rank": "0"}
+    _append(log, *SGLANG_POOL, SGLANG_RETRACT, SGLANG_RETRACT)
+    proc = _start_kvwatch(log, state, port)
+    try:
+        _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_preemptions_total", **lab) == 2)
+        _append(log, SGLANG_RETRACT)
+        _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_preemptions_total", **lab) == 3)
+        # The state file is written at most once a second by the consumer; wait for the last lines.
+        _wait(lambda: _saved_count(state) == 3)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    # Rotate while kvwatch is down: the pool lines are gone from the file kvwatch will read.
+    os.replace(log, log.with_name("sglang.log.1"))
+    _append(log, SGLANG_RETRACT)
+    proc = _start_kvwatch(log, state, port)
+    try:
+        _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_preemptions_total", **lab) == 4)
+        text = _scrape(url)
+        assert _value(text, "kvwatch_kv_pool_tokens", **lab) == 1462784
+        time.sleep(1.0)  # nothing re-read: the count stays
+        assert _value(_scrape(url), "kvwatch_preemptions_total", **lab) == 4
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+
+
+def _saved_count(state: Path) -> int:
+    import json
+
+    try:
+        data = json.loads((state / "kvwatch-state.json").read_text())
+    except (OSError, ValueError):
+        return -1
+    return int(sum(inst["preemptions_total"] for inst in data["instances"]))

@@ -1,0 +1,165 @@
+"""The collector: every family from names.py, derived figures, prediction states, cached predictions."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+import kvwatch
+from kvwatch import names
+from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
+from kvwatch.pipeline import LinePipeline
+from kvwatch.state import Fleet
+
+TESTS = Path(__file__).parent
+LOG_SAMPLES = TESTS / "log_samples"
+MODEL_CONFIGS = TESTS / "model_configs"
+LLAMA_8B = MODEL_CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"
+# Llama-3.1-8B on an RTX 3090: memory profile, '# GPU blocks: 1952', 20,000-token requests; then
+# V0 stats lines (last: 2.3% usage) and a V0 preemption warning (cumulative total 51).
+VLLM_LINES = [
+    *(LOG_SAMPLES / "vllm/001-llama31-8b-rtx3090-profiling-20k.log").read_text().splitlines(),
+    *(LOG_SAMPLES / "vllm/012-v0-metrics449-low-usage-2025-01.log").read_text().splitlines(),
+    *(LOG_SAMPLES / "vllm/026-v0-preemption-lighteval-suffix-location.log").read_text().splitlines(),
+]
+LAB = {"source": "v", "engine": "vllm", "model": "", "dp_rank": "0"}
+
+
+def _registry(
+    fleet: Fleet, model_config: Path | None = LLAMA_8B, sources: tuple[SourceStatus, ...] = ()
+) -> tuple[CollectorRegistry, Predictor]:
+    registry = CollectorRegistry()
+    predictor = Predictor(model_config=lambda source: model_config)
+    registry.register(
+        KvwatchCollector(fleet.snapshot, predictor, lambda: sources, lambda: fleet.dropped_events)
+    )
+    return registry, predictor
+
+
+def _feed(fleet: Fleet, source: str, lines: list[str]) -> None:
+    pipeline = LinePipeline(source, fleet, "auto")
+    for line in lines:
+        pipeline.feed(line)
+
+
+def test_observed_pool_usage_headroom_and_prediction() -> None:
+    fleet = Fleet(clock=lambda: 1700000000.0)
+    _feed(fleet, "v", VLLM_LINES)
+    reg, _ = _registry(fleet)
+
+    def get(metric: names.Metric, **extra: str) -> float | None:
+        return reg.get_sample_value(metric.sample_name, {**LAB, **extra})
+
+    block = 16  # vLLM's default block size on CUDA (the log does not print it)
+    assert get(names.KV_POOL_BLOCKS) == 1952
+    assert get(names.KV_POOL_TOKENS) == 1952 * block
+    assert get(names.KV_BLOCK_SIZE) == block
+    per_token = 2 * 32 * 8 * 128 * 2  # K and V x 32 layers x 8 KV heads x 128 dims x bf16
+    assert get(names.KV_BYTES_PER_TOKEN) == per_token
+    # The engine's own figure: 'kv_cache_size=3.81GiB' divided into pages of 16 tokens.
+    available = round(3.81 * 2**30)
+    budget_tokens = available // (per_token * block) * block
+    assert get(names.KV_POOL_PREDICTED_TOKENS, basis="engine_budget") == budget_tokens
+    assert get(names.KV_POOL_GAP_RATIO, basis="engine_budget") == pytest.approx(
+        1952 * block / budget_tokens - 1
+    )
+    assert get(names.KV_POOL_PREDICTED_TOKENS, basis="config") is not None
+    assert get(names.PREDICTION_AVAILABLE, state="ok") == 1
+    assert get(names.PREDICTION_AVAILABLE, state="no_model_config") == 0
+    used = round(0.023 * 1952 * block)
+    assert get(names.KV_USAGE_RATIO) == pytest.approx(0.023)
+    assert get(names.KV_USED_TOKENS) == used
+    assert get(names.KV_HEADROOM_TOKENS) == 1952 * block - used
+    assert get(names.KV_HEADROOM_REQUESTS) == (1952 * block - used) // 20000
+    assert get(names.MAX_CONCURRENCY, basis="observed") == pytest.approx(1.56)
+    assert get(names.PREEMPTIONS) == 51
+    assert get(names.REQUESTS_RUNNING) == 1
+    assert get(names.MEMORY_BYTES, term="total", basis="observed") == round(23.58 * 2**30)
+    assert get(names.MEMORY_BYTES, term="kv", basis="observed") == available
+    assert get(names.EPOCH_START) == 1700000000.0
+    assert get(names.STARTUP_FAILURES, reason="no_memory_for_cache") == 0
+    assert reg.get_sample_value("kvwatch_instances") == 1
+
+
+def test_no_model_config_and_bad_model_config(tmp_path: Path) -> None:
+    fleet = Fleet()
+    _feed(fleet, "v", VLLM_LINES)
+    reg, _ = _registry(fleet, model_config=None)
+    assert reg.get_sample_value(names.PREDICTION_AVAILABLE.name, {**LAB, "state": "no_model_config"}) == 1
+    assert reg.get_sample_value(names.KV_POOL_PREDICTED_TOKENS.name, {**LAB, "basis": "config"}) is None
+    # Observed metrics keep flowing.
+    assert reg.get_sample_value(names.PREEMPTIONS.sample_name, LAB) == 51
+
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}), encoding="utf-8")
+    reg, _ = _registry(fleet, model_config=bad)
+    assert reg.get_sample_value(names.PREDICTION_AVAILABLE.name, {**LAB, "state": "bad_model_config"}) == 1
+    assert reg.get_sample_value(names.KV_USAGE_RATIO.name, LAB) == pytest.approx(0.023)
+
+
+def test_prediction_is_cached_per_epoch_and_settings() -> None:
+    fleet = Fleet()
+    _feed(fleet, "v", VLLM_LINES)
+    reg, predictor = _registry(fleet)
+    for _ in range(5):
+        generate_latest(reg)
+    assert predictor.computations == 1
+    _feed(fleet, "v", VLLM_LINES[:2])  # the same memory profile again: same settings, same memory
+    generate_latest(reg)
+    assert predictor.computations == 1
+
+
+def test_self_metrics_merge_sources_sharing_a_name() -> None:
+    fleet = Fleet()
+    sources = (
+        SourceStatus("e", "log", up=True, lines_read=10, lines_matched=4, parse_errors=1, rotations=2),
+        SourceStatus("e", "metrics", up=False, scrape_duration_seconds=0.5, scrape_errors={"timeout": 3}),
+    )
+    reg, _ = _registry(fleet, sources=sources)
+    src = {"source": "e"}
+    assert reg.get_sample_value("kvwatch_lines_read_total", src) == 10
+    assert reg.get_sample_value("kvwatch_log_rotations_total", src) == 2
+    assert reg.get_sample_value("kvwatch_source_up", src) == 0
+    assert reg.get_sample_value("kvwatch_scrape_errors_total", {**src, "reason": "timeout"}) == 3
+    assert reg.get_sample_value("kvwatch_scrape_errors_total", {**src, "reason": "parse"}) == 0
+    assert reg.get_sample_value("kvwatch_scrape_duration_seconds", src) == 0.5
+    build = {"version": kvwatch.__version__, "python_version": platform.python_version()}
+    assert reg.get_sample_value("kvwatch_build_info", build) == 1
+
+
+def test_every_family_is_exposed_with_its_help() -> None:
+    fleet = Fleet()
+    _feed(fleet, "v", VLLM_LINES)
+    reg, _ = _registry(fleet, sources=(SourceStatus("v", "log", up=True),))
+    text = generate_latest(reg).decode()
+    for metric in names.METRICS:
+        assert f"# HELP {metric.sample_name} {metric.help}\n" in text, metric.name
+
+
+def test_promtool_check_metrics(promtool: str) -> None:
+    import subprocess
+
+    fleet = Fleet()
+    _feed(fleet, "v", VLLM_LINES)
+    reg, _ = _registry(fleet, sources=(SourceStatus("v", "log", up=True),))
+    done = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=generate_latest(reg),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+
+
+def test_instance_cap_counts_dropped_events() -> None:
+    fleet = Fleet(max_instances=1)
+    _feed(fleet, "a", VLLM_LINES[:1])
+    _feed(fleet, "b", VLLM_LINES[:1])
+    reg, _ = _registry(fleet)
+    assert reg.get_sample_value("kvwatch_instances") == 1
+    assert reg.get_sample_value("kvwatch_dropped_events_total") == 1
