@@ -1,0 +1,668 @@
+"""The capacity model against the seeds' numbers, hand-worked bytes per token and the engines' logs.
+
+Every expected value below is written as the arithmetic that produces it, from the config fields,
+so a reader can check it against the model card without running anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from kvwatch.capacity import (
+    Deployment,
+    deployment_from_settings,
+    geometry_from_config,
+    gpus,
+    load_model,
+    pool_from_available,
+    predict,
+)
+from kvwatch.capacity.sglang_budget import default_mem_fraction_static
+from kvwatch.errors import ConfigError, ModelConfigError
+from kvwatch.units import GiB, KiB, MiB, parse_size
+
+CONFIGS = Path(__file__).parent / "model_configs"
+H100 = 81559 * MiB
+
+
+def model(stem: str) -> Any:
+    return load_model(CONFIGS / f"{stem}.json")
+
+
+def raw(stem: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((CONFIGS / f"{stem}.json").read_text())
+    return data
+
+
+# Bytes per token (bf16/fp16 cache, TP=1, only the layers whose cache grows with context),
+# worked out by hand from each config.json in tests/model_configs.
+BYTES_PER_TOKEN = [
+    # 80 layers x 8 KV heads x head_dim 8192/64=128, K+V, 2 bytes
+    ("Qwen--Qwen2.5-72B", 2 * 80 * 8 * 128 * 2),
+    # 28 layers x 4 KV heads x 3584/28=128
+    ("Qwen--Qwen2.5-7B", 2 * 28 * 4 * 128 * 2),
+    # explicit head_dim 128 (hidden/heads would be 2048/32=64)
+    ("Qwen--Qwen3-30B-A3B", 2 * 48 * 4 * 128 * 2),
+    # explicit head_dim 128 (hidden/heads would be 5120/64=80)
+    ("Qwen--Qwen3-32B", 2 * 64 * 8 * 128 * 2),
+    ("Qwen--Qwen3-8B", 2 * 36 * 8 * 128 * 2),
+    # full_attention_interval=4: 48/4 = 12 full layers, 2 KV heads, head_dim 256; 36 Gated DeltaNet layers
+    ("Qwen--Qwen3-Next-80B-A3B-Thinking", 2 * 12 * 2 * 256 * 2),
+    # text_config.layer_types: 10 full_attention of 40, 2 KV heads, head_dim 256
+    ("Qwen--Qwen3.5-35B-A3B", 2 * 10 * 2 * 256 * 2),
+    # MLA latent (512 + 64) x 61 layers x 2 bytes, plus the DSA indexer key 128 fp8 + 4-byte scale per layer
+    ("deepseek-ai--DeepSeek-V3.2", 61 * (512 + 64) * 2 + 61 * (128 + 4)),
+    # MLA: 61 x (kv_lora_rank 512 + qk_rope_head_dim 64) x 2, no factor 2, no head count
+    ("deepseek-ai--DeepSeek-V3", 61 * (512 + 64) * 2),
+    # Gemma3 default pattern 6: layers 6, 12, ..., 60 global = 10 of 62; 16 KV heads x head_dim 128
+    ("google--gemma-3-27b-it", 2 * 10 * 16 * 128 * 2),
+    # 5 full layers of 30 with num_global_key_value_heads 2 x global_head_dim 512
+    ("google--gemma-4-26B-A4B", 2 * 5 * 2 * 512 * 2),
+    # MHA: 32 KV heads x 4096/32=128, float16
+    ("meta-llama--Llama-2-7b-hf", 2 * 32 * 32 * 128 * 2),
+    ("meta-llama--Llama-3.3-70B-Instruct", 2 * 80 * 8 * 128 * 2),
+    ("meta-llama--Meta-Llama-3.1-70B", 2 * 80 * 8 * 128 * 2),
+    ("meta-llama--Meta-Llama-3.1-8B", 2 * 32 * 8 * 128 * 2),
+    # 10 KV heads x 5120/40=128
+    ("microsoft--phi-4", 2 * 40 * 10 * 128 * 2),
+    ("mistralai--Mixtral-8x7B-v0.1", 2 * 32 * 8 * 128 * 2),
+    # MLA inside text_config
+    ("moonshotai--Kimi-K2.5", 61 * (512 + 64) * 2),
+    # block_configs: 49 attention layers with n_heads_in_group 8 -> 64/8 = 8 KV heads; 31 no-op
+    ("nvidia--Llama-3_3-Nemotron-Super-49B-v1", 2 * 49 * 8 * 128 * 2),
+    # hybrid_override_pattern: 10 '*' attention layers, attention_head_dim 128
+    ("nvidia--Nemotron-H-56B-Base-8K", 2 * 10 * 8 * 128 * 2),
+    # layer_types: 18 full_attention of 36, 8 KV heads x head_dim 64 (2880/64=45 would be wrong)
+    ("openai--gpt-oss-120b", 2 * 18 * 8 * 64 * 2),
+]
+
+
+def test_every_bundled_config_has_a_case() -> None:
+    bundled = {p.stem for p in CONFIGS.glob("*.json") if p.name != "manifest.json"}
+    assert bundled == {stem for stem, _ in BYTES_PER_TOKEN}
+
+
+@pytest.mark.parametrize(("stem", "expected"), BYTES_PER_TOKEN, ids=[s for s, _ in BYTES_PER_TOKEN])
+def test_bytes_per_token(stem: str, expected: int) -> None:
+    assert model(stem).bytes_per_token() == expected
+
+
+@pytest.mark.parametrize(("stem", "expected"), BYTES_PER_TOKEN, ids=[s for s, _ in BYTES_PER_TOKEN])
+def test_predict_reports_bytes_per_token(stem: str, expected: int) -> None:
+    p = predict(model(stem), Deployment(available_kv_bytes=10 * GiB, max_model_len=4096))
+    assert p.bytes_per_token == expected
+    assert p.to_json_dict()["bytes_per_token"] == expected
+
+
+# --- the seeds' numbers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stem", "tokens", "expected_bytes"),
+    [
+        ("meta-llama--Meta-Llama-3.1-8B", 1, 128 * KiB),
+        ("meta-llama--Meta-Llama-3.1-8B", 8192, 1 * GiB),
+        ("meta-llama--Meta-Llama-3.1-70B", 1, 320 * KiB),
+        ("meta-llama--Meta-Llama-3.1-70B", 8192, int(2.5 * GiB)),
+        ("meta-llama--Meta-Llama-3.1-70B", 131072, 40 * GiB),
+        ("Qwen--Qwen2.5-72B", 1, 320 * KiB),
+        ("Qwen--Qwen3-32B", 1, 256 * KiB),
+        ("Qwen--Qwen3-32B", 8192, 2 * GiB),
+        ("Qwen--Qwen3-8B", 1, 144 * KiB),
+        ("Qwen--Qwen3-8B", 32768, int(4.5 * GiB)),
+        ("deepseek-ai--DeepSeek-V3", 1, 70272),
+        ("openai--gpt-oss-120b", 1, 36864),
+        ("openai--gpt-oss-120b", 131072, int(4.5 * GiB)),
+    ],
+)
+def test_seed_kv_sizes(stem: str, tokens: int, expected_bytes: int) -> None:
+    assert model(stem).bytes_per_token() * tokens == expected_bytes
+
+
+def test_llama3_70b_equals_qwen25_72b() -> None:
+    assert (
+        model("meta-llama--Meta-Llama-3.1-70B").bytes_per_token()
+        == model("Qwen--Qwen2.5-72B").bytes_per_token()
+    )
+
+
+def test_qwen3_32b_head_dim_from_hidden_undercounts_37_percent() -> None:
+    cfg = raw("Qwen--Qwen3-32B")
+    del cfg["head_dim"]  # what a calculator using hidden_size / num_attention_heads sees
+    wrong = geometry_from_config(cfg).bytes_per_token()
+    assert wrong == 2 * 64 * 8 * (5120 // 64) * 2
+    assert 1 - wrong / (256 * KiB) == pytest.approx(0.375)
+
+
+def test_deepseek_logical_shapes_overestimate_71x() -> None:
+    cfg = raw("deepseek-ai--DeepSeek-V3")
+    del cfg["kv_lora_rank"]  # read as plain attention: 128 KV heads, K 128+64, V 128
+    cfg["head_dim"] = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    wrong = geometry_from_config(cfg).bytes_per_token()
+    assert wrong == 61 * 128 * (192 + 128) * 2
+    assert wrong / 70272 == pytest.approx(71.1, abs=0.05)
+
+
+def test_qwen3_8b_with_hidden_size_is_576_kib() -> None:
+    cfg = raw("Qwen--Qwen3-8B")
+    cfg["num_key_value_heads"] = cfg["num_attention_heads"]  # NVIDIA guide: heads x head_dim = hidden
+    assert geometry_from_config(cfg).bytes_per_token() == 2 * 36 * 4096 * 2 == 576 * KiB
+
+
+def test_opt_13b_800_kb_per_token() -> None:
+    # vLLM paper: 2 (K, V) x 5120 hidden x 40 layers x 2 bytes
+    opt = {
+        "model_type": "opt",
+        "architectures": ["OPTForCausalLM"],
+        "num_hidden_layers": 40,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "ffn_dim": 20480,
+        "vocab_size": 50272,
+        "torch_dtype": "float16",
+    }
+    assert geometry_from_config(opt).bytes_per_token() == 2 * 5120 * 40 * 2 == 800 * KiB
+
+
+@pytest.mark.parametrize(
+    ("stem", "billions"),
+    [
+        ("meta-llama--Meta-Llama-3.1-8B", 8.03),
+        ("meta-llama--Meta-Llama-3.1-70B", 70.6),
+        ("Qwen--Qwen3-32B", 32.8),
+        ("Qwen--Qwen2.5-72B", 72.7),
+        ("Qwen--Qwen3-8B", 8.19),
+        ("mistralai--Mixtral-8x7B-v0.1", 46.7),
+        ("deepseek-ai--DeepSeek-V3", 671.0),
+        ("openai--gpt-oss-120b", 116.8),
+        ("microsoft--phi-4", 14.7),
+    ],
+)
+def test_param_count_lands_on_published_figure(stem: str, billions: float) -> None:
+    digits = 2 if billions < 10 else 1
+    assert round(model(stem).param_count / 1e9, digits) == billions
+
+
+def test_llama3_8b_param_count_exact() -> None:
+    embed = 128256 * 4096
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert model("meta-llama--Meta-Llama-3.1-8B").param_count == 2 * embed + 32 * layer + 4096
+
+
+def test_vllm_page_size_llama3_8b() -> None:
+    p = predict(
+        model("meta-llama--Meta-Llama-3.1-8B"), Deployment(available_kv_bytes=GiB, max_model_len=8192)
+    )
+    assert p.page_bytes == 8 * 16 * 256 * 2 == 65536
+
+
+def test_vllm_52_31566_gib_pool() -> None:
+    m = model("meta-llama--Meta-Llama-3.1-8B")
+    available = parse_size("52.31566GiB")
+    d = Deployment(engine="vllm", available_kv_bytes=available, max_model_len=8192)
+    p = predict(m, d)
+    assert p.kv_pool_blocks == available // 65536 // 32 == 26785
+    assert p.kv_pool_tokens == 26785 * 16 == 428560
+    assert f"{p.max_concurrency:.2f}" == "52.31"  # 26785 / ceil(8192 / 16)
+    assert pool_from_available(m, d, available) == (428560, 26785)
+    # The older token formula (num_blocks // groups * block_size) gives the same here.
+    old = Deployment(engine="vllm", engine_version="0.11.0", max_model_len=8192)
+    assert pool_from_available(m, old, available) == (428560, 26785)
+
+
+def test_sglang_428569_tokens_same_pool() -> None:
+    m = model("meta-llama--Meta-Llama-3.1-8B")
+    d = Deployment(engine="sglang", max_model_len=8192)
+    assert pool_from_available(m, d, parse_size("52.31566GiB")) == (parse_size("52.31566GiB") // 131072, None)
+    assert pool_from_available(m, d, parse_size("52.31566GiB"))[0] == 428569
+
+
+def test_sglang_mem_fraction_static_h100() -> None:
+    frac = default_mem_fraction_static(Deployment(engine="sglang", gpu_memory_bytes=H100))
+    # 512 + 8192 x 1.5 + 1 x 1 / 8 x 1024 + 256 x 2 = 13,440 MB, above the 10,240 floor
+    assert frac.reserved_mb == 512 + 8192 * 1.5 + 1 * 1 / 8 * 1024 + 256 * 2 == 13440
+    assert frac.value == round((81559 - 13440) / 81559, 3) == 0.835
+
+
+def test_sglang_mem_fraction_static_h200_tp8() -> None:
+    frac = default_mem_fraction_static(Deployment(engine="sglang", gpu_memory_bytes=143771 * MiB, tp=8))
+    # chunked 8192, cuda_graph_max_bs 512 at tp >= 4
+    assert frac.value == round((143771 - (512 + 8192 * 1.5 + 8 / 8 * 1024 + 512 * 2)) / 143771, 3)
+
+
+def test_sglang_mem_fraction_static_old_versions() -> None:
+    assert (
+        default_mem_fraction_static(
+            Deployment(engine="sglang", engine_version="0.3.0", gpu_memory_bytes=H100, tp=4)
+        ).value
+        == 0.85
+    )
+    # 0.4.9 - 0.5.2: H100 band reserves (9.5 + 1/2) GiB
+    v = default_mem_fraction_static(
+        Deployment(engine="sglang", engine_version="0.5.1", gpu_memory_bytes=H100)
+    )
+    assert v.value == round((81559 - 10 * 1024) / 81559, 3)
+
+
+def test_tp8_divides_kv_heads() -> None:
+    m = model("meta-llama--Meta-Llama-3.1-70B")
+    p = predict(m, Deployment(tp=8, available_kv_bytes=GiB, max_model_len=8192))
+    assert p.bytes_per_token == 320 * KiB // 8 == 40 * KiB
+    assert p.bytes_per_token_all_ranks == 320 * KiB
+
+
+def test_tp_beyond_kv_heads_replicates() -> None:
+    m = model("Qwen--Qwen3-Next-80B-A3B-Thinking")  # 2 KV heads
+    p = predict(m, Deployment(tp=4, available_kv_bytes=GiB, max_model_len=8192))
+    assert p.bytes_per_token == 2 * 12 * max(1, 2 // 4) * 256 * 2
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_mla_not_divided_by_tp(engine: str) -> None:
+    m = model("deepseek-ai--DeepSeek-V3")
+    p = predict(m, Deployment(engine=engine, tp=16, available_kv_bytes=GiB, max_model_len=8192))  # type: ignore[arg-type]
+    assert p.bytes_per_token == 61 * 576 * 2
+
+
+def test_fp8_kv_halves_bytes() -> None:
+    m = model("meta-llama--Meta-Llama-3.1-8B")
+    for dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        p = predict(m, Deployment(kv_cache_dtype=dtype, available_kv_bytes=GiB, max_model_len=8192))
+        assert p.bytes_per_token == 2 * 32 * 8 * 128 * 1
+
+
+def test_sglang_fp8_dsa_latent_has_scales() -> None:
+    m = model("deepseek-ai--DeepSeek-V3.2")
+    p = predict(
+        m, Deployment(engine="sglang", kv_cache_dtype="fp8_e4m3", available_kv_bytes=GiB, max_model_len=8192)
+    )
+    # 512 fp8 + 512/128 x 4-byte scales + 64 rope in bf16, plus the indexer key
+    assert p.bytes_per_token == 61 * (512 + 512 // 128 * 4 + 64 * 2) + 61 * (128 + 4)
+
+
+# --- the seed chapter's H100 budget (0.92 x 81,559 MiB, 6.0 GiB for activations) --------------
+
+
+def vllm_h100(stem: str, **kw: Any) -> Any:
+    return predict(model(stem), Deployment(engine="vllm", gpu_memory_bytes=H100, max_model_len=8192, **kw))
+
+
+def test_seed_budget_llama3_8b() -> None:
+    p = vllm_h100("meta-llama--Meta-Llama-3.1-8B")
+    assert p.usable_bytes == math.ceil(81559 * MiB * 0.92)
+    assert round(p.usable_bytes / GiB, 2) == 73.28
+    assert round(p.weights_bytes / GiB, 2) == 14.96
+    assert round(p.available_kv_bytes / GiB, 2) == 52.32
+    assert math.floor(p.max_concurrency) == 52
+
+
+def test_seed_budget_qwen3_32b() -> None:
+    p = vllm_h100("Qwen--Qwen3-32B")
+    assert round(p.weights_bytes / GiB) == 61
+    assert round(p.available_kv_bytes / GiB, 1) == 6.3
+    assert round(p.kv_pool_tokens, -2) == 25600
+    assert math.floor(p.max_concurrency) == 3
+    # "Qwen3-32B goes from 3 concurrent requests to 18 by halving the weights alone."
+    assert math.floor(vllm_h100("Qwen--Qwen3-32B", weights_dtype="fp8").max_concurrency) == 18
+
+
+def test_seed_budget_llama3_70b() -> None:
+    assert vllm_h100("meta-llama--Meta-Llama-3.1-70B").available_kv_bytes < 0  # bf16 does not fit
+    p = vllm_h100("meta-llama--Meta-Llama-3.1-70B", weights_dtype="fp8")
+    assert round(p.available_kv_bytes / GiB, 2) == 1.57
+    assert not p.fits
+    assert p.estimated_max_model_len is not None and 0 < p.estimated_max_model_len < 8192
+    assert p.failure is not None and p.failure.startswith("To serve at least one request")
+    # TP=8: 1.33M tokens per rank-set, 162 concurrent 8k requests
+    p8 = vllm_h100("meta-llama--Meta-Llama-3.1-70B", tp=8)
+    assert round(p8.kv_pool_tokens / 1e6, 2) == 1.33
+    assert math.floor(p8.max_concurrency) == 162
+
+
+def test_seed_budget_deepseek_16_gpus() -> None:
+    p = vllm_h100("deepseek-ai--DeepSeek-V3", tp=16)
+    assert round(p.bytes_per_token / KiB, 1) == 68.6
+    assert math.floor(p.max_concurrency) == 52
+
+
+def test_seed_qwen3_8b_a6000_formula_bound() -> None:
+    """Seed: 26.1 GiB after the weights -> ~190,000 tokens; ~210,000 with ECC off (0.92, no activations)."""
+    m = model("Qwen--Qwen3-8B")
+    for gpu, tokens in (("a6000", 190_000), ("a6000-ecc-off", 210_000)):
+        d = Deployment(
+            gpu_memory_bytes=gpus.lookup(gpu).memory_bytes, max_model_len=32768, activation_bytes=0
+        )
+        p = predict(m, d)
+        assert round(p.kv_pool_tokens, -4) == tokens
+    ecc_on = predict(m, Deployment(gpu_memory_bytes=gpus.lookup("a6000").memory_bytes, activation_bytes=0))
+    assert round(ecc_on.available_kv_bytes / GiB, 1) == 26.1
+
+
+def test_vllm_version_defaults() -> None:
+    m = model("meta-llama--Meta-Llama-3.1-8B")
+    old = predict(m, Deployment(engine_version="0.11.0", gpu_memory_bytes=H100, max_model_len=8192))
+    new = predict(m, Deployment(engine_version="0.21.0", gpu_memory_bytes=H100, max_model_len=8192))
+    assert old.gpu_memory_utilization == 0.9
+    assert new.gpu_memory_utilization == 0.92
+    graphs = GiB
+    d = Deployment(
+        gpu_memory_bytes=H100, max_model_len=8192, activation_bytes=4 * GiB, cuda_graph_bytes=graphs
+    )
+    before = predict(m, d.with_(engine_version="0.20.2"))
+    after = predict(m, d.with_(engine_version="0.21.0"))
+    assert before.available_kv_bytes - after.available_kv_bytes == graphs
+
+
+# --- engines' own logs (tests/log_samples/manifest.json facts) -------------------------------
+
+
+def _blocks_for_printed_gib(m: Any, d: Deployment, printed: float) -> range:
+    """Blocks the engine can have made of a budget printed to two decimals."""
+    lo = pool_from_available(m, d, int((printed - 0.005) * GiB))[1]
+    hi = pool_from_available(m, d, int((printed + 0.005) * GiB))[1]
+    assert lo is not None and hi is not None
+    return range(lo, hi + 1)
+
+
+@pytest.mark.parametrize(("printed_gib", "blocks"), [(3.81, 1952), (2.89, 1478)])
+def test_vllm_v0_llama31_8b_rtx3090_blocks(printed_gib: float, blocks: int) -> None:
+    """vllm/001 and /002: kv_cache_size printed in GiB -> # GPU blocks (V0, block 16)."""
+    d = Deployment(engine="vllm", engine_version="0.6.4", max_model_len=20000)
+    assert blocks in _blocks_for_printed_gib(model("meta-llama--Meta-Llama-3.1-8B"), d, printed_gib)
+
+
+def test_vllm_gpt_oss_hybrid_groups_match_reported_tokens() -> None:
+    """hf-mem #60: vLLM printed 5.38 GiB available and 78,384 tokens for gpt-oss-120b."""
+    m = model("openai--gpt-oss-120b")
+    d = Deployment(engine="vllm", engine_version="0.10.1", max_model_len=131072)
+    # 18 sliding + 18 full layers, same page: 2 groups of 18; tokens = blocks // 2 x 16
+    lo = pool_from_available(m, d, int(5.375 * GiB))[0]
+    hi = pool_from_available(m, d, int(5.385 * GiB))[0]
+    assert lo <= 78384 <= hi
+    assert pool_from_available(m, d, int(5.38 * GiB))[1] == int(5.38 * GiB) // (16 * 8 * 128 * 2) // 18
+
+
+GEMMA3_4B = {
+    "model_type": "gemma3",
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "sliding_window": 1024,
+    },
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_vllm_gemma3_4b_groups_padding_and_concurrency() -> None:
+    """vllm/021: Gemma-3-4B on an A100, max_model_len 3072: 1 padding layer (3.45%), 317,136 tokens, 102.78x."""
+    m = geometry_from_config(GEMMA3_4B, name="google/gemma-3-4b-it")
+    assert (m.count("sliding"), m.count("full")) == (29, 5)
+    d = Deployment(engine="vllm", engine_version="0.11.0", max_model_len=3072, max_num_batched_tokens=2048)
+    page = 16 * 4 * 256 * 2 * 2
+    # group_size 5: 29 sliding -> 6 groups (1 padding layer), 5 full -> 1 group; 7 groups
+    blocks = 19821 * 7 + 3  # one block count consistent with both logged figures
+    p = predict(m, d.with_(available_kv_bytes=blocks * page * 5))
+    assert p.kv_groups == 7
+    assert p.kv_pool_blocks == blocks
+    assert p.kv_pool_tokens == blocks // 7 * 16 == 317136
+    # per request: 6 sliding groups x (ceil(3071 / 16) + 1) + 1 full group x ceil(3072 / 16) blocks
+    assert f"{p.max_concurrency:.2f}" == f"{blocks / (6 * (192 + 1) + 192):.2f}" == "102.78"
+
+
+def test_sglang_qwen3_235b_cell_matches_logged_k_size() -> None:
+    """sglang/001: Qwen3-235B-A22B-FP8 at TP=4: 367,404 tokens, K size 8.23 GB (GiB) per rank."""
+    cfg = {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 94,
+        "hidden_size": 4096,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "moe_intermediate_size": 1536,
+        "num_experts": 128,
+        "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
+    }
+    m = geometry_from_config(cfg)
+    d = Deployment(engine="sglang", tp=4, max_model_len=40960)
+    cell = 1 * (128 + 128) * 94 * 2  # 4 KV heads / TP 4 = 1 per rank
+    p = predict(m, d.with_(available_kv_bytes=367404 * cell + cell - 1))
+    assert p.bytes_per_token == cell
+    assert p.kv_pool_tokens == 367404
+    assert round(p.kv_pool_tokens * cell / 2 / GiB, 2) == 8.23
+
+
+# --- structure, hybrids, parallelism -----------------------------------------------------------
+
+
+def test_sglang_page_rounding() -> None:
+    m = model("meta-llama--Meta-Llama-3.1-8B")
+    d = Deployment(engine="sglang", page_size=64, max_model_len=8192)
+    tokens, _ = pool_from_available(m, d, 1000 * 131072 + 5)
+    assert tokens == 1000 // 64 * 64
+
+
+def test_sglang_swa_split() -> None:
+    m = model("openai--gpt-oss-120b")
+    d = Deployment(engine="sglang", max_model_len=8192)
+    all_layers = 36 * 2 * 8 * 64 * 2
+    p = predict(m, d.with_(available_kv_bytes=100_000 * all_layers))
+    assert p.kv_pool_tokens == int(100_000 * 36 / (0.8 * 18 + 18))
+    assert p.swa_pool_tokens == int(p.kv_pool_tokens * 0.8)
+
+
+def test_vllm_disable_hybrid_manager_counts_sliding_as_full() -> None:
+    m = model("openai--gpt-oss-120b")
+    d = Deployment(engine="vllm", max_model_len=8192, hybrid_kv_cache_manager=False)
+    tokens, blocks = pool_from_available(m, d, 36 * 32768 * 1000)
+    assert blocks == 1000
+    assert tokens == 1000 * 16
+
+
+def test_pipeline_parallel_splits_layers() -> None:
+    m = model("meta-llama--Meta-Llama-3.1-8B")
+    p = predict(m, Deployment(pp=3, available_kv_bytes=GiB, max_model_len=8192))
+    # 32 layers over 3 stages: 11, 11, 10; the fullest stage bounds the pool
+    assert p.bytes_per_token == 11 * 2 * 8 * 128 * 2
+    assert p.kv_pool_blocks == GiB // (16 * 8 * 128 * 2 * 2) // 11
+
+
+def test_dcp_multiplies_mla_tokens() -> None:
+    m = model("deepseek-ai--DeepSeek-V3")
+    one = pool_from_available(m, Deployment(tp=8, max_model_len=8192), 10 * GiB)
+    two = pool_from_available(m, Deployment(tp=8, dcp=2, max_model_len=8192), 10 * GiB)
+    assert two[1] == one[1]
+    assert two[0] == 2 * one[0]
+
+
+def test_mla_block_size_default_64() -> None:
+    p = predict(model("deepseek-ai--DeepSeek-V3"), Deployment(available_kv_bytes=GiB, max_model_len=8192))
+    assert p.block_size == 64
+    assert p.page_bytes == 64 * 576 * 2
+
+
+def test_linear_attention_model_is_flagged_estimate() -> None:
+    p = predict(
+        model("Qwen--Qwen3-Next-80B-A3B-Thinking"), Deployment(available_kv_bytes=GiB, max_model_len=8192)
+    )
+    assert not p.exact
+    assert any("Mamba" in a or "linear" in a for a in p.assumptions)
+
+
+def test_weights_mxfp4_only_experts() -> None:
+    m = model("openai--gpt-oss-120b")
+    p = predict(m, Deployment(gpu_memory_bytes=143771 * MiB, max_model_len=8192))
+    assert p.weights_scheme == "mxfp4"
+    # ~117B params of which the experts are at 4.25 bits: ~61 GiB, not 218 GiB of bf16
+    assert 55 * GiB < p.weights_total_bytes < 66 * GiB  # type: ignore[operator]
+
+
+def test_safetensors_index_total_size_wins(tmp_path: Path) -> None:
+    d = tmp_path / "Meta-Llama-3.1-8B"
+    d.mkdir()
+    (d / "config.json").write_text((CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16060522496}}))
+    m = load_model(d)
+    assert m.safetensors_total_size == 16060522496
+    p = predict(m, Deployment(gpu_memory_bytes=H100, tp=2, max_model_len=8192))
+    assert p.weights_bytes == 16060522496 // 2
+    assert p.inputs["weights"] == "derived"
+
+
+def test_hub_cache_dir(tmp_path: Path) -> None:
+    repo = tmp_path / "models--meta-llama--Meta-Llama-3.1-8B"
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    (snap / "config.json").write_text((CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
+    m = load_model(repo)
+    assert m.name == "meta-llama/Meta-Llama-3.1-8B"
+    assert m.bytes_per_token() == 131072
+
+
+def test_mistral_global_window_and_use_sliding_window_false() -> None:
+    cfg = raw("meta-llama--Meta-Llama-3.1-8B")
+    cfg.update(model_type="mistral", sliding_window=4096)
+    m = geometry_from_config(cfg)
+    assert m.count("sliding") == 32 and m.bytes_per_token() == 0
+    cfg["use_sliding_window"] = False
+    assert geometry_from_config(cfg).count("full") == 32
+
+
+def test_no_kv_heads_field_is_mha() -> None:
+    cfg = raw("meta-llama--Meta-Llama-3.1-8B")
+    del cfg["num_key_value_heads"]
+    assert geometry_from_config(cfg).bytes_per_token() == 2 * 32 * 32 * 128 * 2
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing", ["num_hidden_layers", "num_attention_heads"])
+def test_missing_field_named(missing: str) -> None:
+    cfg = raw("meta-llama--Meta-Llama-3.1-8B")
+    del cfg[missing]
+    with pytest.raises(ModelConfigError, match=missing):
+        geometry_from_config(cfg)
+
+
+def test_mla_missing_rope_named() -> None:
+    cfg = raw("deepseek-ai--DeepSeek-V3")
+    del cfg["qk_rope_head_dim"]
+    with pytest.raises(ModelConfigError, match="qk_rope_head_dim"):
+        geometry_from_config(cfg)
+
+
+def test_unknown_layer_type_named() -> None:
+    cfg = raw("openai--gpt-oss-120b")
+    cfg["layer_types"][0] = "mystery_attention"
+    with pytest.raises(ModelConfigError, match="mystery_attention"):
+        geometry_from_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("stem", "kw", "match"),
+    [
+        ("meta-llama--Meta-Llama-3.1-8B", {"tp": 3}, "divisible by tensor parallel size"),
+        ("microsoft--phi-4", {"tp": 4}, "10 KV heads"),
+        ("meta-llama--Meta-Llama-3.1-8B", {"tp": 4, "dcp": 3}, "decode context parallel"),
+        ("meta-llama--Meta-Llama-3.1-8B", {"pp": 64}, "pipeline parallel size"),
+        ("meta-llama--Meta-Llama-3.1-8B", {"gpu_memory_bytes": 0}, "positive"),
+        ("meta-llama--Meta-Llama-3.1-8B", {"available_kv_bytes": -5}, "positive"),
+        ("meta-llama--Meta-Llama-3.1-8B", {"activation_bytes": -1}, "negative"),
+        ("meta-llama--Meta-Llama-3.1-8B", {"kv_cache_dtype": "int3"}, "kv cache dtype"),
+    ],
+)
+def test_refused_deployments(stem: str, kw: dict[str, Any], match: str) -> None:
+    d = Deployment(**{"gpu_memory_bytes": H100, "max_model_len": 8192, **kw})
+    with pytest.raises(ConfigError, match=match):
+        predict(model(stem), d)
+
+
+def test_gpu_catalogue() -> None:
+    assert gpus.lookup("H100-SXM-80GB").memory_bytes == 81559 * MiB
+    assert gpus.lookup("h100") is gpus.lookup("H100 SXM 80GB")
+    assert gpus.lookup("a6000-ecc-off").memory_bytes == 49140 * MiB
+    assert gpus.lookup("A6000").memory_bytes < gpus.lookup("a6000-ecc-off").memory_bytes
+    with pytest.raises(ConfigError, match="unknown GPU"):
+        gpus.lookup("voodoo5")
+
+
+# --- deployment from an engine's log ------------------------------------------------------------
+
+
+def test_deployment_from_settings() -> None:
+    settings = {
+        "version": "0.11.0",
+        "tensor_parallel_size": 2,
+        "kv_cache_dtype": "fp8",
+        "max_model_len": 32768,
+        "block_size": 16,
+        "gpu_memory_utilization": 0.9,
+        "model": "x",
+    }
+    memory = {
+        "total_bytes": H100,
+        "weights_bytes": 8 * GiB,
+        "activation_bytes": 2 * GiB,
+        "available_kv_bytes": 50 * GiB,
+    }
+    d = deployment_from_settings("vllm", settings, memory)
+    assert (d.engine_version, d.tp, d.kv_cache_dtype, d.max_model_len) == ("0.11.0", 2, "fp8", 32768)
+    assert d.available_kv_bytes == 50 * GiB and d.gpu_memory_bytes == H100
+    p = predict(model("meta-llama--Meta-Llama-3.1-8B"), d)
+    assert p.kv_pool_blocks == 50 * GiB // (16 * 4 * 128 * 2 * 1) // 32
+    d2 = deployment_from_settings("sglang", {"mem_fraction_static": 0.8}, {}, gpu_memory_bytes=H100, tp=2)
+    assert (d2.engine, d2.mem_fraction_static, d2.gpu_memory_bytes, d2.tp) == ("sglang", 0.8, H100, 2)
+    with pytest.raises(ConfigError):
+        deployment_from_settings("tgi", {}, {})
+
+
+# --- engine-exact division for any config and budget ---------------------------------------------
+
+UNIFORM = [
+    stem
+    for stem, _ in BYTES_PER_TOKEN
+    if stem.startswith(
+        ("meta-llama", "Qwen--Qwen3-32B", "microsoft", "mistralai", "deepseek-ai--DeepSeek-V3")
+    )
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(UNIFORM), st.integers(min_value=1, max_value=200 * GiB), st.sampled_from([1, 2, 8]))
+def test_vllm_blocks_are_floor_division(stem: str, available: int, tp: int) -> None:
+    m = model(stem)
+    assume(all(layer.num_kv_heads % tp == 0 or layer.kind == "mla" for layer in m.layers))
+    d = Deployment(engine="vllm", tp=tp, max_model_len=4096)
+    tokens, blocks = pool_from_available(m, d, available)
+    assert blocks is not None
+    per_block_all_layers = m.bytes_per_token(tp) * (64 if m.is_mla else 16)
+    # the pool fits and one more block would not
+    assert blocks * per_block_all_layers <= available < (blocks + 1) * per_block_all_layers
+    assert tokens == blocks * (64 if m.is_mla else 16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(UNIFORM), st.integers(min_value=1, max_value=200 * GiB), st.sampled_from([1, 16, 64]))
+def test_sglang_tokens_are_whole_pages(stem: str, available: int, page: int) -> None:
+    m = model(stem)
+    d = Deployment(engine="sglang", page_size=page, max_model_len=4096)
+    tokens, _ = pool_from_available(m, d, available)
+    cell = m.bytes_per_token()
+    assert tokens % page == 0
+    assert tokens * cell <= available < (tokens + page) * cell

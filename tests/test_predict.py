@@ -1,0 +1,183 @@
+"""``kvwatch predict`` end to end: the demo command, --json, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvwatch.cli import main
+
+CONFIGS = Path(__file__).parent / "model_configs"
+LLAMA8 = str(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
+
+JSON_KEYS = {
+    "bytes_per_token",
+    "bytes_per_token_all_ranks",
+    "weights_bytes",
+    "available_kv_bytes",
+    "kv_pool_tokens",
+    "kv_pool_blocks",
+    "block_size",
+    "max_model_len",
+    "max_concurrency",
+    "fits",
+    "estimated_max_model_len",
+    "assumptions",
+}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main(["predict", *argv, "--json"]) == 0
+    data: dict[str, object] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_demo_command_human_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", LLAMA8, "--gpu", "H100-SXM-80GB", "--max-model-len", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "131,072 B per GPU" in out
+    assert "73.28 GiB (0.92)" in out
+    assert "14.96 GiB per GPU" in out
+    assert "52.32 GiB" in out
+    assert "x 16 tokens" in out
+    bar = next(line for line in out.splitlines() if line.startswith("["))
+    assert bar.index("W") < bar.index("A") < bar.index(".") < bar.index("K")
+    assert "assumptions:" in out and "inputs given:" in out
+
+
+def test_json_object(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, LLAMA8, "--gpu", "h100", "--max-model-len", "8192")
+    assert JSON_KEYS <= set(data)
+    assert data["bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert data["block_size"] == 16
+    assert data["fits"] is True
+    assert data["estimated_max_model_len"] is None
+    for key in ("weights_bytes", "available_kv_bytes", "kv_pool_tokens", "kv_pool_blocks"):
+        assert isinstance(data[key], int)
+    assert isinstance(data["assumptions"], list) and data["assumptions"]
+
+
+def test_available_kv_memory_is_the_engines_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(capsys, LLAMA8, "--available-kv-memory", "52.31566GiB", "--max-model-len", "8192")
+    assert (data["kv_pool_blocks"], data["kv_pool_tokens"]) == (26785, 428560)
+    assert f"{data['max_concurrency']:.2f}" == "52.31"
+    sg = run_json(
+        capsys,
+        LLAMA8,
+        "--engine",
+        "sglang",
+        "--available-kv-memory",
+        "52.31566GiB",
+        "--max-model-len",
+        "8192",
+    )
+    assert sg["kv_pool_tokens"] == 428569
+    assert sg["kv_pool_blocks"] is None
+
+
+def test_sglang_default_fraction(capsys: pytest.CaptureFixture[str]) -> None:
+    data = run_json(
+        capsys, LLAMA8, "--engine", "sglang", "--gpu-memory", "81559MiB", "--max-model-len", "8192"
+    )
+    assert data["mem_fraction_static"] == 0.835
+    assert data["inputs"] == {**data["inputs"], "mem_fraction_static": "engine_default"}  # type: ignore[dict-item]
+
+
+def test_does_not_fit_reports_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = str(CONFIGS / "meta-llama--Meta-Llama-3.1-70B.json")
+    data = run_json(capsys, cfg, "--gpu", "h100", "--weights-dtype", "fp8", "--max-model-len", "8192")
+    assert data["fits"] is False
+    assert isinstance(data["estimated_max_model_len"], int) and 0 < data["estimated_max_model_len"] < 8192
+    assert main(["predict", cfg, "--gpu", "h100", "--weights-dtype", "fp8", "--max-model-len", "8192"]) == 0
+    assert "To serve at least one request" in capsys.readouterr().out
+
+
+def test_tp_and_fp8_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = str(CONFIGS / "meta-llama--Meta-Llama-3.1-70B.json")
+    data = run_json(
+        capsys, cfg, "--gpu", "h100", "--tp", "8", "--kv-cache-dtype", "fp8", "--max-model-len", "8192"
+    )
+    assert data["bytes_per_token"] == 2 * 80 * (8 // 8) * 128 * 1
+
+
+@pytest.fixture
+def bad_configs(tmp_path: Path) -> dict[str, str]:
+    malformed = tmp_path / "malformed.json"
+    malformed.write_text('{"num_hidden_layers": 32,')
+    missing = tmp_path / "missing.json"
+    cfg = json.loads(Path(LLAMA8).read_text())
+    del cfg["num_hidden_layers"]
+    missing.write_text(json.dumps(cfg))
+    return {"malformed": str(malformed), "missing": str(missing), "absent": str(tmp_path / "nope.json")}
+
+
+@pytest.mark.parametrize(
+    ("which", "extra", "needle"),
+    [
+        ("malformed", [], "not valid JSON"),
+        ("missing", [], "num_hidden_layers"),
+        ("absent", [], "not found"),
+        ("ok", ["--gpu-memory", "0"], "positive"),
+        ("ok", ["--gpu-memory=-80GB"], "not a size"),
+        ("ok", ["--available-kv-memory", "0GiB"], "positive"),
+        ("ok", ["--tp", "3"], "divisible by tensor parallel size"),
+        ("ok", ["--gpu", "voodoo5"], "unknown GPU"),
+        ("ok", [], "--gpu"),
+        ("ok", ["--gpu", "h100", "--mem-fraction-static", "0.8"], "SGLang setting"),
+        ("ok", ["--gpu", "h100", "--kv-cache-dtype", "int3"], "kv cache dtype"),
+        ("ok", ["--gpu", "h100", "--weights-dtype", "int3"], "weights dtype"),
+    ],
+)
+def test_bad_input_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], bad_configs: dict[str, str], which: str, extra: list[str], needle: str
+) -> None:
+    path = bad_configs.get(which, LLAMA8)
+    assert main(["predict", path, "--max-model-len", "8192", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("kvwatch predict: error:")
+    assert needle in err
+    assert "Traceback" not in err
+
+
+def test_argparse_rejects_zero_tp() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", LLAMA8, "--tp", "0"])
+    assert exc.value.code == 2
+
+
+def test_subprocess_bad_input_no_traceback(bad_configs: dict[str, str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kvwatch", "predict", bad_configs["malformed"], "--gpu", "h100"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "not valid JSON" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_subprocess_demo_command() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvwatch",
+            "predict",
+            LLAMA8,
+            "--gpu",
+            "H100-SXM-80GB",
+            "--max-model-len",
+            "8192",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "KV pool" in out.stdout
