@@ -8,6 +8,7 @@ lines of tests/log_samples/sglang with the prefix removed by hand. Byte figures 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -883,3 +884,31 @@ def test_shuffled_real_lines_keep_the_contract(body: str, rnd: random.Random) ->
 @given(st.sampled_from(REAL_BODIES), st.text(), st.text())
 def test_real_lines_inside_noise_keep_the_contract(body: str, before: str, after: str) -> None:
     _contract_holds(before + body + after)
+
+
+SERVER_ARGS_LINES = Path(__file__).parent / "sglang_server_args"
+
+
+@pytest.mark.parametrize(
+    ("name", "pp", "page", "cuda_bs"),
+    [("v0.4.6.txt", None, 1, 256), ("v0.5.15.txt", 1, None, None)],
+)
+def test_server_args_full_length_dataclass_repr(
+    name: str, pp: int | None, page: int | None, cuda_bs: int | None
+) -> None:
+    line = (SERVER_ARGS_LINES / name).read_text(encoding="utf-8").strip()
+    body = line.split("] ", 1)[1]
+    (e,) = events(body)
+    assert isinstance(e, EngineSettings)
+    assert e.starts_engine
+    assert (e.model, e.served_model_name) == ("meta-llama/Llama-3.1-8B-Instruct",) * 2
+    # 0.5.15 also has moe_dense_tp_size=None, mamba_ssm_dtype=None, ...: only top-level keys count.
+    assert (e.tensor_parallel_size, e.pipeline_parallel_size, e.data_parallel_size) == (2, pp, 1)
+    assert (e.dtype, e.kv_cache_dtype, e.quantization, e.max_model_len) == ("auto", "auto", None, None)
+    assert (e.mem_fraction_static, e.chunked_prefill_size, e.page_size, e.cuda_graph_max_bs) == (
+        0.835,
+        8192,
+        page,
+        cuda_bs,
+    )
+    assert (e.enable_prefix_caching, e.enforce_eager) == (True, False)
