@@ -67,7 +67,7 @@ def _opt_float(text: str | None) -> float | None:
 # --- periodic batch lines ------------------------------------------------------------------------
 
 # Head of every Prefill/Decode batch line; the key/value list follows. One sample per variant:
-# 0.3.x-0.4.3  "[2024-10-14 16:43:29 TP0] Prefill batch. #new-seq: 1, #new-token: 2062, ..."
+# 0.3.x        "[16:43:29 TP0] Prefill batch. #new-seq: 1, #new-token: 2062, ..."   (sglang/015, Oct 2024)
 # 0.2-0.3.4    "Prefill batch(mixed #running-req: 3). #new-seq: 1, #new-token: 512, ..."
 # 0.5.4        "[2025-10-01 10:00:41 TP0] Decode batch [1240], #running-req: 12, #token: 23110, ..."
 # 0.5.5+       "[2026-07-21 15:00:13 TP0 EP0] Decode batch, #running-req: 24, #token: 233600, ..."
