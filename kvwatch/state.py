@@ -66,6 +66,9 @@ class InstanceState:
     preemptions_total: int = 0
     # Last cumulative total seen in this epoch, per origin (vLLM V0 warnings, /metrics counters).
     preemption_marks: dict[str, int] = field(default_factory=dict)
+    # Preemptions counted in this epoch, per origin: the log and /metrics report the same evictions,
+    # so preemptions_total follows the larger of the two, never their sum.
+    preemption_epoch: dict[str, int] = field(default_factory=dict)
     retractions: bool = False
     startup_failures: dict[str, int] = field(default_factory=dict)
     last_failure: dict[str, Any] | None = None
@@ -75,9 +78,23 @@ class InstanceState:
     last_update: dict[str, float] = field(default_factory=dict)
     events: int = 0
 
-    def has_epoch_facts(self) -> bool:
-        """True when this epoch already holds capacity facts a new start would replace."""
-        return bool(self.pools or self.memory or self.last_failure is not None or self.usage)
+    def has_epoch_facts(self, origin: str | None = None) -> bool:
+        """True when this epoch already holds capacity facts a new start would replace.
+
+        With ``origin``, only facts from that origin count: the log's banner and the counter reset
+        /metrics shows for the same restart (in either order) open one epoch, not two.
+        """
+        if origin is None:
+            return bool(self.pools or self.memory or self.last_failure is not None or self.usage)
+        seen = (
+            any(key.startswith(f"{origin}:") for key in self.pools_by_origin)
+            or origin in self.usage_by_origin
+            or origin in self.preemption_marks
+            or origin in self.preemption_epoch
+        )
+        if origin == "log":
+            seen = seen or bool(self.memory) or self.last_failure is not None
+        return seen
 
     def new_epoch(self, now: float) -> None:
         """Drop the facts of one engine start; keep counters monotonic."""
@@ -91,6 +108,7 @@ class InstanceState:
         self.usage = {}
         self.usage_by_origin = {}
         self.preemption_marks = {}
+        self.preemption_epoch = {}
         self.last_failure = None
 
 
@@ -171,7 +189,7 @@ class Fleet:
         state.events += 1
         state.last_update[event.origin] = now
         if isinstance(event, EngineSettings):
-            if event.starts_engine and state.has_epoch_facts():
+            if event.starts_engine and state.has_epoch_facts(event.origin):
                 state.new_epoch(now)
             facts = _facts(event)
             state.settings.update(facts)
@@ -193,7 +211,9 @@ class Fleet:
             state.last_failure = _facts(event)
         elif isinstance(event, CounterReset):
             state.counter_resets += 1
-            state.new_epoch(now)
+            # The log may already have opened this start's epoch (its banner precedes /metrics).
+            if state.has_epoch_facts(event.origin):
+                state.new_epoch(now)
         elif isinstance(event, Disagreement):
             self._record_disagreement(state, event.fact, event.log_value, event.metrics_value)
 
@@ -251,9 +271,13 @@ class Fleet:
                 # Went backwards without a reset event: a new engine start we did not see.
                 delta = event.total
             state.preemption_marks[event.origin] = event.total
-            state.preemptions_total += delta
         elif event.count is not None and event.count > 0:
-            state.preemptions_total += event.count
+            delta = event.count
+        else:
+            return
+        before = max(state.preemption_epoch.values(), default=0)
+        state.preemption_epoch[event.origin] = state.preemption_epoch.get(event.origin, 0) + delta
+        state.preemptions_total += max(state.preemption_epoch.values()) - before
 
     def snapshot(self) -> list[InstanceSnapshot]:
         """Frozen copies of every instance, sorted by (source, instance)."""

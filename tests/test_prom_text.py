@@ -650,3 +650,66 @@ def test_disagreement_event_from_elsewhere_is_recorded() -> None:
         Disagreement(engine="vllm", origin="metrics", fact="block_size", log_value=16.0, metrics_value=32.0),
     )
     assert fleet.snapshot()[0].disagreements == {"block_size": 1}
+
+
+# --- one restart, two witnesses (kvwatch.state) ------------------------------------------------------
+
+_BANNER = EngineSettings(engine="vllm", origin="log", starts_engine=True, version="0.6.6")
+_LOG_POOL = PoolSized(engine="vllm", origin="log", blocks=27895, block_size=16, tokens=446320)
+
+
+def _scrape(value: str) -> str:
+    return _text("vllm-0.6.6-v0").replace('"} 51.0', f'"}} {value}')
+
+
+def test_restart_seen_by_the_log_first_keeps_the_log_pool() -> None:
+    """The banner opens the new epoch; the counter reset /metrics shows next is the same restart."""
+    reader, fleet = MetricsReader(), Fleet(clock=lambda: 1.0)
+    fleet.apply_all("a", [_BANNER, _LOG_POOL])
+    fleet.apply_all("a", reader.read(_scrape("51.0")))
+    fleet.apply_all("a", [_BANNER, _LOG_POOL])  # the engine restarts; its log says so first
+    fleet.apply_all("a", reader.read(_scrape("0.0")))  # /metrics is back, counters from zero
+    snap = fleet.snapshot()[0]
+    assert (snap.restarts, snap.epoch, snap.counter_resets) == (1, 2, 1)
+    assert snap.pool["tokens"] == 446320  # printed once, in the log; not dropped by the reset
+    assert snap.preemptions_total == 51
+
+
+def test_restart_seen_by_metrics_first_opens_one_epoch() -> None:
+    reader, fleet = MetricsReader(), Fleet(clock=lambda: 1.0)
+    fleet.apply_all("a", [_BANNER, _LOG_POOL])
+    fleet.apply_all("a", reader.read(_scrape("51.0")))
+    fleet.apply_all("a", reader.read(_scrape("1.0")))  # the scrape wins the race
+    fleet.apply_all("a", [_BANNER, _LOG_POOL])  # the log of the same restart arrives later
+    snap = fleet.snapshot()[0]
+    assert (snap.restarts, snap.epoch, snap.counter_resets) == (1, 2, 1)
+    assert snap.pool["blocks"] == 27895 and snap.pool["tokens"] == 446320
+    assert snap.preemptions_total == 52
+
+
+def test_first_scrape_before_the_log_banner_is_no_restart() -> None:
+    """kvwatch starts, scrapes, then reads the engine's log from its beginning."""
+    fleet = Fleet(clock=lambda: 1.0)
+    fleet.apply_all("a", MetricsReader().read(_scrape("51.0")))
+    fleet.apply_all("a", [_BANNER, _LOG_POOL])
+    snap = fleet.snapshot()[0]
+    assert (snap.restarts, snap.epoch) == (0, 1)
+    assert snap.usage["kv_usage_ratio"] == 0.6834
+
+
+def test_preemptions_reported_by_log_and_metrics_are_counted_once() -> None:
+    """V1: the log's per-interval 'Preemptions: N' and /metrics' counter are the same evictions."""
+    reader, fleet = MetricsReader(), Fleet(clock=lambda: 1.0)
+    log = [Preemption(engine="vllm", origin="log", count=n) for n in (3, 2)]
+    fleet.apply_all("a", reader.read(_scrape("0.0")))
+    fleet.apply("a", log[0])
+    fleet.apply_all("a", reader.read(_scrape("3.0")))
+    assert fleet.snapshot()[0].preemptions_total == 3
+    fleet.apply_all("a", reader.read(_scrape("5.0")))
+    fleet.apply("a", log[1])
+    assert fleet.snapshot()[0].preemptions_total == 5
+    # Whichever witness is ahead sets the count; the other catching up adds nothing.
+    fleet.apply("a", Preemption(engine="vllm", origin="log", count=4))
+    assert fleet.snapshot()[0].preemptions_total == 9
+    fleet.apply_all("a", reader.read(_scrape("9.0")))
+    assert fleet.snapshot()[0].preemptions_total == 9
