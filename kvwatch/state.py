@@ -37,6 +37,10 @@ _IDENTITY = frozenset({"engine", "instance", "rank", "origin", "ts", "kind", "st
 # Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
 _POOL_TOLERANCE = 0.0
 _USAGE_TOLERANCE = 0.02
+# Usage moves within seconds, so a log value and a scrape are compared only when both are this
+# recent: three of vLLM's 10 s stats intervals. vLLM V1 stops logging stats when idle, and a
+# stale log figure against every later scrape would count a disagreement per scrape.
+_USAGE_PAIR_SECONDS = 30.0
 
 DEFAULT_MAX_INSTANCES = 256
 
@@ -63,6 +67,8 @@ class InstanceState:
     pools_by_origin: dict[str, dict[str, Any]] = field(default_factory=dict)
     usage: dict[str, Any] = field(default_factory=dict)
     usage_by_origin: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # When each origin last gave kv_usage_ratio (the state clock), for the log/metrics cross-check.
+    usage_seen: dict[str, float] = field(default_factory=dict)
     preemptions_total: int = 0
     # Last cumulative total seen in this epoch, per origin (vLLM V0 warnings, /metrics counters).
     preemption_marks: dict[str, int] = field(default_factory=dict)
@@ -107,6 +113,7 @@ class InstanceState:
         self.pools_by_origin = {}
         self.usage = {}
         self.usage_by_origin = {}
+        self.usage_seen = {}
         self.preemption_marks = {}
         self.preemption_epoch = {}
         self.last_failure = None
@@ -203,7 +210,7 @@ class Fleet:
             state.usage.update(facts)
             own = state.usage_by_origin.setdefault(event.origin, {})
             own.update(facts)
-            self._cross_check_usage(state, event)
+            self._cross_check_usage(state, event, now)
         elif isinstance(event, Preemption):
             self._apply_preemption(state, event)
         elif isinstance(event, StartupFailure):
@@ -237,10 +244,15 @@ class Fleet:
             log_v, met_v = (mine, theirs) if event.origin == "log" else (theirs, mine)
             self._record_disagreement(state, name, float(log_v), float(met_v))
 
-    def _cross_check_usage(self, state: InstanceState, event: UsageSample) -> None:
+    def _cross_check_usage(self, state: InstanceState, event: UsageSample, now: float) -> None:
         if event.kv_usage_ratio is None:
             return
-        other = state.usage_by_origin.get("metrics" if event.origin == "log" else "log", {})
+        state.usage_seen[event.origin] = now
+        other_origin = "metrics" if event.origin == "log" else "log"
+        seen = state.usage_seen.get(other_origin)
+        if seen is None or now - seen > _USAGE_PAIR_SECONDS:
+            return
+        other = state.usage_by_origin.get(other_origin, {})
         theirs = other.get("kv_usage_ratio")
         if theirs is None or abs(float(theirs) - event.kv_usage_ratio) <= _USAGE_TOLERANCE:
             return

@@ -713,3 +713,16 @@ def test_preemptions_reported_by_log_and_metrics_are_counted_once() -> None:
     assert fleet.snapshot()[0].preemptions_total == 9
     fleet.apply_all("a", reader.read(_scrape("9.0")))
     assert fleet.snapshot()[0].preemptions_total == 9
+
+
+def test_usage_compared_only_when_both_are_recent() -> None:
+    """vLLM V1 stops logging stats when idle: its last usage line is not compared with later scrapes."""
+    now = [0.0]
+    fleet = Fleet(clock=lambda: now[0])
+    fleet.apply("s", UsageSample(engine="sglang", origin="log", kv_usage_ratio=0.41))
+    now[0] = 100.0
+    fleet.apply_all("s", _read("sglang-0.5.7"))  # 0.05, but the log figure is 100 s old
+    assert fleet.snapshot()[0].disagreements == {}
+    now[0] = 110.0
+    fleet.apply("s", UsageSample(engine="sglang", origin="log", kv_usage_ratio=0.41))  # scrape 10 s old
+    assert fleet.snapshot()[0].disagreements == {"kv_usage_ratio": 1}
