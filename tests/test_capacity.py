@@ -666,3 +666,29 @@ def test_sglang_tokens_are_whole_pages(stem: str, available: int, page: int) -> 
     cell = m.bytes_per_token()
     assert tokens % page == 0
     assert tokens * cell <= available < (tokens + page) * cell
+
+
+def _hybrid(sliding: int, full: int) -> dict[str, Any]:
+    cfg = raw("meta-llama--Meta-Llama-3.1-8B")
+    cfg.update(
+        num_hidden_layers=sliding + full,
+        layer_types=["sliding_attention"] * sliding + ["full_attention"] * full,
+        sliding_window=128,
+    )
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("version", "groups", "padding"),
+    [
+        # 0.11: group_size = min(12, 13) = 12 -> 1 sliding group + ceil(13 / 12) = 2 full groups
+        ("0.11.0", 1 + 2, 12 * 2 - 13),
+        # 0.20+: 13 < 12 x 1.5, so group_size = 13 -> 1 + 1 groups, one padding sliding layer
+        ("0.20.2", 1 + 1, 13 - 12),
+    ],
+)
+def test_vllm_hybrid_group_size_by_version(version: str, groups: int, padding: int) -> None:
+    m = geometry_from_config(_hybrid(12, 13))
+    p = predict(m, Deployment(engine_version=version, available_kv_bytes=GiB, max_model_len=8192))
+    assert p.kv_groups == groups
+    assert any(f"{padding} padding layer" in a for a in p.assumptions)

@@ -193,8 +193,8 @@ def _model_name(config_path: Path, raw: Mapping[str, Any]) -> str:
             return part[len("models--") :].replace("--", "/")
     if config_path.name == "config.json":
         return config_path.parent.name
-    name = raw.get("_name_or_path")
-    return config_path.stem if not isinstance(name, str) or not name else config_path.stem
+    # Files saved as ORG--NAME.json (the hub's cache naming) name the repository.
+    return config_path.stem.replace("--", "/", 1)
 
 
 # transformers' class defaults for fields minimal hub files omit (Gemma3TextConfig).

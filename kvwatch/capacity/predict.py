@@ -294,7 +294,7 @@ def _predict_vllm(
         if graphs and not graphs_applied:
             assumptions.append("CUDA-graph memory not subtracted from the KV budget before vLLM 0.21")
         available = requested - weights_rank - activation - non_torch - graphs_applied
-    mnbt = d.max_num_batched_tokens or vllm_budget.default_max_num_batched_tokens(total)
+    mnbt = d.max_num_batched_tokens or vllm_budget.default_max_num_batched_tokens(total, d.gpu_name)
     if any(layer.kind in ("sliding", "chunked") for layer in model.layers):
         inputs["max_num_batched_tokens"] = "given" if d.max_num_batched_tokens else "engine_default"
     if d.block_size is None:

@@ -45,9 +45,24 @@ def logs_tokens_from_concurrency(version: str | None) -> bool:
     return v is None or v >= (0, 20)
 
 
-def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:
-    """The API server's chunked-prefill budget: 8192 on >= 70 GiB cards, else 2048 (vllm/engine/arg_utils.py)."""
-    return 8192 if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * GiB else 2048
+def default_max_num_batched_tokens(gpu_memory_bytes: int | None, gpu_name: str | None = None) -> int:
+    """The API server's chunked-prefill budget (vllm/engine/arg_utils.py, 0.20+).
+
+    16384 on >= 160 GiB cards, 8192 on >= 70 GiB cards other than the A100, else 2048.
+    """
+    if gpu_memory_bytes is None:
+        return 2048
+    if gpu_memory_bytes >= 160 * GiB:
+        return 16384
+    if gpu_memory_bytes >= 70 * GiB and "a100" not in (gpu_name or "").lower():
+        return 8192
+    return 2048
+
+
+def pads_to_largest_type(version: str | None) -> bool:
+    """0.20+ groups hybrid layers by the larger type count when it is under 1.5x the smaller."""
+    v = version_tuple(version)
+    return v is None or v >= (0, 20)
 
 
 @dataclass(frozen=True)
@@ -190,6 +205,9 @@ def _plan_stage(
         for s in specs:
             by_type.setdefault((s.kind, s.window), []).append(s)
         group_size = min(len(v) for v in by_type.values())
+        largest = max(len(v) for v in by_type.values())
+        if pads_to_largest_type(d.engine_version) and largest < group_size * 1.5:
+            group_size = largest
         group_list: list[Group] = []
         for members in by_type.values():
             n_groups = ceil_div(len(members), group_size)

@@ -123,8 +123,9 @@ def count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[st
     tied = cfg.get("tie_word_embeddings", True)
     n_experts = _i(cfg, "n_routed_experts", "num_experts", "num_local_experts")
     moe_inter = _i(cfg, "moe_intermediate_size", "intermediate_size")
-    inter = _i(cfg, "intermediate_size")
-    gated = 2 if model_type.startswith("nemotron_h") else 3  # relu2 MLPs have no gate
+    inter = _i(cfg, "intermediate_size", "ffn_dim")
+    # relu2 (Nemotron-H) and OPT/GPT-2-style MLPs have no gate projection.
+    gated = 2 if model_type.startswith(("nemotron_h", "opt", "gpt2")) else 3
     out = dict.fromkeys((EMBED, LM_HEAD, ATTENTION, DENSE_MLP, EXPERTS, SHARED, ROUTER, MIXER, NORMS), 0)
     out[EMBED] = vocab * hidden
     out[LM_HEAD] = 0 if tied else vocab * hidden
@@ -235,49 +236,45 @@ def _quant_scheme(quant: Mapping[str, Any] | None) -> tuple[str, float, frozense
     return None
 
 
+# Bytes per weight for a ``--weights-dtype`` what-if: every parameter at this width, as the seed
+# chapters size weights (parameter count x bytes per weight; scales and unquantised embeddings ignored).
 WEIGHT_DTYPES: dict[str, float] = {
-    "bf16": 16,
-    "bfloat16": 16,
-    "fp16": 16,
-    "float16": 16,
-    "fp8": 8,
-    "int8": 8,
-    "int4": 4.25,  # AWQ/GPTQ group 128: 4 bits + fp16 scale and zero per group
-    "awq": 4.25,
-    "gptq": 4.25,
-    "mxfp4": 4.25,
-    "nvfp4": 4.5,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "int4": 0.5,
+    "awq": 0.5,
+    "gptq": 0.5,
+    "mxfp4": 0.5,
+    "nvfp4": 0.5,
 }
 
 
 def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tuple[int, str]:
     """Bytes of all weights and the scheme used.
 
-    ``weights_dtype`` overrides the checkpoint: 'bf16'/'fp16' (unquantised), 'fp8'/'int8' (every
-    decoder linear at 1 byte), 'int4'/'awq'/'gptq' (4-bit group-128), 'mxfp4', 'nvfp4'.
+    Without ``weights_dtype`` the checkpoint's own quantization_config decides, item by item (FP8
+    covers every decoder linear, MXFP4 and Kimi's int4 only the routed experts; embeddings stay in
+    the model dtype). With it, every parameter is counted at that width (see WEIGHT_DTYPES).
     """
     params = model.params
-    base_bits = model.dtype_bytes * 8
     if weights_dtype is not None:
         key = weights_dtype.lower()
         if key not in WEIGHT_DTYPES:
             raise ConfigError(
                 f"unknown weights dtype {weights_dtype!r} (use one of {', '.join(sorted(WEIGHT_DTYPES))})"
             )
-        bits = WEIGHT_DTYPES[key]
-        if bits >= 16:
-            scheme: tuple[str, float, frozenset[str]] | None = None
-        else:
-            covered = frozenset({ATTENTION, DENSE_MLP, EXPERTS, SHARED, MIXER})
-            scheme = (key, bits, covered)
-    else:
-        scheme = _quant_scheme(model.quantization)
+        return int(sum(params.values()) * WEIGHT_DTYPES[key]), key
+    scheme = _quant_scheme(model.quantization)
+    base_bits = model.dtype_bytes * 8
     total_bits = 0.0
     for group, count in params.items():
         bits = scheme[1] if scheme is not None and group in scheme[2] else base_bits
         total_bits += count * bits
-    name = scheme[0] if scheme is not None else model.dtype
-    return int(total_bits // 8), name
+    return int(total_bits // 8), scheme[0] if scheme is not None else model.dtype
 
 
 def weights_per_rank(

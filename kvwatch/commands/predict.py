@@ -123,11 +123,13 @@ def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:
     """weights | activations+graphs | margin | KV pool, one character per 1/width of the card."""
     if not p.total_bytes or p.weights_bytes is None:
         return None
+    overhead = (p.activation_bytes or 0) + (p.non_torch_bytes or 0) + (p.cuda_graph_bytes or 0)
+    kv = max(p.available_kv_bytes, 0)
     parts = [
         ("W", p.weights_bytes),
-        ("A", (p.activation_bytes or 0) + (p.non_torch_bytes or 0) + (p.cuda_graph_bytes or 0)),
-        (".", p.total_bytes - (p.usable_bytes or p.total_bytes)),
-        ("K", max(p.available_kv_bytes, 0)),
+        ("A", overhead),
+        (".", max(p.total_bytes - p.weights_bytes - overhead - kv, 0)),
+        ("K", kv),
     ]
     cells = []
     for ch, size in parts:
@@ -157,9 +159,8 @@ def render(p: Prediction) -> str:
     if p.weights_bytes is not None:
         rows.append(("weights", f"{format_bytes(p.weights_bytes)} per GPU ({p.weights_scheme})"))
     if p.activation_bytes is not None:
-        rows.append(
-            ("activation+graphs", format_bytes((p.activation_bytes or 0) + (p.cuda_graph_bytes or 0)))
-        )
+        label = "activation+graphs" if p.engine == "vllm" else "reserved (1 - fraction)"
+        rows.append((label, format_bytes((p.activation_bytes or 0) + (p.cuda_graph_bytes or 0))))
     if p.non_torch_bytes:
         rows.append(("non-torch", format_bytes(p.non_torch_bytes)))
     rows.append(("available KV", format_bytes(p.available_kv_bytes)))
@@ -172,7 +173,7 @@ def render(p: Prediction) -> str:
             )
         )
     else:
-        rows.append(("page size", f"{p.block_size} tokens"))
+        rows.append(("page size", f"{p.block_size} token" + ("s" if p.block_size > 1 else "")))
     rows.append(("KV pool", f"{p.kv_pool_tokens:,} tokens" + ("" if p.exact else " (estimate)")))
     if p.swa_pool_tokens is not None:
         rows.append(("sliding-window pool", f"{p.swa_pool_tokens:,} tokens"))
