@@ -726,3 +726,13 @@ def test_usage_compared_only_when_both_are_recent() -> None:
     now[0] = 110.0
     fleet.apply("s", UsageSample(engine="sglang", origin="log", kv_usage_ratio=0.41))  # scrape 10 s old
     assert fleet.snapshot()[0].disagreements == {"kv_usage_ratio": 1}
+
+
+def test_sglang_priority_breakdown_uses_the_total() -> None:
+    """0.5.10+ priority scheduling: the total under priority="", the breakdown under priority="N"."""
+    text = (
+        'sglang:num_queue_reqs{priority="1",tp_rank="0"} 3.0\n'
+        'sglang:num_queue_reqs{priority="",tp_rank="0"} 5.0\n'
+        'sglang:num_queue_reqs{priority="2",tp_rank="0"} 2.0\n'
+    )
+    assert _one(MetricsReader().read(text), "usage")["waiting"] == 5
