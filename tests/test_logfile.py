@@ -7,6 +7,7 @@ the wait.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -391,6 +392,43 @@ def test_resume_finishes_a_file_rotated_while_kvwatch_was_down(
     again.wait_lines(["2 written while kvwatch was down", "3 new file"])
 
 
+def test_positions_inside_on_line_include_that_line(tmp_path: Path, tailers: list[LogTailer]) -> None:
+    """A consumer can store, with each line, the exact position to resume after it."""
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"a\r\nbb\nccc\npartial")
+    offsets: list[tuple[str, int]] = []
+    tailer: LogTailer
+
+    def on_line(path: str, line: str) -> None:
+        offsets.append((line, tailer.positions()[path].offset))
+
+    tailer = LogTailer(str(log), on_line)
+    tailers.append(tailer)
+    tailer.start()
+    wait_until(lambda: len(offsets) == 3, "three lines")
+    assert offsets == [("a", 3), ("bb", 6), ("ccc", 10)]
+    pos = tailer.positions()[str(log)]
+    assert bytes.fromhex(pos.fingerprint) == b"a\r\nbb\nccc\n"
+
+
+def test_inotify_limit_falls_back_to_polling(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from watchdog.observers import Observer
+
+    def no_watches(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "inotify watch limit reached")
+
+    monkeypatch.setattr(Observer, "schedule", no_watches)
+    log = tmp_path / "engine.log"
+    log.write_text("before\n")
+    tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK, poll_interval=0.02)
+    sink.wait_lines(["before"])
+    append(log, "after\n")  # only the polling observer can report this
+    sink.wait_lines(["before", "after"])
+    assert tailer.observer_kind == "native+polling"
+
+
 def test_crlf_long_lines_and_invalid_utf8_from_a_file(
     tmp_path: Path, sink: Sink, tailers: list[LogTailer]
 ) -> None:
@@ -429,9 +467,10 @@ def test_stop_closes_every_file(tmp_path: Path, sink: Sink) -> None:
     os.rename(log, tmp_path / "engine.log.1")
     log.write_text("y\n")
     sink.wait_lines(["x", "y"])  # now one retired and one current file are open
+    saved = tailer.positions()
     tailer.stop()
     assert not tailer.up
-    assert tailer.positions() == {}
+    assert tailer.positions() == saved  # still there for the final state-file write
     wait_until(lambda: len(os.listdir("/proc/self/fd")) <= before, "descriptors to be released")
 
 

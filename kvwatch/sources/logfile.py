@@ -109,9 +109,6 @@ class _Reader:
     tail: bytes = b""
     last_growth: float = field(default_factory=time.monotonic)
 
-    def line_start(self) -> int:
-        return self.offset - self.splitter.pending_bytes
-
 
 @dataclass(eq=False)
 class _Stream:
@@ -183,6 +180,9 @@ class LogTailer:
         self._truncated_closed = 0
 
         self._lock = threading.RLock()
+        # Position after the last line delivered per path: (dev, inode, offset, bytes before offset).
+        self._pub_lock = threading.Lock()
+        self._published: dict[str, tuple[int, int, int, bytes]] = {}
         self._streams: dict[str, _Stream] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -240,52 +240,46 @@ class LogTailer:
             self._lock.release()
 
     def positions(self) -> dict[str, FilePosition]:
-        """Resumable position of every followed path that has a file open (for the state file)."""
-        out: dict[str, FilePosition] = {}
-        with self._lock:
-            for path, stream in self._streams.items():
-                reader = stream.reader
-                if reader is None:
-                    continue
-                offset = reader.line_start()
-                k = min(offset, _FINGERPRINT)
-                try:
-                    fingerprint = os.pread(reader.fd, k, offset - k).hex() if k else ""
-                except OSError:
-                    fingerprint = ""
-                out[path] = FilePosition(path, reader.dev, reader.ino, offset, fingerprint)
-        return out
+        """Resumable position of every followed path opened so far (for the state file): just after
+        the last line handed to ``on_line``. Still valid after ``stop()``. Never blocks on reading."""
+        with self._pub_lock:
+            items = list(self._published.items())
+        return {
+            path: FilePosition(path, dev, ino, offset, fingerprint.hex())
+            for path, (dev, ino, offset, fingerprint) in items
+        }
+
+    # The read-only views below take no lock (list() of a dict is atomic under the GIL), so a
+    # scrape never waits for the reader thread, even during a long first read of a big log.
 
     def paths(self) -> list[str]:
         """Paths followed so far (the pattern itself, or every glob match seen)."""
-        with self._lock:
-            return sorted(self._streams)
+        return sorted(list(self._streams))
 
     @property
     def up(self) -> bool:
         """Running, at least one file open, and no followed path currently missing or unreadable."""
-        with self._lock:
-            streams = list(self._streams.values())
-            return (
-                self._running
-                and not self._stop.is_set()
-                and any(s.reader is not None for s in streams)
-                and not any(s.failing for s in streams)
-            )
+        streams = list(self._streams.values())
+        return (
+            self._running
+            and not self._stop.is_set()
+            and any(s.reader is not None for s in streams)
+            and not any(s.failing for s in streams)
+        )
 
     @property
     def truncated_lines(self) -> int:
         """Lines cut at ``max_line_chars`` so far."""
-        with self._lock:
-            total = self._truncated_closed
-            for stream in self._streams.values():
-                for reader in [*stream.retired, *([stream.reader] if stream.reader else [])]:
-                    total += reader.splitter.truncated
-            return total
+        total = self._truncated_closed
+        for stream in list(self._streams.values()):
+            current = stream.reader
+            for reader in [*list(stream.retired), *([current] if current else [])]:
+                total += reader.splitter.truncated
+        return total
 
     @property
     def observer_kind(self) -> str:
-        """'inotify' (or the platform's native API), 'polling', or 'native+polling' after a fallback."""
+        """'native' (inotify on Linux), 'polling', or 'native+polling' after an inotify limit was hit."""
         if self._observer is None:
             return "stopped"
         native = not isinstance(self._observer, PollingObserver)
@@ -480,6 +474,7 @@ class LogTailer:
             self._rotated(stream.path)  # reappeared after being missing: delete-and-recreate
         stream.reader = reader
         stream.opened_once = True
+        self._publish(stream.path, reader, reader.offset, reader.tail)
         self._drain(stream, reader, retired=False)
 
     def _apply_resume(self, stream: _Stream, reader: _Reader, pos: FilePosition) -> None:
@@ -563,8 +558,9 @@ class LogTailer:
             reader.last_growth = time.monotonic()
             if len(reader.head) < _FINGERPRINT:
                 reader.head = (reader.head + body)[:_FINGERPRINT]
+            before = reader.tail
             reader.tail = (reader.tail + body[-_FINGERPRINT:])[-_FINGERPRINT:]
-            self._deliver(stream.path, reader.splitter.feed(body))
+            self._feed(stream, reader, body, reader.offset - len(body), before, publish=not retired)
             if len(body) < _CHUNK:
                 break
         return grew
@@ -576,6 +572,7 @@ class LogTailer:
         reader.offset = 0
         reader.head = b""
         reader.tail = b""
+        self._publish(stream.path, reader, 0, b"")
         self._rotated(stream.path)
 
     def _recover_from_copy(self, stream: _Stream, reader: _Reader) -> bool:
@@ -627,7 +624,36 @@ class LogTailer:
         self._truncated_closed += reader.splitter.truncated
         os.close(reader.fd)
 
-    def _deliver(self, path: str, lines: list[str]) -> None:
+    def _feed(
+        self, stream: _Stream, reader: _Reader, body: bytes, start: int, before: bytes, *, publish: bool
+    ) -> None:
+        """Deliver the lines that ``body`` (read at ``start``) completes.
+
+        With ``publish``, the position after each line is published just before the line is handed
+        to ``on_line``: inside the callback ``positions()`` includes that line, so a consumer can
+        store exactly the position of the last line it applied.
+        """
+        lines = reader.splitter.feed(body)
+        if not publish:
+            self._deliver(stream.path, lines)
+            return
+        pos = 0
+        for line in lines:
+            end = body.index(b"\n", pos) + 1
+            pos = end
+            fp = (
+                body[end - _FINGERPRINT : end]
+                if end >= _FINGERPRINT
+                else (before + body[:end])[-_FINGERPRINT:]
+            )
+            self._publish(stream.path, reader, start + end, fp)
+            self._deliver(stream.path, (line,))
+
+    def _publish(self, path: str, reader: _Reader, offset: int, fingerprint: bytes) -> None:
+        with self._pub_lock:
+            self._published[path] = (reader.dev, reader.ino, offset, fingerprint)
+
+    def _deliver(self, path: str, lines: Iterable[str]) -> None:
         for line in lines:
             try:
                 self._on_line(path, line)
