@@ -535,7 +535,7 @@ def test_unusable_values_are_skipped_and_counted() -> None:
         'vllm:kv_cache_usage_perc{engine="0"} NaN\n'
         'vllm:num_requests_running{engine="0"} -3.0\n'
         'vllm:num_requests_waiting{engine="0"} 4.0\n'
-        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="lots",gpu_memory_utilization="0.9"} 1.0\n'
+        'vllm:cache_config_info{block_size="1e309",engine="0",num_gpu_blocks="lots",gpu_memory_utilization="0.9"} 1.0\n'
     )
     events = reader.read(text)
     assert _one(events, "usage") == {
@@ -545,9 +545,10 @@ def test_unusable_values_are_skipped_and_counted() -> None:
         "kind": "usage",
         "waiting": 4,
     }
-    assert "blocks" not in _one(events, "pool")
+    assert not _kinds(events, "pool")  # neither blocks nor block_size was usable
     assert _one(events, "settings")["gpu_memory_utilization"] == 0.9
-    assert reader.bad_values == 3
+    assert "block_size" not in _one(events, "settings")
+    assert reader.bad_values == 4
 
 
 def test_empty_text_is_no_events() -> None:
@@ -571,7 +572,9 @@ _LINE = st.one_of(
             ]
         ),
         st.sampled_from(["engine", "tp_rank", "dp_rank", "num_gpu_blocks", "block_size", "pid"]),
-        st.text(alphabet="0123456789abN.-e+", max_size=8),
+        st.one_of(
+            st.text(alphabet="0123456789abN.-e+", max_size=8), st.sampled_from(["1e309", "inf", "nan"])
+        ),
         st.one_of(st.floats(allow_nan=True), st.sampled_from(["NaN", "+Inf", "-1", "1e309", "x"])),
     ),
 )

@@ -306,14 +306,14 @@ class MetricsReader:
         if text is None or text in ("None", ""):
             return None
         try:
-            value = kind(text) if kind is float else int(float(text))
+            number = float(text)
         except ValueError:
             self.bad_values += 1
             return None
-        if not _finite(float(value)) or value < 0:
+        if not _finite(number) or number < 0:
             self.bad_values += 1
             return None
-        return value
+        return number if kind is float else int(number)
 
     # --- vLLM --------------------------------------------------------------------------------------
 
