@@ -281,6 +281,26 @@ def test_glob_follows_each_rank_and_picks_up_new_matches(
     assert set(tailer.positions()) == set(tailer.paths())
 
 
+def test_a_glob_match_that_goes_away_is_finished_and_forgotten(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.log").write_text(f"rank {rank}\n")
+    tailer = start(tailers, sink, tmp_path / "rank*.log", recheck_interval=0.05, retire_after=0.1)
+    sink.wait(lambda: len(sink.lines) == 2, "both ranks")
+    with open(tmp_path / "rank1.log", "ab", buffering=0) as old:
+        os.unlink(tmp_path / "rank1.log")
+        old.write(b"last words")
+    sink.wait(lambda: len(sink.lines) == 3, "the deleted file's unterminated last line")
+    assert sink.lines[-1] == (str(tmp_path / "rank1.log"), "last words")
+    wait_until(lambda: tailer.paths() == [str(tmp_path / "rank0.log")], "rank 1 to be forgotten")
+    assert list(tailer.positions()) == [str(tmp_path / "rank0.log")]
+    # The same name appearing again is a new file, read from its start.
+    (tmp_path / "rank1.log").write_text("rank 1 restarted\n")
+    sink.wait(lambda: len(sink.lines) == 4, "the new rank 1 file")
+    assert tailer.read_errors == 0
+
+
 def test_waits_for_a_file_that_appears_later(tmp_path: Path, sink: Sink, tailers: list[LogTailer]) -> None:
     log = tmp_path / "engine.log"
     tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK)

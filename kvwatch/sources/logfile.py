@@ -430,6 +430,12 @@ class LogTailer:
             # file we hold. Only a path with nothing open is an error.
             if current is None:
                 self._fail(stream, exc)
+            elif (
+                self.is_glob
+                and not stream.retired
+                and time.monotonic() - current.last_growth >= self.retire_after
+            ):
+                self._forget(stream, current)
             return
         if current is not None and (st.st_dev, st.st_ino) == (current.dev, current.ino):
             return
@@ -623,6 +629,17 @@ class LogTailer:
             self._deliver(stream.path, [last])
         self._truncated_closed += reader.splitter.truncated
         os.close(reader.fd)
+
+    def _forget(self, stream: _Stream, current: _Reader) -> None:
+        """A glob match gone for good (say an old rank's file deleted): finish it, stop following it,
+        so that files come and go under a glob without holding descriptors forever."""
+        stream.reader = None
+        stream.retired.append(current)
+        self._close(stream, current)
+        del self._streams[stream.path]
+        with self._pub_lock:
+            self._published.pop(stream.path, None)
+        self._rescan = True
 
     def _feed(
         self, stream: _Stream, reader: _Reader, body: bytes, start: int, before: bytes, *, publish: bool
