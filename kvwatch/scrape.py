@@ -134,7 +134,7 @@ class Scraper:
             if resp.status != 200:
                 raise _Failure("http_status", f"HTTP {resp.status} {resp.reason}", resp.status)
             length = resp.getheader("Content-Length")
-            if length is not None and length.isdigit() and int(length) > self._max_bytes:
+            if length is not None and length.isascii() and length.isdigit() and int(length) > self._max_bytes:
                 raise _Failure("too_large", f"Content-Length {length} > {self._max_bytes}", resp.status)
             encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
             if encoding not in ("identity", "gzip"):

@@ -573,7 +573,7 @@ _LINE = st.one_of(
         ),
         st.sampled_from(["engine", "tp_rank", "dp_rank", "num_gpu_blocks", "block_size", "pid"]),
         st.one_of(
-            st.text(alphabet="0123456789abN.-e+", max_size=8), st.sampled_from(["1e309", "inf", "nan"])
+            st.text(alphabet="0123456789abN.-e+²", max_size=8), st.sampled_from(["1e309", "inf", "nan"])
         ),
         st.one_of(st.floats(allow_nan=True), st.sampled_from(["NaN", "+Inf", "-1", "1e309", "x"])),
     ),

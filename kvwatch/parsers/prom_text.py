@@ -74,12 +74,12 @@ def _finite(value: float) -> bool:
 
 def _label_int(labels: dict[str, str], key: str) -> int:
     text = labels.get(key, "0")
-    return int(text) if text.isdigit() else 0
+    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def _instance_order(instance: str) -> tuple[int, int, str]:
     """Numeric instances in numeric order ('2' before '10'), others after."""
-    return (0, int(instance), "") if instance.isdigit() else (1, 0, instance)
+    return (0, int(instance), "") if instance.isascii() and instance.isdigit() else (1, 0, instance)
 
 
 class MetricsReader:
