@@ -63,13 +63,15 @@ class Scraper:
         max_bytes: int = 16 * 2**20,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"metrics URL must be http:// or https:// with a host, got {url!r}")
         try:
+            parts = urlsplit(url)
             self._port = parts.port
         except ValueError as exc:
-            raise ConfigError(f"metrics URL has a bad port: {url!r}") from exc
+            raise ConfigError(f"bad metrics URL {url!r}: {exc}") from exc
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"metrics URL must be http:// or https:// with a host, got {url!r}")
+        if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+            raise ConfigError(f"metrics URL contains spaces or control characters: {url!r}")
         if connect_timeout <= 0 or read_timeout <= 0:
             raise ConfigError("scrape timeouts must be positive")
         if max_bytes <= 0:

@@ -258,6 +258,8 @@ def test_scraper_is_reusable(server: _Server) -> None:
         ("ftp://host/metrics", {}),
         ("http:///metrics", {}),
         ("http://host:99999/metrics", {}),
+        ("http://[::1/metrics", {}),
+        ("http://host/my metrics", {}),
         ("http://host/metrics", {"read_timeout": 0}),
         ("http://host/metrics", {"max_bytes": 0}),
         ("http://host/metrics", {"bearer_token": "a\nb"}),
