@@ -90,6 +90,8 @@ _EMBEDDED = regex.compile(
     r"|\((?:[A-Za-z_][\w.\-]*(?: [\w=]+)* )?pid=\d+(?:,\s*ip=[^)\s]+)?\) )"
 )
 
+_LEVELS = ("DEBUG", "INFO", "WARN", "ERROR", "CRITICAL")
+_MONTHS = frozenset(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"))
 _MAX_LAYERS = 12
 _JSON_MESSAGE_KEYS = ("message", "msg", "log")
 
@@ -123,7 +125,7 @@ def _process_name(name: str, meta: _Meta) -> None:
     """
     instance: str | None = None
     rank: int | None = None
-    for part in regex.split(r"[ _]", name):
+    for part in name.replace("_", " ").split():
         if part.startswith("DP") and part[2:].isdigit():
             instance = str(int(part[2:]))
         elif part.startswith("TP") and part[2:].isdigit():
@@ -218,23 +220,22 @@ def _peel(text: str, meta: _Meta) -> str:
                 text = text[m.end() :]
                 continue
             break
-        if first in "DIWEC":
-            m = _VLLM_LEVEL.match(text)
+        if first in "DIWEC" and text.startswith(_LEVELS):
+            m = _VLLM_LEVEL.match(text) or _LAUNCHER_LEVEL.match(text)
             if m is not None:
-                meta.ts = m.group("ts")
+                if "ts" in m.re.groupindex:
+                    meta.ts = m.group("ts")
                 text = text[m.end() :]
                 continue
-            m = _LAUNCHER_LEVEL.match(text)
-            if m is not None:
-                text = text[m.end() :]
-                continue
-        if first.isupper():
+            break
+        if first in "JFMASOND" and text[3:4] == " " and text[:3] in _MONTHS:
             m = _SYSLOG.match(text)
             if m is not None:
                 meta.ts = m.group("ts")
                 text = text[m.end() :]
                 continue
-        if first == "-" or first.isalpha():
+            break
+        if (first == "-" or first.isalpha()) and " - " in text[:80]:
             m = _LAUNCHER_LEVEL.match(text)
             if m is not None:
                 text = text[m.end() :]

@@ -68,7 +68,8 @@ def _gib(text: str, unit: str = "GiB") -> int:
 
 
 def _ratio(pct: str) -> float:
-    return float(Decimal(pct) / 100)
+    """'82.1' (percent) -> 0.821, rounded once from the decimal text, as Decimal would."""
+    return float(pct + "e-2")
 
 
 def _make(cls: Callable[..., Event], meta: LineMeta, **fields: Any) -> Event:
@@ -162,7 +163,6 @@ _GRAPH_ESTIMATE = regex.compile(r"^Estimated CUDA graph memory: (?P<v>" + _NUM +
 _STATS_HEAD = regex.compile(
     r"^(?:Engine (?P<engine>\d+): |(?P<agg>\d+) Engines Aggregated: )?Avg prompt throughput"
 )
-_PAIR = regex.compile(r"^(?P<key>[A-Za-z][A-Za-z +]*?): (?P<val>\S+)")
 
 # V0 0.5.5+ (prefix caching on): 'Prefix cache hit rate: GPU: 12.50%, CPU: 0.00%'
 _V0_HIT_RATE = regex.compile(r"^Prefix cache hit rate: GPU: (?P<gpu>" + _NUM + r")%")
@@ -302,7 +302,11 @@ def _pool(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     """Lines containing 'KV cache': pool size, available memory, stats, preemption, errors."""
-    m = _KV_SIZE.match(body)
+    if "throughput" in body:
+        m = _STATS_HEAD.match(body)
+        if m is not None:
+            return _stats(body, m, meta)
+    m = _KV_SIZE.match(body) if "KV cache size" in body else None
     if m is not None:
         fields: dict[str, Any] = {"tokens": _int(m.group("tokens"))}
         c = _CONCURRENCY.search(body, m.end())
@@ -310,16 +314,13 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
             fields["max_concurrency_tokens"] = _int(c.group("len"))
             fields["max_concurrency"] = float(c.group("x"))
         return (_make(PoolSized, meta, **fields),)
-    m = _AVAILABLE.match(body)
+    m = _AVAILABLE.match(body) if body.startswith("Available") else None
     if m is not None:
         avail = _gib(m.group("v"), m.group("u"))
         events: list[Event] = [_make(MemoryBudget, meta, available_kv_bytes=avail)]
         if avail < 0:
             events.append(_make(StartupFailure, meta, reason="negative_kv_budget", available_kv_bytes=avail))
         return tuple(events)
-    m = _STATS_HEAD.match(body)
-    if m is not None:
-        return _stats(body, m, meta)
     if "weights memory" in body:
         d = _PROFILE_DEBUG.search(body)
         if d is not None:
@@ -387,10 +388,10 @@ def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ..
     preemptions: int | None = None
     try:
         for part in text.split(", "):
-            m = _PAIR.match(part)
-            if m is None:
+            key, sep, rest = part.partition(": ")
+            if not sep:
                 continue
-            key, val = m.group("key"), m.group("val")
+            val = rest.split(" ", 1)[0]
             if key == "Avg prompt throughput":
                 usage["prompt_throughput"] = float(val)
             elif key == "Avg generation throughput":
