@@ -692,3 +692,27 @@ def test_vllm_hybrid_group_size_by_version(version: str, groups: int, padding: i
     p = predict(m, Deployment(engine_version=version, available_kv_bytes=GiB, max_model_len=8192))
     assert p.kv_groups == groups
     assert any(f"{padding} padding layer" in a for a in p.assumptions)
+
+
+def test_weights_dtype_naming_the_checkpoints_own_scheme_counts_items() -> None:
+    m = model("openai--gpt-oss-120b")
+    own = predict(m, Deployment(gpu_memory_bytes=H100, max_model_len=8192))
+    named = predict(m, Deployment(gpu_memory_bytes=H100, max_model_len=8192, weights_dtype="mxfp4"))
+    assert named.weights_bytes == own.weights_bytes
+    # a different width is a what-if over every parameter
+    what_if = predict(m, Deployment(gpu_memory_bytes=H100, max_model_len=8192, weights_dtype="fp8"))
+    assert what_if.weights_bytes == m.param_count * 1
+
+
+def test_sglang_all_sliding_model_has_a_pool() -> None:
+    cfg = raw("meta-llama--Meta-Llama-3.1-8B")
+    cfg.update(model_type="mistral", sliding_window=4096)
+    m = geometry_from_config(cfg)
+    tokens, _ = pool_from_available(m, Deployment(engine="sglang", max_model_len=8192), 1000 * 131072)
+    assert tokens == 1000
+
+
+def test_vllm_mixed_page_sizes_flagged_estimate() -> None:
+    p = predict(model("google--gemma-4-26B-A4B"), Deployment(available_kv_bytes=GiB, max_model_len=8192))
+    assert not p.exact
+    assert any("page sizes" in a for a in p.assumptions)

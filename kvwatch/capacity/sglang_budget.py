@@ -137,7 +137,7 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
     n_full = model.count("full", "mla")
     n_state = model.count("linear", "mamba")
     swa_tokens: int | None = None
-    cell = cell_size(model, d, elem_bytes)
+    cell = cell_size(model, d, elem_bytes) or all_layer_cell_size(model, d, elem_bytes)
     if available <= 0 or cell == 0:
         return SglangPool(page, cell, 0, None, ("no KV budget left",) if available <= 0 else (), exact)
     if n_state:
@@ -148,6 +148,11 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
         )
         tokens = kv_bytes // cell
         exact = False
+    elif n_sliding and not n_full:
+        # Every layer windowed (Mistral-style): one pool sized over all layers.
+        cell = all_layer_cell_size(model, d, elem_bytes)
+        tokens = available // cell
+        notes.append("every layer has a sliding window: pool sized over all layers")
     elif n_sliding:
         all_cell = all_layer_cell_size(model, d, elem_bytes)
         base = available // all_cell

@@ -162,8 +162,10 @@ def plan(
             best = pool
     if best is None:
         return VllmPool(block, 0, (), 0, 0, 0, 0.0, 0, 0, exact, ("model has no KV cache layers",))
-    if not exact:
-        best = VllmPool(**{**best.__dict__, "exact": False, "notes": tuple(notes)})
+    if any("different page sizes" in note for note in notes):
+        exact = False
+    if notes:
+        best = VllmPool(**{**best.__dict__, "exact": exact, "notes": tuple(dict.fromkeys(notes))})
     return best
 
 
@@ -198,7 +200,7 @@ def _plan_stage(
         # Hybrid (sliding + full): groups of group_size layers sharing tensors (uniform page size).
         if len(pages) != 1:
             notes.append(
-                "layer types have different page sizes: vLLM unifies them; grouped with the largest page"
+                "layer types have different page sizes: vLLM unifies them; estimated with the largest page"
             )
         page = max(pages)
         by_type: dict[tuple[str, int | None], list[Spec]] = {}

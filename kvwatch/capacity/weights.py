@@ -253,6 +253,16 @@ WEIGHT_DTYPES: dict[str, float] = {
 }
 
 
+def _family(name: str) -> str:
+    """'int4 awq', 'awq', 'gptq', 'int4 compressed-tensors' -> 'int4'; 'fp8' -> 'fp8'; ..."""
+    name = name.lower()
+    if name.startswith("int4") or name in ("awq", "gptq"):
+        return "int4"
+    if name.startswith(("fp8", "float8", "int8")):
+        return "8bit"
+    return name
+
+
 def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tuple[int, str]:
     """Bytes of all weights and the scheme used.
 
@@ -261,14 +271,17 @@ def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tupl
     the model dtype). With it, every parameter is counted at that width (see WEIGHT_DTYPES).
     """
     params = model.params
+    scheme = _quant_scheme(model.quantization)
     if weights_dtype is not None:
         key = weights_dtype.lower()
         if key not in WEIGHT_DTYPES:
             raise ConfigError(
                 f"unknown weights dtype {weights_dtype!r} (use one of {', '.join(sorted(WEIGHT_DTYPES))})"
             )
-        return int(sum(params.values()) * WEIGHT_DTYPES[key]), key
-    scheme = _quant_scheme(model.quantization)
+        if scheme is None or _family(scheme[0]) != _family(key):
+            return int(sum(params.values()) * WEIGHT_DTYPES[key]), key
+        # The checkpoint is already quantised this way (an engine log naming its own quantization):
+        # count it item by item below.
     base_bits = model.dtype_bytes * 8
     total_bits = 0.0
     for group, count in params.items():
