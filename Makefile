@@ -37,6 +37,12 @@ demo: $(STAMP)
 	$(BIN)/kvwatch predict tests/model_configs/meta-llama--Meta-Llama-3.1-8B.json --gpu H100-SXM-80GB --max-model-len 8192
 	$(BIN)/kvwatch demo $(DEMO_ARGS)
 
+# Dashboards, rules and their Kubernetes copies are generated from kvwatch/mixin and committed;
+# tests/test_mixin.py fails when they are stale.
+generate: $(STAMP)
+	$(BIN)/kvwatch dashboards --out dashboards --configmap deploy/kubernetes/kvwatch-dashboards.yaml
+	$(BIN)/kvwatch rules --out rules --prometheus-rule deploy/kubernetes/kvwatch-prometheusrule.yaml
+
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
