@@ -342,6 +342,31 @@ def test_unreadable_file_is_counted_and_retried(tmp_path: Path, sink: Sink, tail
     assert tailer.up and tailer.read_errors == 1
 
 
+def test_permission_denied_is_counted_and_retried_even_as_root(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same as above where root ignores file modes: open() itself is made to refuse."""
+    log = tmp_path / "engine.log"
+    log.write_text("secret\n")
+    denied = threading.Event()
+    denied.set()
+    real_open = os.open
+
+    def guarded_open(path: str | os.PathLike[str], flags: int, *args: int, **kwargs: object) -> int:
+        if denied.is_set() and os.fspath(path) == str(log):
+            raise PermissionError(errno.EACCES, "Permission denied", str(log))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", guarded_open)
+    tailer = start(tailers, sink, log, recheck_interval=0.05)
+    sink.wait(lambda: tailer.read_errors == 1, "the permission error")
+    assert isinstance(sink.errors[0][1], PermissionError)
+    assert not tailer.up
+    denied.clear()
+    sink.wait_lines(["secret"])
+    assert tailer.up and tailer.read_errors == 1
+
+
 def test_path_that_is_not_a_regular_file_is_counted_and_retried(
     tmp_path: Path, sink: Sink, tailers: list[LogTailer]
 ) -> None:
