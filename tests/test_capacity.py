@@ -582,7 +582,7 @@ def test_unknown_layer_type_named() -> None:
         ("meta-llama--Meta-Llama-3.1-8B", {"tp": 4, "dcp": 3}, "decode context parallel"),
         ("meta-llama--Meta-Llama-3.1-8B", {"pp": 64}, "pipeline parallel size"),
         ("meta-llama--Meta-Llama-3.1-8B", {"gpu_memory_bytes": 0}, "positive"),
-        ("meta-llama--Meta-Llama-3.1-8B", {"available_kv_bytes": -5}, "positive"),
+        ("meta-llama--Meta-Llama-3.1-8B", {"weights_bytes": 0}, "positive"),
         ("meta-llama--Meta-Llama-3.1-8B", {"activation_bytes": -1}, "negative"),
         ("meta-llama--Meta-Llama-3.1-8B", {"kv_cache_dtype": "int3"}, "kv cache dtype"),
     ],
@@ -716,3 +716,25 @@ def test_vllm_mixed_page_sizes_flagged_estimate() -> None:
     p = predict(model("google--gemma-4-26B-A4B"), Deployment(available_kv_bytes=GiB, max_model_len=8192))
     assert not p.exact
     assert any("page sizes" in a for a in p.assumptions)
+
+
+def test_engine_printed_negative_budget_gives_no_blocks() -> None:
+    p = predict(model("Qwen--Qwen2.5-7B"), Deployment(available_kv_bytes=-5, max_model_len=4096))
+    assert (p.kv_pool_blocks, p.kv_pool_tokens, p.max_concurrency, p.fits) == (0, 0, 0.0, False)
+    assert p.failure is not None and p.failure.startswith("No available memory")
+
+
+def test_deployment_from_a_parsed_v0_log_reproduces_its_budget() -> None:
+    """vllm/016: Qwen2.5-7B on an 8 GB RTX 4060 at 0.70: KV budget -1.05 GiB, 0 blocks, 0.00x."""
+    from kvwatch.pipeline import replay
+
+    log = Path(__file__).parent / "log_samples" / "vllm" / "016-v0-rtx4060-cuda-blocks-zero-negative-kv.log"
+    (snap,) = replay([str(log)]).snapshots()
+    memory = {k: v for k, v in snap.memory.items() if k != "available_kv_bytes"}
+    d = deployment_from_settings("vllm", snap.settings, memory, engine_version="0.7.3", max_model_len=4096)
+    p = predict(model("Qwen--Qwen2.5-7B"), d)
+    # requested - weights - non-torch - activation peak, each as the log printed it
+    assert abs(p.available_kv_bytes - snap.memory["available_kv_bytes"]) <= 1
+    assert round(p.available_kv_bytes / GiB, 2) == -1.05
+    assert (p.kv_pool_blocks, f"{p.max_concurrency:.2f}") == (snap.pools["full"]["blocks"], "0.00")
+    assert p.inputs["activation"] == "given"

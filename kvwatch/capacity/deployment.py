@@ -122,7 +122,9 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
         value = getattr(d, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be positive, got {value}")
-    for name in ("gpu_memory_bytes", "available_kv_bytes", "weights_bytes"):
+    # available_kv_bytes may be zero or negative: engines print such budgets (vLLM V0 '-1.05GiB')
+    # and then allocate no blocks, which is what the prediction should say.
+    for name in ("gpu_memory_bytes", "weights_bytes"):
         value = getattr(d, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{name.replace('_bytes', '')} memory must be positive, got {value} bytes")
