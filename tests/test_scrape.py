@@ -148,7 +148,8 @@ def _url(srv: _Server, path: str) -> str:
 
 
 def _scraper(srv: _Server, path: str, **kwargs: object) -> Scraper:
-    opts: dict[str, object] = {"connect_timeout": 1.0, "read_timeout": 0.5, "max_bytes": 2**20}
+    # Generous for the replies that should succeed (the machine may be busy); the slow tests pass 0.5 s.
+    opts: dict[str, object] = {"connect_timeout": 2.0, "read_timeout": 5.0, "max_bytes": 2**20}
     opts.update(kwargs)
     return Scraper(_url(srv, path), **opts)  # type: ignore[arg-type]
 
@@ -163,7 +164,7 @@ def test_fixture_served_and_read(server: _Server, fixture: str) -> None:
     result = _scraper(server, f"/fixture/{fixture}").fetch()
     assert result.ok and result.error is None and result.status == 200
     assert result.text == (FIXTURES / fixture).read_text()
-    assert 0 <= result.duration_seconds < 1.5
+    assert 0 < result.duration_seconds < 5.0
     assert MetricsReader().read(result.text)
 
 
@@ -224,7 +225,7 @@ def test_reply_that_is_not_http_is_connection_error(server: _Server) -> None:
 
 @pytest.mark.parametrize("path", ["/huge", "/huge-chunked", "/gzip-bomb"])
 def test_huge_body_is_too_large(server: _Server, path: str) -> None:
-    _assert_failed(_scraper(server, path, read_timeout=5.0).fetch(), "too_large")
+    _assert_failed(_scraper(server, path).fetch(), "too_large")
 
 
 @pytest.mark.parametrize("path", ["/bad-gzip", "/brotli", "/binary"])
