@@ -597,6 +597,64 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
         "Forcing kv cache block size to 64 for FlashMLA backend.",
         [{"kind": "settings", "starts_engine": False, "block_size": 64}],
     ),
+    (
+        "cuda graph profiling names the utilisation",
+        "CUDA graph memory profiling is enabled (default since v0.21.0). The current "
+        "--gpu-memory-utilization=0.9200 is equivalent to --gpu-memory-utilization=0.9047 without CUDA graph "
+        "memory profiling. To maintain the same effective KV cache size as before, increase "
+        "--gpu-memory-utilization to 0.9353. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.",
+        [{"kind": "settings", "starts_engine": False, "gpu_memory_utilization": 0.92}],
+    ),
+    (
+        "debug requested memory 0.9",
+        "Initial free memory: 78.50 GiB, free memory: 60.12 GiB, requested GPU memory: 71.20 GiB",
+        [{"kind": "memory", "requested_bytes": gib("71.20")}],
+    ),
+    (
+        "debug requested memory 0.14",
+        "Initial free memory: 78.5 GiB; Requested memory: 0.900000 (util), 71.2 GiB",
+        [{"kind": "memory", "gpu_memory_utilization": 0.9, "requested_bytes": gib("71.2")}],
+    ),
+    (
+        "0.33 auto-fit reduced",
+        "Auto-fit max_model_len: reduced from 131072 to 77536 to fit in available KV cache memory (9.47 GiB)",
+        [{"kind": "settings", "starts_engine": False, "max_model_len": 77536}],
+    ),
+    (
+        "0.33 auto-fit full",
+        "Auto-fit max_model_len: full model context length 32768 fits in available KV cache memory (9.47 GiB)",
+        [{"kind": "settings", "starts_engine": False, "max_model_len": 32768}],
+    ),
+    (
+        "headless launcher version",
+        "Launching vLLM (v0.9.2) headless multiproc executor, with head node address tcp://10.0.0.1:1234 for "
+        "torch.distributed process group.",
+        [{"kind": "settings", "starts_engine": True, "version": "0.9.2"}],
+    ),
+    (
+        "batch runner version",
+        "vLLM batch processing API version 0.6.0",
+        [{"kind": "settings", "starts_engine": True, "version": "0.6.0"}],
+    ),
+    (
+        "0.3.3 config line without version",
+        "Initializing an LLM engine with config: model='facebook/opt-125m', tokenizer='facebook/opt-125m', "
+        "tokenizer_mode=auto, revision=None, trust_remote_code=False, dtype=torch.float16, max_seq_len=2048, "
+        "download_dir=None, load_format=auto, tensor_parallel_size=1, quantization=None, enforce_eager=False, "
+        "kv_cache_dtype=auto, seed=0)",
+        [
+            {
+                "kind": "settings",
+                "starts_engine": True,
+                "model": "facebook/opt-125m",
+                "tensor_parallel_size": 1,
+                "dtype": "float16",
+                "kv_cache_dtype": "auto",
+                "max_model_len": 2048,
+                "enforce_eager": False,
+            }
+        ],
+    ),
     # --- lines that look close but are not facts ------------------------------------------------
     ("padding warning", "Add 1 padding layers, may waste at most 3.45% KV cache memory", []),
     ("init engine timing", "init engine (profile, create kv cache, warmup model) took 25.31 seconds", []),

@@ -46,6 +46,9 @@ ANCHORS: tuple[str, ...] = (
     "block size",
     "█  model",
     "Prefix cache hit rate",
+    "requested GPU memory",
+    "Requested memory",
+    "headless",
 )
 
 _NUM = r"-?\d+(?:\.\d+)?"
@@ -155,6 +158,23 @@ _GRAPHS = regex.compile(r"^Graph capturing finished in \d+ secs?, took (?P<v>" +
 # 0.18+: 'Estimated CUDA graph memory: 0.85 GiB total'
 _GRAPH_ESTIMATE = regex.compile(r"^Estimated CUDA graph memory: (?P<v>" + _NUM + r") ?(?P<u>GiB|MiB) total")
 
+# 0.18+: 'CUDA graph memory profiling is enabled (default since v0.21.0). The current
+# --gpu-memory-utilization=0.9200 is equivalent to --gpu-memory-utilization=0.9047 without ...'
+_CURRENT_UTIL = regex.compile(r"The current --gpu-memory-utilization=(?P<u>\d+(?:\.\d+)?)")
+
+# DEBUG 0.9.2-0.13: 'Initial free memory: 78.50 GiB, free memory: 60.12 GiB, requested GPU memory: 71.20 GiB';
+# 0.14+: 'Initial free memory: 78.5 GiB; Requested memory: 0.900000 (util), 71.2 GiB'.
+_REQUESTED = regex.compile(
+    r"(?:requested GPU memory: (?P<a>" + _NUM + r") ?GiB"
+    r"|Requested memory: (?P<util>" + _NUM + r") \(util\), (?P<b>" + _NUM + r") ?GiB)"
+)
+
+# 0.33: 'Auto-fit max_model_len: reduced from 131072 to 77536 to fit in available KV cache memory (9.47 GiB)',
+# 'Auto-fit max_model_len: full model context length 32768 fits in available KV cache memory (9.47 GiB)'.
+_AUTO_FIT = regex.compile(
+    r"^Auto-fit max_model_len: (?:reduced from \d+ to (?P<to>\d+)|full model context length (?P<full>\d+) fits)"
+)
+
 # --- usage -------------------------------------------------------------------------------------
 
 # V0 'Avg prompt throughput: 0.0 tokens/s, ..., Running: 2 reqs, Swapped: 0 reqs, Pending: 3 reqs,
@@ -209,7 +229,8 @@ _NO_MEMORY = regex.compile(r"^No available memory for the cache blocks\.")
 _VERSION = regex.compile(
     r"^(?:vLLM (?:API server|server|batch processing API) version (?P<v>\d+\.\d+[\w.+\-]*)"
     r"(?:, serving model (?P<model>\S+))?"
-    r"|[█▄▀ ]*█ +version (?P<logo>\d+\.\d+[\w.+\-]*)\s*$)"
+    r"|[█▄▀ ]*█ +version (?P<logo>\d+\.\d+[\w.+\-]*)\s*$"
+    r"|Launching vLLM \(v(?P<headless>\d+\.\d+[^)\s]*)\) headless)"
 )
 _LOGO_MODEL = regex.compile(r"^[█▄▀ ]*█ +model +(?P<model>\S+)\s*$")
 
@@ -314,6 +335,10 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
             fields["max_concurrency_tokens"] = _int(c.group("len"))
             fields["max_concurrency"] = float(c.group("x"))
         return (_make(PoolSized, meta, **fields),)
+    if body.startswith("Auto-fit"):
+        a = _AUTO_FIT.match(body)
+        if a is not None:
+            return (_make(EngineSettings, meta, max_model_len=int(a.group("to") or a.group("full"))),)
     m = _AVAILABLE.match(body) if body.startswith("Available") else None
     if m is not None:
         avail = _gib(m.group("v"), m.group("u"))
@@ -333,6 +358,8 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
                     weights_bytes=_gib(d.group("w")),
                 ),
             )
+    if body.startswith("CUDA graph memory"):
+        return _cuda_graph(body, meta)
     if "preempted" in body:
         p = _PREEMPTED.search(body)
         if p is not None:
@@ -473,6 +500,16 @@ def _total_memory(body: str, meta: LineMeta) -> tuple[Event, ...]:
     return NO_EVENTS
 
 
+def _cuda_graph(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _GRAPH_ESTIMATE.match(body)
+    if m is not None:
+        return (_make(MemoryBudget, meta, cuda_graph_bytes=_gib(m.group("v"), m.group("u"))),)
+    m = _CURRENT_UTIL.search(body)
+    if m is not None and body.startswith("CUDA graph memory profiling is enabled"):
+        return (_make(EngineSettings, meta, gpu_memory_utilization=float(m.group("u"))),)
+    return NO_EVENTS
+
+
 def _took(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _WEIGHTS.match(body)
     if m is not None:
@@ -486,7 +523,7 @@ def _took(body: str, meta: LineMeta) -> tuple[Event, ...]:
 def _settings(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _VERSION.match(body)
     if m is not None:
-        version = m.group("v") or m.group("logo")
+        version = m.group("v") or m.group("logo") or m.group("headless")
         fields: dict[str, Any] = {"version": version, "starts_engine": True}
         if m.group("model"):
             fields["model"] = m.group("model")
@@ -554,10 +591,21 @@ def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if "total_gpu_memory" in body:
         return _total_memory(body, meta)
     if "CUDA graph memory" in body:
-        m = _GRAPH_ESTIMATE.match(body)
-        if m is not None:
-            return (_make(MemoryBudget, meta, cuda_graph_bytes=_gib(m.group("v"), m.group("u"))),)
-        return NO_EVENTS
+        return _cuda_graph(body, meta)
+    if "equested" in body:
+        m = _REQUESTED.search(body)
+        if m is None:
+            return NO_EVENTS
+        if m.group("a") is not None:
+            return (_make(MemoryBudget, meta, requested_bytes=_gib(m.group("a"))),)
+        return (
+            _make(
+                MemoryBudget,
+                meta,
+                requested_bytes=_gib(m.group("b")),
+                gpu_memory_utilization=float(m.group("util")),
+            ),
+        )
     if "max model len" in body:
         m = _MAX_MODEL_LEN.match(body)
         return (_make(EngineSettings, meta, max_model_len=int(m.group("n"))),) if m else NO_EVENTS
@@ -573,6 +621,6 @@ def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if "█  model" in body:
         m = _LOGO_MODEL.match(body)
         return (_make(EngineSettings, meta, model=m.group("model")),) if m else NO_EVENTS
-    if "version" in body or "LLM engine" in body or "args" in body:
+    if "version" in body or "LLM engine" in body or "args" in body or "headless" in body:
         return _settings(body, meta)
     return NO_EVENTS
