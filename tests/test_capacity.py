@@ -457,11 +457,18 @@ def test_sglang_page_rounding() -> None:
 
 def test_sglang_swa_split() -> None:
     m = model("openai--gpt-oss-120b")
-    d = Deployment(engine="sglang", max_model_len=8192)
-    all_layers = 36 * 2 * 8 * 64 * 2
-    p = predict(m, d.with_(available_kv_bytes=100_000 * all_layers))
-    assert p.kv_pool_tokens == int(100_000 * 36 / (0.8 * 18 + 18))
+    full = swa = 18 * 2 * 8 * 64 * 2  # 18 full and 18 sliding layers per token
+    available = 100_000 * (full + swa) + 12_345
+    p = predict(m, Deployment(engine="sglang", max_model_len=8192, available_kv_bytes=available))
+    # newest: one full-pool token costs the full layers plus 0.8 x the sliding layers
+    assert p.kv_pool_tokens == int(available // (full + 0.8 * swa))
     assert p.swa_pool_tokens == int(p.kv_pool_tokens * 0.8)
+    old = predict(
+        m,
+        Deployment(engine="sglang", engine_version="0.5.4", max_model_len=8192, available_kv_bytes=available),
+    )
+    # 0.5.4 set_num_token_hybrid: all-layer tokens x 36 layers / (0.8 x 18 + 18)
+    assert old.kv_pool_tokens == int(available // (full + swa) * 36 / (0.8 * 18 + 18))
 
 
 def test_vllm_disable_hybrid_manager_counts_sliding_as_full() -> None:

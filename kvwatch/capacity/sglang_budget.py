@@ -154,14 +154,20 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
         tokens = available // cell
         notes.append("every layer has a sliding window: pool sized over all layers")
     elif n_sliding:
-        all_cell = all_layer_cell_size(model, d, elem_bytes)
-        base = available // all_cell
-        n_layers = n_sliding + n_full
         ratio = DEFAULT_SWA_FULL_TOKENS_RATIO
-        tokens = int(base * n_layers / (ratio * n_sliding + n_full))
-        swa_tokens = int(tokens * ratio)
+        swa_cell = all_layer_cell_size(model, d, elem_bytes) - cell
         notes.append(f"sliding-window pool holds swa_full_tokens_ratio={ratio} of the full pool's tokens")
-        cell = all_cell
+        v = version_tuple(d.engine_version)
+        if v is not None and v < (0, 5, 19):
+            # set_num_token_hybrid (0.4.10-0.5.x): all-layer tokens shared out by layer counts.
+            base = available // (cell + swa_cell)
+            tokens = int(base * (n_sliding + n_full) / (ratio * n_sliding + n_full))
+        else:
+            # HybridSWAPoolConfigurator: one token costs the full layers plus ratio x the SWA layers.
+            tokens = int(available // (cell + ratio * swa_cell))
+        tokens = tokens // page * page
+        swa_tokens = int(tokens * ratio) // page * page
+        cell = int(cell + ratio * swa_cell)
     else:
         tokens = available // cell
     tokens = tokens // page * page
