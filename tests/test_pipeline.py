@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from kvwatch.events import PoolSized, StartupFailure
-from kvwatch.parsers.base import ParseError
 from kvwatch.pipeline import LinePipeline, replay, summarize
 from kvwatch.state import Fleet
 
@@ -269,6 +268,14 @@ def test_summary_shape_and_nulls() -> None:
     assert summarize([]) == {"engine": None, "engine_version": None, "instances": []}
 
 
-def test_parse_error_class_is_a_value_error() -> None:
-    """Callers that catch ValueError (pydantic's base too) also catch the parsers' ParseError."""
-    assert issubclass(ParseError, ValueError)
+def test_tqdm_bar_glued_before_a_log_line() -> None:
+    """tqdm writes '\r'-refreshed bars without a newline; the next log line ends up on the same line."""
+    p = pipeline()
+    (event,) = p.feed(
+        "\rCapturing CUDA graphs: 100%|██████████| 67/67 [00:12<00:00,  5.41it/s]"
+        "(EngineCore_DP0 pid=5012) INFO 10-03 09:15:40 [gpu_model_runner.py:3480] Graph capturing finished in "
+        "12 secs, took 0.62 GiB\r\n"
+    )
+    assert event.ts == "10-03 09:15:40"
+    (snap,) = p.fleet.snapshot()
+    assert snap.memory["cuda_graph_bytes"] == int(0.62 * 2**30 + 0.5)
