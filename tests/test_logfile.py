@@ -519,6 +519,25 @@ def test_stop_closes_every_file(tmp_path: Path, sink: Sink) -> None:
     wait_until(lambda: len(os.listdir("/proc/self/fd")) <= before, "descriptors to be released")
 
 
+def test_stop_from_inside_on_line(tmp_path: Path, tailers: list[LogTailer]) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text("stop here\nnever\n")
+    seen: list[str] = []
+    tailer: LogTailer
+
+    def on_line(path: str, line: str) -> None:
+        seen.append(line)
+        tailer.stop()
+
+    tailer = LogTailer(str(log), on_line)
+    tailers.append(tailer)
+    tailer.start()
+    wait_until(lambda: not tailer.up and seen != [], "the tailer to stop")
+    assert seen == ["stop here"]
+    wait_until(lambda: tailer._thread is not None and not tailer._thread.is_alive(), "the thread to end")
+    assert tailer.positions()[str(log)].offset == len("stop here\n")
+
+
 def test_read_lines_from_a_pipe_until_eof(tmp_path: Path) -> None:
     r, w = os.pipe()
     os.write(w, b"one\r\ntwo\nthree")

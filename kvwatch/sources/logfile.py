@@ -196,6 +196,7 @@ class LogTailer:
         self._fallback: Any = None
         self._thread: threading.Thread | None = None
         self._running = False
+        self._close_on_exit = False
         self._handler = _Doorbell(self)
 
     # ---- public API -------------------------------------------------------------------------
@@ -215,6 +216,13 @@ class LogTailer:
         ``positions()`` points at their start, so a resumed tailer reads them whole."""
         self._stop.set()
         self._wake.set()
+        if self._thread is threading.current_thread():
+            # Called from on_line: the loop ends after this callback and closes the files itself.
+            self._close_on_exit = True
+            for observer in (self._observer, self._fallback):
+                if observer is not None:
+                    observer.stop()
+            return
         if self._thread is not None:
             self._thread.join(timeout)
         for observer in (self._observer, self._fallback):
@@ -229,15 +237,18 @@ class LogTailer:
             )
             return
         try:
-            self._running = False
-            for stream in self._streams.values():
-                for reader in [*stream.retired, *([stream.reader] if stream.reader else [])]:
-                    self._truncated_closed += reader.splitter.truncated
-                    os.close(reader.fd)
-                stream.retired.clear()
-                stream.reader = None
+            self._close_files()
         finally:
             self._lock.release()
+
+    def _close_files(self) -> None:
+        self._running = False
+        for stream in list(self._streams.values()):
+            for reader in [*stream.retired, *([stream.reader] if stream.reader else [])]:
+                self._truncated_closed += reader.splitter.truncated
+                os.close(reader.fd)
+            stream.retired.clear()
+            stream.reader = None
 
     def positions(self) -> dict[str, FilePosition]:
         """Resumable position of every followed path opened so far (for the state file): just after
@@ -341,6 +352,9 @@ class LogTailer:
                 self._stop.wait(0.1)
             self._wake.wait(max(0.0, next_check - time.monotonic()))
             self._wake.clear()
+        if self._close_on_exit:
+            with self._lock:
+                self._close_files()
 
     def _discover(self) -> None:
         """Create streams for the literal path, or for glob matches not seen before."""
@@ -351,7 +365,8 @@ class LogTailer:
         with self._lock:
             for path in candidates:
                 if path not in self._streams:
-                    self._streams[path] = _Stream(path, resume=self._resume.get(path))
+                    # A saved position applies to the first file seen at that path, never again.
+                    self._streams[path] = _Stream(path, resume=self._resume.pop(path, None))
 
     def _sync_watches(self) -> None:
         """Watch the directories of the paths and of their symlink targets; route events to paths."""
@@ -656,6 +671,8 @@ class LogTailer:
             return
         pos = 0
         for line in lines:
+            if self._stop.is_set():
+                return  # the published position stays at the last line delivered
             end = body.index(b"\n", pos) + 1
             pos = end
             fp = (
