@@ -145,3 +145,24 @@ def test_real_lines_never_raise_through_parsers(engine: str) -> None:
     parse = PARSERS[engine]  # type: ignore[index]
     for line in REAL_LINES:
         parse(*strip_prefixes(line))
+
+
+PATHOLOGICAL = {
+    "logo art without text": "█ " * 30000 + "x version",
+    "many sglang tags": "[2025-01-01 10:00:00" + " TP1" * 15000 + " KV Cache is allocated",
+    "unclosed process prefix": "(a" + " b" * 30000 + " KV cache",
+    "repeated embedded prefixes": "@" + "[2025-01-01 10:00:00 TP1" * 2500 + " KV cache size: 1 tokens",
+    "many config fields": "Initializing a V1 LLM engine (v1) with config: " + "a=" * 30000,
+    "many stats parts": "Avg prompt throughput: " + "1, " * 20000 + "KV cache",
+    "many location suffixes": "KV cache" + " (a.py:1)" * 6000 + "x)",
+    "long json": "{" + '"message": "KV cache", ' * 3000,
+}
+
+
+@pytest.mark.parametrize("line", PATHOLOGICAL.values(), ids=PATHOLOGICAL.keys())
+def test_pathological_lines_do_not_raise(line: str) -> None:
+    """Lines built to make backtracking patterns work hard (60k characters) are still read."""
+    for engine in ("auto", "vllm", "sglang"):
+        p = LinePipeline("worst", Fleet(), engine=engine)
+        p.feed(line)
+        assert p.lines_read == 1

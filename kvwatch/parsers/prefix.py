@@ -61,7 +61,7 @@ _FILE_LINE = regex.compile(r"\[[\w./\-]+\.py:\d+\](?: |$)")
 # Launchers using Python's default '%(asctime)s' look the same with ',mmm'.
 _SGLANG = regex.compile(
     r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3,6})?)"
-    r"(?P<tags>(?: [A-Z]+(?:_[A-Z]+)*\d+)*)\](?::)?(?: |$)"
+    r"(?P<tags>(?: [A-Z]+(?:_[A-Z]+)*\d+)*+)\](?::)?(?: |$)"
 )
 _SGLANG_TAG = regex.compile(r"(?P<kind>[A-Z]+(?:_[A-Z]+)*)(?P<n>\d+)")
 
@@ -86,7 +86,7 @@ _RAY_REPEATED = regex.compile(r"\s*\[repeated (?P<n>\d+)x across cluster\].*$")
 # ('[Bug] [2026-06-28 15:16:45] ...', '@c:\\path\\file.txt [2026-08-23 09:05:37 TP0 EP0] ...').
 _EMBEDDED = regex.compile(
     r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}:\d{2}:\d{2} \[?[^\s\]]+:\d+\] "
-    r"|\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3,6})?(?: [A-Z]+(?:_[A-Z]+)*\d+)*\] "
+    r"|\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3,6})?(?: [A-Z]+(?:_[A-Z]+)*\d+)*+\] "
     r"|\((?:[A-Za-z_][\w.\-]*(?: [\w=]+)* )?pid=\d+(?:,\s*ip=[^)\s]+)?\) )"
 )
 

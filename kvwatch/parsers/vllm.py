@@ -45,6 +45,7 @@ ANCHORS: tuple[str, ...] = (
     "max_num_batched_tokens",
     "block size",
     "█  model",
+    "█  version",
     "Prefix cache hit rate",
     "requested GPU memory",
     "Requested memory",
@@ -229,10 +230,12 @@ _NO_MEMORY = regex.compile(r"^No available memory for the cache blocks\.")
 _VERSION = regex.compile(
     r"^(?:vLLM (?:API server|server|batch processing API) version (?P<v>\d+\.\d+[\w.+\-]*)"
     r"(?:, serving model (?P<model>\S+))?"
-    r"|[█▄▀ ]*█ +version (?P<logo>\d+\.\d+[\w.+\-]*)\s*$"
     r"|Launching vLLM \(v(?P<headless>\d+\.\d+[^)\s]*)\) headless)"
 )
-_LOGO_MODEL = regex.compile(r"^[█▄▀ ]*█ +model +(?P<model>\S+)\s*$")
+# The logo's text column: searched from the first '█' that starts it, then the part before it is checked
+# to be logo art (a pattern with the art as a repeated class backtracks quadratically on long lines).
+_LOGO_TEXT = regex.compile(r"█ +(?P<key>version|model) +(?P<value>\S+)\s*$")
+_LOGO_ART = frozenset("█▄▀ ")
 
 # 'Initializing an LLM engine (v0.4.3) with config: model=...', 'Initializing a V1 LLM engine (v0.9.2)
 # with config: ...', 0.3.3 'Initializing an LLM engine with config: ...'.
@@ -520,10 +523,20 @@ def _took(body: str, meta: LineMeta) -> tuple[Event, ...]:
     return NO_EVENTS
 
 
+def _logo(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    """0.15+ startup logo: '  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.20.2' / '... █  model   Qwen/...'."""
+    m = _LOGO_TEXT.search(body)
+    if m is None or not _LOGO_ART.issuperset(body[: m.start()]):
+        return NO_EVENTS
+    if m.group("key") == "version":
+        return (_make(EngineSettings, meta, version=m.group("value"), starts_engine=True),)
+    return (_make(EngineSettings, meta, model=m.group("value")),)
+
+
 def _settings(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _VERSION.match(body)
     if m is not None:
-        version = m.group("v") or m.group("logo") or m.group("headless")
+        version = m.group("v") or m.group("headless")
         fields: dict[str, Any] = {"version": version, "starts_engine": True}
         if m.group("model"):
             fields["model"] = m.group("model")
@@ -618,9 +631,8 @@ def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if body.startswith("Prefix cache hit rate: GPU"):
         m = _V0_HIT_RATE.match(body)
         return (_make(UsageSample, meta, prefix_cache_hit_ratio=_ratio(m.group("gpu"))),) if m else NO_EVENTS
-    if "█  model" in body:
-        m = _LOGO_MODEL.match(body)
-        return (_make(EngineSettings, meta, model=m.group("model")),) if m else NO_EVENTS
+    if "█  model" in body or "█  version" in body:
+        return _logo(body, meta)
     if "version" in body or "LLM engine" in body or "args" in body or "headless" in body:
         return _settings(body, meta)
     return NO_EVENTS
