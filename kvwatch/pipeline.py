@@ -31,6 +31,8 @@ DEFAULT_MAX_LINE_CHARS = 65536
 # never carry a KV fact: one substring check drops them before the anchor scan.
 _ACCESS_LOG = "HTTP/"
 
+_MAX_REMEMBERED_FAILURES = 256
+
 
 class LinePipeline:
     """One source's lines -> events applied to ``fleet`` under ``source``.
@@ -156,6 +158,9 @@ class LinePipeline:
                 facts = event.model_dump(exclude={"rank", "ts"})
                 if self._last_failure.get(event.instance) == facts:
                     continue
+                if len(self._last_failure) >= _MAX_REMEMBERED_FAILURES:
+                    # Instance names come from the log; forgetting only risks counting a repeat twice.
+                    self._last_failure.clear()
                 self._last_failure[event.instance] = facts
             kept.append(event)
         return tuple(kept)
