@@ -7,6 +7,7 @@ promtool comes from the `promtool` fixture (conftest.py): missing fails in CI, s
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -66,3 +67,87 @@ def test_promtool_check_config_of_the_compose_prometheus(promtool: str, tmp_path
     result = _promtool(promtool, "check", "config", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout + result.stderr
+
+
+# One real stats line (tests/log_samples/vllm/007-v1-apiserver-loggers259-waiting-2026.log).
+_STATS_LINE = (
+    "(APIServer pid=11574) INFO 03-17 15:38:30 [loggers.py:259] Engine 000: Avg prompt throughput: "
+    "23999.8 tokens/s, Avg generation throughput: 52.6 tokens/s, Running: 22 reqs, Waiting: 78 reqs, "
+    "GPU KV cache usage: 42.5%, Prefix cache hit rate: 0.0%\n"
+)
+_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+_TARGET = {"job": "kvwatch", "instance": "10.0.0.1:9477", "namespace": "serving", "source": "vllm"}
+
+
+def _selector(name: str, labels: dict[str, str]) -> str:
+    return name + "{" + ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items())) + "}"
+
+
+def test_rules_on_the_sidecars_own_exposition(promtool: str, tmp_path: Path) -> None:
+    """The rules evaluated on what kvwatch itself exports for a healthy vLLM start (the compose
+    replayer's startup block plus one real stats line): the fleet aggregates and the limiting rank
+    come out with the collector's real labels, and no alert fires."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvwatch.collector import KvwatchCollector, Predictor
+    from kvwatch.mixin import config
+    from kvwatch.pipeline import replay
+    from kvwatch.units import MiB
+
+    startup = ROOT / "deploy" / "compose" / "replay" / "vllm-llama31-8b-h100-startup.log"
+    log = tmp_path / "vllm.log"
+    log.write_text(startup.read_text(encoding="utf-8") + _STATS_LINE, encoding="utf-8")
+    model_config = ROOT / "tests" / "model_configs" / "meta-llama--Meta-Llama-3.1-8B.json"
+    registry = CollectorRegistry()
+    registry.register(
+        KvwatchCollector(
+            replay([str(log)]).fleet.snapshot,
+            Predictor(model_config=lambda source: model_config, gpu_memory_bytes=81559 * MiB),
+        )
+    )
+    series = []
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name.endswith("_created") or not sample.name.startswith("kvwatch_"):
+                continue
+            labels = {**sample.labels, **_TARGET} if "dp_rank" in sample.labels else dict(sample.labels)
+            series.append({"series": _selector(sample.name, labels), "values": f"{sample.value:.6f}x70"})
+    fleet = {"namespace": "serving", "engine": "vllm", "model": _MODEL}
+    rank = {**fleet, **_TARGET, "dp_rank": "0"}
+    # 42.5 % of 428,560 tokens in use leaves 246,422 free: 30 requests of 8,192.
+    document = {
+        "rule_files": [str(p) for p in RULE_FILES],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": "fleet:kvwatch_kv_pool_tokens:sum",
+                        "eval_time": "30m",
+                        "exp_samples": [
+                            {"labels": _selector("fleet:kvwatch_kv_pool_tokens:sum", fleet), "value": 428560}
+                        ],
+                    },
+                    {
+                        "expr": "fleet:kvwatch_kv_headroom_requests:limiting_rank",
+                        "eval_time": "30m",
+                        "exp_samples": [
+                            {
+                                "labels": _selector("fleet:kvwatch_kv_headroom_requests:limiting_rank", rank),
+                                "value": 30,
+                            }
+                        ],
+                    },
+                ],
+                "alert_rule_test": [{"eval_time": "60m", "alertname": name} for name in sorted(config.FOR)],
+            }
+        ],
+    }
+    assert any("kvwatch_kv_pool_gap_ratio" in s["series"] for s in series)
+    test_file = tmp_path / "exposition_test.yaml"
+    test_file.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    result = _promtool(promtool, "test", "rules", str(test_file))
+    assert result.returncode == 0, result.stdout + result.stderr

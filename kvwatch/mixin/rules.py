@@ -193,7 +193,7 @@ def alerts() -> list[Alert]:
             f"{HEADROOM_REQUESTS} < {config.HEADROOM_REQUESTS_MIN:g}",
             "warning",
             f"{_label('source')} cannot fit one more max-length request in its KV cache.",
-            f'The free KV pool of {_WHERE} holds {{{{ $value | printf "%.2f" }}}} requests of '
+            f"The free KV pool of {_WHERE} holds {{{{ $value }}}} requests of "
             f"max_model_len ({_lookup(HEADROOM_TOKENS, _SERIES)} free tokens); a long request now "
             "waits or preempts another.",
         ),
