@@ -78,6 +78,11 @@ def test_missing_file_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> 
     assert err == "kvwatch parse: error: no such log file: /nonexistent/x.log\n"
 
 
+def test_directory_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["parse", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"kvwatch parse: error: {tmp_path} is a directory, not a log file\n"
+
+
 def test_json_and_events_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["parse", str(V1_POOL), "--json", "--events"])

@@ -123,7 +123,9 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     for path in args.logs:
-        if path != "-" and not os.path.isfile(path):
+        if path != "-" and os.path.isdir(path):
+            raise ConfigError(f"{path} is a directory, not a log file")
+        if path != "-" and not os.path.exists(path):
             raise ConfigError(f"no such log file: {path}")
     if args.logs.count("-") > 1:
         raise ConfigError("'-' (stdin) can be given once")
