@@ -119,6 +119,23 @@ def test_cli_rejects_a_runbook_url_that_is_not_a_url(
     assert not list(tmp_path.iterdir())
 
 
+def test_cli_dashboards_without_the_sdk_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import kvwatch.mixin
+    from kvwatch.cli import main
+
+    for module in [m for m in sys.modules if m.split(".")[0] == "grafana_foundation_sdk"]:
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setitem(sys.modules, "grafana_foundation_sdk", None)
+    monkeypatch.delitem(sys.modules, "kvwatch.mixin.dashboards")
+    monkeypatch.delattr(kvwatch.mixin, "dashboards")
+    assert main(["dashboards", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'kvwatch[dashboards]'" in err
+    assert not list(tmp_path.iterdir())
+
+
 # --- Dashboards load back into the SDK and are complete --------------------------------------------
 
 
