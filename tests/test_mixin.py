@@ -172,6 +172,30 @@ def test_dashboard_variables_units_ids_and_datasource(name: str, variables: list
             assert target["datasource"]["uid"] == "${datasource}"
 
 
+@pytest.mark.parametrize("name", sorted(dashboards.DASHBOARDS))
+def test_dashboard_grid_has_no_overlaps_and_fits_24_columns(name: str) -> None:
+    board = json.loads(_read(DASHBOARDS / name))
+    taken: set[tuple[int, int]] = set()
+    for panel in board["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        cells = {
+            (x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])
+        }
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+
+
+@pytest.mark.parametrize("name", sorted(dashboards.DASHBOARDS))
+def test_dashboard_rates_follow_the_scrape_interval(name: str) -> None:
+    """Panel rates use $__rate_interval (Grafana picks a window of at least four scrapes)."""
+    board = json.loads(_read(DASHBOARDS / name))
+    for panel in _panels(board):
+        for target in panel["targets"]:
+            for window in re.findall(r"(?:rate|increase)\([^\[]*\[([^\]]+)\]", target["expr"]):
+                assert window == "$__rate_interval", f"{panel['title']}: {target['expr']}"
+
+
 def test_kv_cache_dashboard_covers_the_issue_panels() -> None:
     board = json.loads(_read(DASHBOARDS / "kvwatch-kv-cache.json"))
     exprs = " ".join(t["expr"] for p in _panels(board) for t in p["targets"])
