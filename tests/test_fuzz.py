@@ -19,7 +19,7 @@ from kvwatch.state import Fleet
 SAMPLES = Path(__file__).parent / "log_samples"
 REAL_LINES: list[str] = [
     line
-    for path in sorted(SAMPLES.glob("*/*.log"))
+    for path in sorted(SAMPLES.rglob("*.log"))
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
     if line.strip()
 ]

@@ -17,7 +17,7 @@ from kvwatch.events import Event, event_from_json, event_to_json
 from kvwatch.pipeline import replay, summarize
 
 SAMPLES = Path(__file__).parent / "log_samples"
-LOGS = sorted(SAMPLES.glob("*/*.log"))
+LOGS = sorted(SAMPLES.rglob("*.log"))
 
 
 def run_sample(path: Path) -> tuple[str, str]:
@@ -38,18 +38,18 @@ def check(golden: Path, observed: str, update: bool) -> None:
 
 
 def test_samples_exist() -> None:
-    assert {p.parent.name for p in LOGS} == {"vllm", "sglang"}
+    assert {p.relative_to(SAMPLES).parts[0] for p in LOGS} == {"vllm", "sglang"}
     assert len(LOGS) >= 39
 
 
-@pytest.mark.parametrize("path", LOGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: str(p.relative_to(SAMPLES).with_suffix("")))
 def test_golden(path: Path, update_golden: bool) -> None:
     jsonl, summary = run_sample(path)
     check(path.with_suffix(".events.jsonl"), jsonl, update_golden)
     check(path.with_suffix(".summary.json"), summary, update_golden)
 
 
-@pytest.mark.parametrize("path", LOGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: str(p.relative_to(SAMPLES).with_suffix("")))
 def test_golden_events_round_trip(path: Path) -> None:
     golden = path.with_suffix(".events.jsonl")
     if not golden.exists():
@@ -61,5 +61,5 @@ def test_golden_events_round_trip(path: Path) -> None:
 def test_no_orphan_goldens() -> None:
     """A golden whose sample was renamed or removed would silently stop being checked."""
     stems = {p.with_suffix("") for p in LOGS}
-    for golden in [*SAMPLES.glob("*/*.events.jsonl"), *SAMPLES.glob("*/*.summary.json")]:
+    for golden in [*SAMPLES.rglob("*.events.jsonl"), *SAMPLES.rglob("*.summary.json")]:
         assert golden.with_suffix("").with_suffix("") in stems, golden.name

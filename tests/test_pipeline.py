@@ -55,7 +55,7 @@ def test_forced_engine_ignores_the_other_engines_lines() -> None:
     assert p.engine == "sglang"
 
 
-@pytest.mark.parametrize("path", sorted(SAMPLES.glob("*/*.log")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(SAMPLES.rglob("*.log")), ids=lambda p: p.stem)
 def test_every_sample_is_detected_as_its_engine(path: Path) -> None:
     result = replay([str(path)])
     assert result.engine == path.parent.name
