@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvwatch.events import PoolSized, StartupFailure
+from kvwatch.parsers.detect import detect_engine
 from kvwatch.pipeline import LinePipeline, replay, summarize
 from kvwatch.state import Fleet
 
@@ -279,3 +280,39 @@ def test_tqdm_bar_glued_before_a_log_line() -> None:
     assert event.ts == "10-03 09:15:40"
     (snap,) = p.fleet.snapshot()
     assert snap.memory["cuda_graph_bytes"] == int(0.62 * 2**30 + 0.5)
+
+
+@pytest.mark.parametrize(
+    ("line", "engine"),
+    [
+        (
+            "(EngineCore_DP0 pid=1) INFO 10-03 09:15:22 [kv_cache_utils.py:1087] GPU KV cache size: 5 tokens",
+            "vllm",
+        ),
+        ("INFO 06-05 10:00:00 gpu_executor.py:83] # GPU blocks: 27153, # CPU blocks: 2048", "vllm"),
+        ("Maximum concurrency for 32768 tokens per request: 13.26x", "vllm"),
+        (
+            "[2025-10-07 22:29:11 DP0 TP0] KV Cache is allocated. #tokens: 1462784, KV size: 54.52 GB",
+            "sglang",
+        ),
+        (
+            "[2025-03-14 02:16:14 TP0] Decode batch. #running-req: 509, #token: 180776, token usage: 0.43",
+            "sglang",
+        ),
+        (" UserWarning: Warning: available_size=35244, max_total_num_token=42308", "sglang"),
+        ("server_args=ServerArgs(model_path='/models/vllm-compat')", None),
+        ("the KV cache is full", None),
+    ],
+)
+def test_detect_engine(line: str, engine: str | None) -> None:
+    assert detect_engine(line) == engine
+
+
+def test_undecided_lines_wait_for_a_decisive_one() -> None:
+    p = pipeline()
+    assert p.feed("server_args=ServerArgs(model_path='/models/vllm-compat')") == ()
+    assert p.engine is None
+    assert p.feed(
+        "[2025-10-07 22:29:11 TP0] KV Cache is allocated. #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB"
+    )
+    assert p.engine == "sglang"
