@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from kvwatch import __version__
@@ -188,7 +188,10 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            body = encoder(app.registry)
+            if content_type == CONTENT_TYPE_LATEST:
+                body = app.collector.render()
+            else:
+                body = encoder(app.registry)
             self.send_response(200)
             self.send_header("Content-Type", content_type)
             if "gzip" in self.headers.get("Accept-Encoding", ""):
@@ -270,11 +273,10 @@ class Sidecar:
             )
             for s in settings.metrics_url
         ]
-        self.registry.register(
-            KvwatchCollector(
-                self.fleet.snapshot, self.predictor, self.source_statuses, lambda: self.fleet.dropped_events
-            )
+        self.collector = KvwatchCollector(
+            self.fleet.snapshot, self.predictor, self.source_statuses, lambda: self.fleet.dropped_events
         )
+        self.registry.register(self.collector)
         self._server: _Server | None = None
         self._dirty = False
         self._last_save = 0.0

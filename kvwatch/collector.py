@@ -16,8 +16,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from prometheus_client import utils as _prom_utils
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -235,36 +236,126 @@ def _label(value: Any) -> str:
     return str(value)[:_MAX_LABEL]
 
 
-class _Families:
-    """One empty family per names.METRICS entry, filled by one collect() call."""
+# One sample: (metric name, label values in the metric's label order, value, its exposition line).
+_Row = tuple[str, tuple[str, ...], float, str]
+
+
+# prometheus_client's own float formatting (Go-style: +Inf, 1e+21), so both output paths agree.
+_float_text = cast(Callable[[float], str], _prom_utils.floatToGoString)
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+def _template(metric: names.Metric) -> str:
+    """'name{a="{1}",b="{0}"} ' for str.format: labels sorted by name, as the text format lists them."""
+    if not metric.labels:
+        return metric.sample_name + " "
+    order = sorted(range(len(metric.labels)), key=lambda i: metric.labels[i])
+    pairs = ",".join(f'{metric.labels[i]}="{{{i}}}"' for i in order)
+    return f"{metric.sample_name}{{{{{pairs}}}}} "
+
+
+_TEMPLATES = {m.name: _template(m) for m in names.METRICS}
+_FLOATS: dict[float, str] = {}
+
+
+def _float(value: float) -> str:
+    text = _FLOATS.get(value)
+    if text is None:
+        if len(_FLOATS) > 4096:
+            _FLOATS.clear()
+        text = _FLOATS[value] = _float_text(value)
+    return text
+
+
+def _line(metric: names.Metric, escaped: Sequence[str], value: float) -> str:
+    """The text-format (0.0.4) line of one sample (label values already escaped)."""
+    return _TEMPLATES[metric.name].format(*escaped) + _float(value) + "\n"
+
+
+class _Rows:
+    """Samples of one scrape, grouped by metric, in names.METRICS order."""
 
     def __init__(self) -> None:
-        self.gauges: dict[str, GaugeMetricFamily] = {}
-        self.counters: dict[str, CounterMetricFamily] = {}
-        self.infos: dict[str, InfoMetricFamily] = {}
-        self.order: list[Metric] = []
+        self.by_metric: dict[str, list[_Row]] = {m.name: [] for m in names.METRICS}
+
+    def add(
+        self,
+        metric: names.Metric,
+        labels: tuple[str, ...],
+        value: float,
+        escaped: Sequence[str] | None = None,
+    ) -> None:
+        """One sample; ``escaped`` are the label values escaped for the text format, when the caller has them."""
+        text = _line(metric, escaped if escaped is not None else [_escape(v) for v in labels], value)
+        self.by_metric[metric.name].append((metric.name, labels, value, text))
+
+    def rows(self) -> list[_Row]:
+        """Every sample, in names.METRICS order."""
+        return [row for m in names.METRICS for row in self.by_metric[m.name]]
+
+    def extend(self, rows: Iterable[_Row]) -> None:
+        for row in rows:
+            self.by_metric[row[0]].append(row)
+
+    def families(self) -> Iterator[Metric]:
+        """prometheus_client families (the registry path: tests, OpenMetrics negotiation)."""
         for m in names.METRICS:
             family: Metric
+            rows = self.by_metric[m.name]
             if m.type == "gauge":
-                family = self.gauges[m.name] = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
+                gauge = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
+                for _, labels, value, _line_text in rows:
+                    gauge.add_metric(labels, value)
+                family = gauge
             elif m.type == "counter":
-                family = self.counters[m.name] = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
+                counter = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
+                for _, labels, value, _line_text in rows:
+                    counter.add_metric(labels, value)
+                family = counter
             else:
                 # Info labels beyond the identity ones are the info's value, not family labels.
-                base = [
-                    label for label in m.labels if label in (*names.INSTANCE_LABELS, *names.SOURCE_LABELS)
-                ]
-                family = self.infos[m.name] = InfoMetricFamily(m.name, m.help, labels=base)
-            self.order.append(family)
+                n = len(
+                    [label for label in m.labels if label in (*names.INSTANCE_LABELS, *names.SOURCE_LABELS)]
+                )
+                info = InfoMetricFamily(m.name, m.help, labels=list(m.labels[:n]))
+                for _, labels, _value, _line_text in rows:
+                    info.add_metric(labels[:n], dict(zip(m.labels[n:], labels[n:], strict=True)))
+                family = info
+            yield family
 
-    def gauge(self, metric: names.Metric, labels: Sequence[str], value: float) -> None:
-        self.gauges[metric.name].add_metric(labels, value)
+    def text(self) -> bytes:
+        """The whole exposition in text format 0.0.4, from the pre-rendered lines."""
+        out: list[str] = []
+        for m in names.METRICS:
+            out.append(_HEADERS[m.name])
+            out.extend(row[3] for row in self.by_metric[m.name])
+        return "".join(out).encode("utf-8")
 
-    def counter(self, metric: names.Metric, labels: Sequence[str], value: float) -> None:
-        self.counters[metric.name].add_metric(labels, value)
 
-    def info(self, metric: names.Metric, labels: Sequence[str], value: dict[str, str]) -> None:
-        self.infos[metric.name].add_metric(labels, value)
+_HEADERS = {
+    m.name: f"# HELP {m.sample_name} {m.help.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}\n"
+    f"# TYPE {m.sample_name} {'gauge' if m.type == 'info' else m.type}\n"
+    for m in names.METRICS
+}
+
+
+@dataclass(frozen=True)
+class _Cached:
+    """The rows of one instance as of one (epoch, events), split by how often they change."""
+
+    version: tuple[int, int]
+    static_key: tuple[Any, ...]
+    static: list[_Row]
+    dynamic: list[_Row]
+    labels: tuple[str, ...]
+    escaped: tuple[str, ...]
+    pool_tokens: int | None
+    max_len: int | None
 
 
 def _int(value: Any) -> int | None:
@@ -285,31 +376,81 @@ class KvwatchCollector(Collector):
         self._predictor = predictor
         self._sources = sources
         self._dropped = dropped_events
+        self._cache: dict[tuple[str, str], _Cached] = {}
+        self._cache_lock = threading.Lock()
 
     def describe(self) -> Iterable[Metric]:
         """The families without samples, so registering does not take a snapshot."""
-        return _Families().order
+        return list(_Rows().families())
 
     def collect(self) -> Iterator[Metric]:
-        """One scrape: every family, from one snapshot."""
-        fam = _Families()
-        snaps = self._snapshot()
-        for snap in snaps:
-            self._instance(fam, snap)
-        self._self_metrics(fam, len(snaps))
-        yield from fam.order
+        """One scrape through the registry: every family, from one snapshot."""
+        yield from self._gather().families()
 
-    def _instance(self, fam: _Families, snap: InstanceSnapshot) -> None:
-        settings, usage, pool = snap.settings, snap.usage, snap.pool
-        model = settings.get("served_model_name") or settings.get("model")
-        lab = [snap.source, snap.engine, _label(model), snap.instance]
+    def render(self) -> bytes:
+        """One scrape as text format 0.0.4, without the registry's per-sample formatting cost."""
+        return self._gather().text()
+
+    def _gather(self) -> _Rows:
+        rows = _Rows()
+        snaps = self._snapshot()
+        seen: dict[tuple[str, str], _Cached] = {}
+        for snap in snaps:
+            key = (snap.source, snap.instance)
+            cached = self._cache.get(key)
+            # Every applied event bumps `events`, so (epoch, events) names one state of an instance.
+            if cached is None or cached.version != (snap.epoch, snap.events):
+                cached = self._instance(snap, cached)
+            seen[key] = cached
+            rows.extend(cached.static)
+            rows.extend(cached.dynamic)
+        with self._cache_lock:
+            self._cache = seen
+        self._self_metrics(rows, len(snaps))
+        return rows
+
+    def _instance(self, snap: InstanceSnapshot, cached: _Cached | None) -> _Cached:
+        """Rows of one instance; the slow-changing part is reused while its inputs are unchanged."""
+        settings = snap.settings
+        model = _label(settings.get("served_model_name") or settings.get("model"))
+        static_key = (
+            snap.epoch,
+            snap.epoch_started,
+            model,
+            _freeze(settings),
+            _freeze(snap.memory),
+            tuple((kind, _freeze(facts)) for kind, facts in sorted(snap.pools.items())),
+            tuple(sorted(snap.startup_failures.items())),
+        )
+        if cached is None or cached.static_key != static_key:
+            static = _Rows()
+            derived = self._static(static, snap, model)
+            cached = _Cached((0, 0), static_key, static.rows(), [], *derived)
+        dynamic = _Rows()
+        self._dynamic(dynamic, snap, cached)
+        return _Cached(
+            (snap.epoch, snap.events),
+            static_key,
+            cached.static,
+            dynamic.rows(),
+            cached.labels,
+            cached.escaped,
+            cached.pool_tokens,
+            cached.max_len,
+        )
+
+    def _static(
+        self, fam: _Rows, snap: InstanceSnapshot, model: str
+    ) -> tuple[tuple[str, ...], tuple[str, ...], int | None, int | None]:
+        """Pool, prediction, memory budget, engine info: what changes only with a startup fact."""
+        settings, pool = snap.settings, snap.pool
+        lab = (snap.source, snap.engine, model, snap.instance)
+        # Escaped once per instance; the extra label values below are fixed words that need none.
+        esc = tuple(_escape(v) for v in lab)
 
         def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
             if value is not None and math.isfinite(value):
-                fam.gauge(metric, [*lab, *extra], float(value))
-
-        def counter(metric: names.Metric, value: float, *extra: str) -> None:
-            fam.counter(metric, [*lab, *extra], float(value))
+                fam.add(metric, (*lab, *extra), float(value), (*esc, *extra))
 
         pred = self._predictor.predict(snap)
         block_size = _int(pool.get("block_size")) or _int(settings.get("block_size"))
@@ -336,30 +477,13 @@ class KvwatchCollector(Collector):
             bpt = int(pool["bytes"]) // pool_tokens
         gauge(names.KV_BYTES_PER_TOKEN, bpt)
 
-        ratio = usage.get("kv_usage_ratio")
-        used = _int(usage.get("used_tokens"))
-        if used is None and ratio is not None and pool_tokens is not None:
-            used = round(float(ratio) * pool_tokens)
-        if ratio is None and used is not None and pool_tokens:
-            ratio = used / pool_tokens
-        gauge(names.KV_USAGE_RATIO, ratio)
-        gauge(names.KV_USED_TOKENS, used)
         max_len = _int(settings.get("max_model_len")) or _int(pool.get("max_concurrency_tokens"))
-        if pool_tokens is not None and used is not None:
-            free = max(pool_tokens - used, 0)
-            gauge(names.KV_HEADROOM_TOKENS, free)
-            if max_len:
-                gauge(names.KV_HEADROOM_REQUESTS, float(free // max_len))
         observed_conc = pool.get("max_concurrency")
         if observed_conc is None and pool_tokens is not None and max_len:
             observed_conc = pool_tokens / max_len
         gauge(names.MAX_CONCURRENCY, observed_conc, "observed")
         for basis, value in pred.max_concurrency.items():
             gauge(names.MAX_CONCURRENCY, value, basis)
-        gauge(names.PREFIX_CACHE_HIT_RATIO, usage.get("prefix_cache_hit_ratio"))
-        gauge(names.REQUESTS_RUNNING, usage.get("running"))
-        gauge(names.REQUESTS_WAITING, usage.get("waiting"))
-        counter(names.PREEMPTIONS, snap.preemptions_total)
 
         for key, term in _OBSERVED_TERMS.items():
             gauge(names.MEMORY_BYTES, _int(snap.memory.get(key)), term, "observed")
@@ -377,37 +501,67 @@ class KvwatchCollector(Collector):
             "max_model_len": _label(max_len),
             "gpu_memory_utilization": _label(utilisation),
         }
-        fam.info(names.ENGINE_INFO, lab, info)
+        values = tuple(info[k] for k in names.ENGINE_INFO_LABELS)
+        fam.add(names.ENGINE_INFO, (*lab, *values), 1.0, (*esc, *(_escape(v) for v in values)))
         gauge(names.EPOCH_START, snap.epoch_started)
-        counter(names.RESTARTS, snap.restarts)
+        gauge(names.RESTARTS, snap.restarts)
         for reason in names.FAILURE_REASONS:
-            counter(names.STARTUP_FAILURES, snap.startup_failures.get(reason, 0), reason)
+            gauge(names.STARTUP_FAILURES, snap.startup_failures.get(reason, 0), reason)
+        return lab, esc, pool_tokens, max_len
+
+    @staticmethod
+    def _dynamic(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
+        """Usage, headroom, queue, preemptions: what every stats line moves."""
+        lab, esc, pool_tokens, max_len = cached.labels, cached.escaped, cached.pool_tokens, cached.max_len
+        usage = snap.usage
+
+        def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
+            if value is not None and math.isfinite(value):
+                fam.add(metric, (*lab, *extra), float(value), (*esc, *extra))
+
+        ratio = usage.get("kv_usage_ratio")
+        used = _int(usage.get("used_tokens"))
+        if used is None and ratio is not None and pool_tokens is not None:
+            used = round(float(ratio) * pool_tokens)
+        if ratio is None and used is not None and pool_tokens:
+            ratio = used / pool_tokens
+        gauge(names.KV_USAGE_RATIO, ratio)
+        gauge(names.KV_USED_TOKENS, used)
+        if pool_tokens is not None and used is not None:
+            free = max(pool_tokens - used, 0)
+            gauge(names.KV_HEADROOM_TOKENS, free)
+            if max_len:
+                gauge(names.KV_HEADROOM_REQUESTS, float(free // max_len))
+        gauge(names.PREFIX_CACHE_HIT_RATIO, usage.get("prefix_cache_hit_ratio"))
+        gauge(names.REQUESTS_RUNNING, usage.get("running"))
+        gauge(names.REQUESTS_WAITING, usage.get("waiting"))
+        gauge(names.PREEMPTIONS, snap.preemptions_total)
         for origin, ts in sorted(snap.last_update.items()):
             gauge(names.LAST_UPDATE, ts, origin)
         for fact, count in sorted(snap.disagreements.items()):
-            counter(names.DISAGREEMENTS, count, fact)
+            gauge(names.DISAGREEMENTS, count, fact)
 
-    def _self_metrics(self, fam: _Families, instances: int) -> None:
+    def _self_metrics(self, fam: _Rows, instances: int) -> None:
         merged: dict[str, list[SourceStatus]] = {}
         for status in self._sources():
             merged.setdefault(status.name, []).append(status)
         for name, parts in sorted(merged.items()):
-            lab = [name]
+            lab = (name,)
             logs = [p for p in parts if p.kind == "log"]
             scrapes = [p for p in parts if p.kind == "metrics"]
             # A log and a URL may share a name (same engine): up only when both are.
-            fam.gauge(names.SOURCE_UP, lab, 1.0 if all(p.up for p in parts) else 0.0)
+            fam.add(names.SOURCE_UP, lab, float(1.0 if all(p.up for p in parts) else 0.0))
             if logs:
-                fam.counter(names.LINES_READ, lab, sum(p.lines_read for p in logs))
-                fam.counter(names.LINES_MATCHED, lab, sum(p.lines_matched for p in logs))
-                fam.counter(names.PARSE_ERRORS, lab, sum(p.parse_errors for p in logs))
-                fam.counter(names.LOG_ROTATIONS, lab, sum(p.rotations for p in logs))
-                fam.counter(names.LOG_READ_ERRORS, lab, sum(p.read_errors for p in logs))
+                fam.add(names.LINES_READ, lab, float(sum(p.lines_read for p in logs)))
+                fam.add(names.LINES_MATCHED, lab, float(sum(p.lines_matched for p in logs)))
+                fam.add(names.PARSE_ERRORS, lab, float(sum(p.parse_errors for p in logs)))
+                fam.add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
+                fam.add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
             for part in scrapes:
                 if part.scrape_duration_seconds is not None:
-                    fam.gauge(names.SCRAPE_DURATION, lab, part.scrape_duration_seconds)
+                    fam.add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
                 for reason in names.SCRAPE_ERROR_REASONS:
-                    fam.counter(names.SCRAPE_ERRORS, [name, reason], part.scrape_errors.get(reason, 0))
-        fam.gauge(names.INSTANCES, [], float(instances))
-        fam.counter(names.INSTANCES_DROPPED, [], float(self._dropped()))
-        fam.info(names.BUILD_INFO, [], {"version": __version__, "python_version": platform.python_version()})
+                    fam.add(names.SCRAPE_ERRORS, (name, reason), float(part.scrape_errors.get(reason, 0)))
+        fam.add(names.INSTANCES, (), float(instances))
+        fam.add(names.INSTANCES_DROPPED, (), float(self._dropped()))
+        fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import kvwatch
 from kvwatch import names
 from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
+from kvwatch.events import EngineSettings, PoolSized
 from kvwatch.pipeline import LinePipeline
 from kvwatch.state import Fleet
 
@@ -32,12 +33,18 @@ LAB = {"source": "v", "engine": "vllm", "model": "", "dp_rank": "0"}
 def _registry(
     fleet: Fleet, model_config: Path | None = LLAMA_8B, sources: tuple[SourceStatus, ...] = ()
 ) -> tuple[CollectorRegistry, Predictor]:
+    registry, predictor, _ = _setup(fleet, model_config, sources)
+    return registry, predictor
+
+
+def _setup(
+    fleet: Fleet, model_config: Path | None = LLAMA_8B, sources: tuple[SourceStatus, ...] = ()
+) -> tuple[CollectorRegistry, Predictor, KvwatchCollector]:
     registry = CollectorRegistry()
     predictor = Predictor(model_config=lambda source: model_config)
-    registry.register(
-        KvwatchCollector(fleet.snapshot, predictor, lambda: sources, lambda: fleet.dropped_events)
-    )
-    return registry, predictor
+    collector = KvwatchCollector(fleet.snapshot, predictor, lambda: sources, lambda: fleet.dropped_events)
+    registry.register(collector)
+    return registry, predictor, collector
 
 
 def _feed(fleet: Fleet, source: str, lines: list[str]) -> None:
@@ -163,3 +170,27 @@ def test_instance_cap_counts_dropped_events() -> None:
     reg, _ = _registry(fleet)
     assert reg.get_sample_value("kvwatch_instances") == 1
     assert reg.get_sample_value("kvwatch_dropped_events_total") == 1
+
+
+def test_fast_render_is_byte_identical_to_prometheus_client() -> None:
+    fleet = Fleet(clock=lambda: 1700000000.5)
+    _feed(fleet, "v", VLLM_LINES)
+    # A model name with characters that need escaping, and a second instance.
+    fleet.apply("w", EngineSettings(engine="sglang", model='/m/"odd"\\name\n', starts_engine=True))
+    fleet.apply("w", PoolSized(engine="sglang", instance="1", tokens=10**22))
+    sources = (SourceStatus("v", "log", up=True, lines_read=3), SourceStatus("w", "metrics", up=False))
+    registry, _, collector = _setup(fleet, sources=sources)
+    assert collector.render() == generate_latest(registry)
+    _feed(fleet, "v", VLLM_LINES[-1:])  # a change after the per-instance cache was filled
+    assert collector.render() == generate_latest(registry)
+
+
+def test_unsupported_model_state(tmp_path: Path) -> None:
+    cfg = json.loads(LLAMA_8B.read_text())
+    cfg["hybrid_override_pattern"] = "*X" * 16
+    odd = tmp_path / "config.json"
+    odd.write_text(json.dumps(cfg), encoding="utf-8")
+    fleet = Fleet()
+    _feed(fleet, "v", VLLM_LINES)
+    reg, _ = _registry(fleet, model_config=odd)
+    assert reg.get_sample_value(names.PREDICTION_AVAILABLE.name, {**LAB, "state": "unsupported_model"}) == 1
