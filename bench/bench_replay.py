@@ -1,0 +1,209 @@
+"""Log replay speed (issue 3 item 6): a 5-million-line busy vLLM log against grep and mtail.
+
+Targets: kvwatch's replay (the code ``kvwatch parse --json`` runs, in-process, best of N) takes at
+most 3x the time of ``grep -cE '<kvwatch's vLLM anchor phrases>' FILE``, and is at least 20x faster
+than Debian's ``mtail --one_shot`` running bench/kvwatch.mtail (the same extraction) on the same
+file. The log comes from bench/gen_busy_log.py (cached in bench/out/). Also checked, because a fast
+wrong answer is worthless: the pool and preemption total kvwatch (and mtail) find equal what the
+generator put in, and grep counts the lines the generator wrote with an anchor. Peak RSS of a replay
+in a fresh process is printed for the big file and a 50,000-line one built the same way: replay
+streams, so the two must be close (target: within 16 MiB).
+
+Environment: KVWATCH_BENCH_LINES (default 5,000,000), KVWATCH_BENCH_RUNS (best of, default 3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import gen_busy_log
+from kvwatch.parsers import ANCHORS
+from kvwatch.pipeline import replay, summarize
+
+HERE = Path(__file__).resolve().parent
+MTAIL_PROG = HERE / "kvwatch.mtail"
+MTAIL = "/usr/bin/mtail"
+
+GREP_RATIO_MAX = 3.0
+MTAIL_RATIO_MIN = 20.0
+RSS_GROWTH_MAX_MIB = 16.0
+SMALL_LINES = 50_000
+
+_ERE_SPECIAL = set(".[]()*+?{}|^$\\")
+
+
+def grep_pattern(anchors: tuple[str, ...]) -> str:
+    """The anchors as one POSIX ERE alternation (only ERE metacharacters escaped)."""
+    return "|".join("".join("\\" + c if c in _ERE_SPECIAL else c for c in a) for a in anchors)
+
+
+def _best(runs: int, fn: Any) -> tuple[float, Any]:
+    best = float("inf")
+    result: Any = None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def _grep(path: Path, pattern: str) -> int:
+    out = subprocess.run(["grep", "-cE", pattern, str(path)], capture_output=True, text=True, check=False)
+    if out.returncode not in (0, 1):
+        raise RuntimeError(f"grep failed: {out.stderr.strip()}")
+    return int(out.stdout.strip())
+
+
+def _kvwatch(path: Path) -> dict[str, Any]:
+    result = replay([str(path)])
+    return summarize(result.snapshots(), result.engine)
+
+
+def _mtail(path: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            MTAIL,
+            "-one_shot",
+            "-one_shot_format",
+            "json",
+            "-logtostderr",
+            "-progs",
+            str(MTAIL_PROG),
+            "-logs",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"mtail failed ({out.returncode}): {out.stderr.strip()[-500:]}")
+    values: dict[str, float] = {}
+    for name, metrics in json.loads(out.stdout).items():
+        for metric in metrics:
+            for lv in metric.get("LabelValues", []):
+                values[name] = lv["Value"]["Value"]
+    return values
+
+
+_RSS_CHILD = (
+    "import sys\n"
+    "from kvwatch.pipeline import replay, summarize\n"
+    "r = replay([sys.argv[1]])\n"
+    "summarize(r.snapshots(), r.engine)\n"
+)
+
+
+def _peak_rss_mib(path: Path) -> float:
+    """Peak RSS (MiB) of a fresh interpreter replaying ``path`` (its own rusage, via wait4)."""
+    proc = subprocess.Popen([sys.executable, "-c", _RSS_CHILD, str(path)], cwd=HERE.parent)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"replay child exited {proc.returncode}")
+    return usage.ru_maxrss / 1024  # Linux: KiB
+
+
+def _check(label: str, got: Any, want: Any) -> bool:
+    ok = bool(got == want)
+    if not ok:
+        print(f"  WRONG {label}: got {got!r}, generator put in {want!r}")
+    return ok
+
+
+def main() -> int:
+    lines = int(os.environ.get("KVWATCH_BENCH_LINES", gen_busy_log.DEFAULT_LINES))
+    runs = int(os.environ.get("KVWATCH_BENCH_RUNS", "3"))
+    path = gen_busy_log.default_path(lines)
+    t0 = time.perf_counter()
+    facts = gen_busy_log.ensure(path, lines)
+    print(
+        f"log: {path} ({lines:,} lines, {facts['bytes'] / 1e6:.1f} MB; ready in {time.perf_counter() - t0:.1f} s)"
+    )
+    size_mb = facts["bytes"] / 1e6
+    ok = True
+
+    pattern = grep_pattern(ANCHORS["vllm"])
+    path.read_bytes()  # warm the page cache so nobody pays for the disk
+    kv_s, summary = _best(runs, lambda: _kvwatch(path))
+    grep_s, grep_count = _best(runs, lambda: _grep(path, pattern))
+    # Interleave a second round: on a shared machine a burst of load should not favour either side.
+    kv_s = min(kv_s, _best(1, lambda: _kvwatch(path))[0])
+    grep_s = min(grep_s, _best(1, lambda: _grep(path, pattern))[0])
+
+    print(
+        f"grep -cE (vLLM anchors, {len(ANCHORS['vllm'])} phrases): {grep_s:.3f} s, {lines / grep_s:,.0f} lines/s, {size_mb / grep_s:,.0f} MB/s"
+    )
+    print(
+        f"kvwatch replay (best of {runs + 1}): {kv_s:.3f} s, {lines / kv_s:,.0f} lines/s, {size_mb / kv_s:,.1f} MB/s"
+    )
+    grep_ratio = kv_s / grep_s
+    grep_ok = grep_ratio <= GREP_RATIO_MAX
+    print(
+        f"kvwatch/grep: {grep_ratio:.2f}x (target <= {GREP_RATIO_MAX:.0f}x) {'ok' if grep_ok else 'MISSED'}"
+    )
+    ok &= grep_ok
+
+    (inst,) = summary["instances"]
+    last = facts["last_stats"]
+    correct = _check("grep count", grep_count, facts["stats_lines"] + _anchored_startup())
+    correct &= _check("kv_pool_tokens", inst["kv_pool_tokens"], facts["kv_pool_tokens"])
+    correct &= _check("preemptions_total", inst["preemptions_total"], facts["preemptions_total"])
+    correct &= _check("requests_running", inst["requests_running"], last["running"])
+    correct &= _check("requests_waiting", inst["requests_waiting"], last["waiting"])
+    correct &= _check("kv_usage_ratio", inst["kv_usage_ratio"], round(last["kv_usage_percent"] / 100, 6))
+    print(
+        f"replay result: pool {inst['kv_pool_tokens']:,} tokens, {inst['preemptions_total']} preemptions "
+        f"(generator: {facts['kv_pool_tokens']:,}, {facts['preemptions_total']}) {'ok' if correct else 'WRONG'}"
+    )
+    ok &= correct
+
+    if shutil.which(MTAIL) is None:
+        print(f"mtail: {MTAIL} not installed (Debian package 'mtail'): ratio not measured, target MISSED")
+        ok = False
+    else:
+        mtail_s, mtail_values = _best(1, lambda: _mtail(path))
+        mtail_ratio = mtail_s / kv_s
+        mtail_ok = mtail_ratio >= MTAIL_RATIO_MIN
+        print(
+            f"mtail --one_shot (bench/kvwatch.mtail): {mtail_s:.2f} s, {lines / mtail_s:,.0f} lines/s, {size_mb / mtail_s:,.1f} MB/s"
+        )
+        print(
+            f"mtail/kvwatch: {mtail_ratio:.1f}x (target >= {MTAIL_RATIO_MIN:.0f}x) {'ok' if mtail_ok else 'MISSED'}"
+        )
+        mt_correct = _check(
+            "mtail kv_pool_tokens", mtail_values.get("kv_pool_tokens"), facts["kv_pool_tokens"]
+        )
+        mt_correct &= _check(
+            "mtail preemptions_total", mtail_values.get("preemptions_total"), facts["preemptions_total"]
+        )
+        ok &= mtail_ok and mt_correct
+
+    small = gen_busy_log.default_path(SMALL_LINES)
+    gen_busy_log.ensure(small, SMALL_LINES)
+    rss_small, rss_big = _peak_rss_mib(small), _peak_rss_mib(path)
+    growth = rss_big - rss_small
+    rss_ok = growth <= RSS_GROWTH_MAX_MIB
+    print(
+        f"peak RSS of a replay: {rss_big:.1f} MiB for {lines:,} lines, {rss_small:.1f} MiB for {SMALL_LINES:,} "
+        f"(growth {growth:+.1f} MiB, target <= {RSS_GROWTH_MAX_MIB:.0f}) {'ok' if rss_ok else 'MISSED'}"
+    )
+    ok &= rss_ok
+    return 0 if ok else 1
+
+
+def _anchored_startup() -> int:
+    """Startup lines grep should count: those of the generator's templates carrying an anchor."""
+    startup, _, _, _ = gen_busy_log.templates()
+    return sum(1 for line in startup if any(a in line for a in ANCHORS["vllm"]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
