@@ -17,7 +17,7 @@ from kvwatch import __version__
 from kvwatch.errors import KvwatchError
 
 # Subcommand name -> module under kvwatch.commands. Order is the order shown in --help.
-COMMANDS: tuple[str, ...] = ("predict", "plan", "parse", "dashboards", "rules", "run", "demo")
+COMMANDS: tuple[str, ...] = ("predict", "plan", "parse", "explain", "dashboards", "rules", "run", "demo")
 
 
 class _Command(Protocol):

@@ -1,0 +1,243 @@
+"""``kvwatch explain``: why an engine's KV pool differs from kvwatch's prediction, from its own log."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvwatch.capacity import ModelGeometry, gpus, load_model
+from kvwatch.commands.predict import _positive_int
+from kvwatch.errors import ConfigError
+from kvwatch.events import Event
+from kvwatch.explain import Attribution, Budget, Explanation, explain
+from kvwatch.pipeline import replay
+from kvwatch.render import pair_bars, table
+from kvwatch.units import GiB, format_bytes, parse_size
+
+HELP = "rebuild an engine's memory budget from its startup log and explain the gap to the prediction"
+
+# Terms shown in the budget table, with the label that says what each one is.
+_ROWS: tuple[tuple[str, str], ...] = (
+    ("total", "GPU total"),
+    ("usable", "usable (x fraction)"),
+    ("non_torch", "non-torch"),
+    ("weights", "weights"),
+    ("activation", "activation peak"),
+    ("cuda_graphs", "CUDA graphs"),
+    ("kv", "KV budget"),
+)
+_CONTRIBUTION_LABELS: dict[str, str] = {
+    "total": "GPU total",
+    "utilisation": "memory fraction",
+    "usable": "usable memory",
+    "non_torch": "non-torch (context)",
+    "weights": "weights",
+    "activation": "activation + non-torch + graphs",
+    "unattributed": "not explained by a term",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("logs", metavar="LOG", nargs="+", help="engine log file(s); '-' reads stdin")
+    parser.add_argument(
+        "--engine", choices=("auto", "vllm", "sglang"), default="auto", help="engine (default: detect)"
+    )
+    parser.add_argument(
+        "--model-config", metavar="PATH", help="the model's config.json (for the prediction and the levers)"
+    )
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument(
+        "--gpu", help="GPU name from the catalogue when the log does not print the card's memory"
+    )
+    gpu.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory as the driver reports it (81559MiB)")
+    parser.add_argument("--tp", type=_positive_int, help="tensor parallel size, if the log does not print it")
+    parser.add_argument(
+        "--pp", type=_positive_int, help="pipeline parallel size, if the log does not print it"
+    )
+    parser.add_argument("--kv-cache-dtype", help="KV cache dtype, if the log does not print it (fp8, bf16)")
+    parser.add_argument("--max-model-len", type=_positive_int, help="context length, if the log does not say")
+    parser.add_argument(
+        "--engine-version", help="engine version whose defaults apply, if the log has no banner"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _has_budget(e: Explanation) -> bool:
+    return bool(e.observed.terms) or e.observed_tokens is not None
+
+
+def run(args: argparse.Namespace) -> int:
+    model: ModelGeometry | None = load_model(args.model_config) if args.model_config else None
+    gpu_memory = None
+    if args.gpu:
+        gpu_memory = gpus.lookup(args.gpu).memory_bytes
+    elif args.gpu_memory:
+        gpu_memory = parse_size(args.gpu_memory)
+    events: list[Event] = []
+    try:
+        result = replay(args.logs, engine=args.engine, on_events=events.extend)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    overrides = {
+        "tp": args.tp,
+        "pp": args.pp,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "max_model_len": args.max_model_len,
+        "engine_version": args.engine_version,
+    }
+    explanations = [explain(snap, model, gpu_memory, overrides, events) for snap in result.snapshots()]
+    explanations = [e for e in explanations if _has_budget(e)]
+    if not explanations:
+        raise ConfigError(
+            f"no KV-cache memory or pool lines in {', '.join(args.logs)} "
+            "(explain needs an engine's startup log: 'Available KV cache memory', 'KV Cache is allocated', ...)"
+        )
+    if args.json:
+        json.dump({"instances": [e.to_json_dict() for e in explanations]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print("\n\n".join(render(e) for e in explanations))
+    return 0
+
+
+def _fmt(value: int | None) -> str:
+    return "-" if value is None else format_bytes(value)
+
+
+def _signed(value: int) -> str:
+    return ("+" if value > 0 else "") + format_bytes(value) if value else "0"
+
+
+def _budget_rows(observed: Budget, predicted: Budget | None) -> list[list[str]]:
+    rows = []
+    for name, label in _ROWS:
+        o = observed.terms.get(name)
+        p = predicted.terms.get(name) if predicted is not None else None
+        if o is None and p is None:
+            continue
+        if name == "usable":
+            fo = f"{observed.fraction:g}" if observed.fraction is not None else "?"
+            fp = (
+                f"{predicted.fraction:g}" if predicted is not None and predicted.fraction is not None else "?"
+            )
+            label = f"usable (x{fo} / x{fp})" if predicted is not None else f"usable (x{fo})"
+        diff = ""
+        if o is not None and p is not None and o.bytes is not None and p.bytes is not None:
+            diff = _signed(o.bytes - p.bytes)
+        rows.append(
+            [
+                label,
+                _fmt(o.bytes) if o else "-",
+                (o.source or "") if o else "",
+                _fmt(p.bytes) if p else "-",
+                diff,
+            ]
+        )
+    return rows
+
+
+def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]:
+    ratio = a.gap_ratio
+    head = f"why the KV budget differs: observed - predicted = {_signed(a.gap_bytes)}"
+    if ratio is not None:
+        head += f" ({ratio * 100:+.1f}% of the prediction)"
+    rows = []
+    for c in a.contributions:
+        if c.bytes == 0 and c.term != "unattributed":
+            continue
+        pct = a.percent(c)
+        share = a.share(c)
+        tokens = f"{c.bytes // bytes_per_token:+,}" if bytes_per_token else ""
+        rows.append(
+            [
+                _CONTRIBUTION_LABELS.get(c.term, c.term),
+                _signed(c.bytes),
+                f"{pct:+.1f}%" if pct is not None else "",
+                f"{share * 100:.0f}%" if share is not None else "",
+                tokens,
+            ]
+        )
+    lines = [
+        head,
+        table(["term", "effect on KV", "% of predicted", "share of gap", "tokens"], rows, (1, 2, 3, 4)),
+    ]
+    main = a.main_terms()
+    if main:
+        lines.append("mainly: " + ", ".join(_CONTRIBUTION_LABELS.get(c.term, c.term) for c in main))
+    return lines
+
+
+def render(e: Explanation) -> str:
+    """The human report for one instance: budget table, bars, gap attribution, levers."""
+    title = (
+        f"{e.source} ({e.engine}{' ' + e.engine_version if e.engine_version else ''}, instance {e.instance})"
+    )
+    lines = [title, "=" * len(title)]
+    head = []
+    if e.model:
+        head.append(f"model {e.model}")
+    if e.max_model_len:
+        head.append(f"max_model_len {e.max_model_len:,}")
+    if head:
+        lines.append(", ".join(head))
+    lines.append("")
+    lines.append(
+        table(
+            ["term (per rank)", "observed", "from", "predicted" if e.predicted else "", "difference"],
+            _budget_rows(e.observed, e.predicted),
+            (1, 3, 4),
+        )
+    )
+    bar_rows = []
+    for name, label in _ROWS:
+        if name in ("total", "usable"):
+            continue
+        o = e.observed.get(name)
+        p = e.predicted.get(name) if e.predicted is not None else None
+        if o is not None or p is not None:
+            bar_rows.append((label, o, p))
+    if bar_rows:
+        lines += ["", "observed (#) | predicted (=), one scale:"]
+        lines.append(pair_bars(max(len(r[0]) for r in bar_rows), bar_rows))
+    lines.append("")
+    tokens = [f"observed {e.observed_tokens:,}" if e.observed_tokens is not None else "observed -"]
+    if e.predicted_tokens is not None:
+        tokens.append(f"predicted {e.predicted_tokens:,}")
+    if e.budget_tokens is not None:
+        tokens.append(f"engine budget / kvwatch's bytes per token {e.budget_tokens:,}")
+    lines.append("KV pool tokens: " + "; ".join(tokens))
+    if e.observed_tokens is not None and e.budget_tokens:
+        diff = e.observed_tokens / e.budget_tokens - 1
+        if abs(diff) > 0.01:
+            lines.append(
+                f"  the engine divides its budget into {diff * 100:+.1f}% tokens than kvwatch would: "
+                "the bytes per token differ (cache dtype, layers, TP?)"
+            )
+    if e.attribution is not None:
+        bpt = e.prediction.bytes_per_token if e.prediction is not None else None
+        lines += [""] + _attribution_lines(e.attribution, bpt)
+    if e.levers:
+        rows = [
+            [lv.change, _fmt(lv.kv_bytes), f"{lv.pool_tokens:,}", f"{lv.max_concurrency:.2f}x", lv.note]
+            for lv in e.levers
+        ]
+        lines += [
+            "",
+            "levers (the observed budget, changed and divided the engine's way):",
+            table(["change", "KV budget", "pool tokens", "concurrency", "note"], rows, (1, 2, 3)),
+        ]
+    for s in e.spreads:
+        values = sorted(s.by_rank.items())
+        lines.append(
+            f"ranks differ in {s.field.removesuffix('_bytes')}: "
+            + ", ".join(f"TP{r} {v / GiB:.2f} GiB" for r, v in values)
+            + f"; limiting rank TP{s.limiting_rank}"
+        )
+    if e.failure:
+        lines.append(f"startup failure: {e.failure.get('reason')}")
+    if e.prediction is not None and e.prediction.assumptions:
+        lines += ["", "prediction assumptions:"] + [f"  - {a}" for a in e.prediction.assumptions]
+    if e.notes:
+        lines += [""] + [f"note: {n}" for n in e.notes]
+    return "\n".join(lines)
