@@ -745,3 +745,23 @@ def test_deployment_from_a_parsed_v0_log_reproduces_its_budget() -> None:
     assert round(p.available_kv_bytes / GiB, 2) == -1.05
     assert (p.kv_pool_blocks, f"{p.max_concurrency:.2f}") == (snap.pools["full"]["blocks"], "0.00")
     assert p.inputs["activation"] == "given"
+
+
+BAD_VALUES = st.sampled_from([None, "x", -1, 0, 1.5, [], {}, True, 10**12, [1, "a"], {"no_op": 1}])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([s for s, _ in BYTES_PER_TOKEN]), st.data(), BAD_VALUES)
+def test_any_mangled_field_is_a_one_line_error_or_a_prediction(
+    stem: str, data: st.DataObject, bad: Any
+) -> None:
+    cfg = raw(stem)
+    target = cfg.get("text_config", cfg)
+    key = data.draw(st.sampled_from(sorted(target)))
+    target[key] = bad
+    try:
+        m = geometry_from_config(cfg)
+        for engine in ("vllm", "sglang"):
+            predict(m, Deployment(engine=engine, gpu_memory_bytes=H100, max_model_len=4096))  # type: ignore[arg-type]
+    except (ModelConfigError, ConfigError) as exc:
+        assert "\n" not in str(exc)

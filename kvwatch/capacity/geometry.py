@@ -30,6 +30,9 @@ _GEMMA3_SLIDING_WINDOW_PATTERN = 6
 _GEMMA3_SLIDING_WINDOW = 4096
 _GEMMA2_SLIDING_WINDOW = 4096
 
+# Far above any real model; guards against a corrupt file asking for billions of layer records.
+_MAX_LAYERS = 100_000
+
 # DeepSeek sparse-attention indexer key: fp8 values plus one fp32 scale per 128 (both engines).
 _DSA_QUANT_BLOCK = 128
 
@@ -349,6 +352,8 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
     """One LayerSpec per decoder layer, plus notes on conventions applied."""
     notes: list[str] = []
     pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and len(pattern) > _MAX_LAYERS:
+        raise ModelConfigError("config.json hybrid_override_pattern is not a plausible layer pattern")
     if isinstance(pattern, str) and pattern:
         # Nemotron-H: M = Mamba2, * = attention, - = MLP, E = MoE.
         kv_heads, hk, hv = _attention_dims(cfg)
@@ -368,6 +373,8 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
         return layers, notes
 
     n_layers = _require_int(cfg, "num_hidden_layers")
+    if n_layers > _MAX_LAYERS:
+        raise ModelConfigError(f"config.json num_hidden_layers {n_layers} is not a plausible layer count")
 
     block_configs = cfg.get("block_configs")
     if isinstance(block_configs, list) and block_configs:
@@ -378,6 +385,8 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
             )
         heads = _require_int(cfg, "num_attention_heads")
         head_dim = _opt_int(cfg, "head_dim") or _require_int(cfg, "hidden_size") // heads
+        if head_dim == 0:
+            raise ModelConfigError("config.json has no 'head_dim' and hidden_size < num_attention_heads")
         layers = []
         for i, block in enumerate(block_configs):
             attn = block.get("attention", {}) if isinstance(block, dict) else {}
@@ -439,6 +448,26 @@ def geometry_from_config(
     safetensors_total_size: int | None = None,
 ) -> ModelGeometry:
     """Build the geometry from an already-parsed config.json object."""
+    try:
+        return _geometry(raw, name, source, safetensors_total_size)
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        ZeroDivisionError,
+        OverflowError,
+    ) as exc:
+        # A field of the wrong shape somewhere kvwatch did not check explicitly: still one line.
+        raise ModelConfigError(
+            f"config.json has a field kvwatch cannot read ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _geometry(
+    raw: Mapping[str, Any], name: str, source: str, safetensors_total_size: int | None
+) -> ModelGeometry:
     from kvwatch.capacity.weights import count_params  # weights depends on geometry's helpers
 
     cfg = text_config(raw)

@@ -107,8 +107,8 @@ def _is_moe_layer(cfg: Mapping[str, Any], i: int, n_experts: int) -> bool:
     if "first_k_dense_replace" in cfg:
         freq = _i(cfg, "moe_layer_freq", default=1)
         return i >= int(cfg.get("first_k_dense_replace") or 0) and i % freq == 0
-    mlp_only = cfg.get("mlp_only_layers") or []
-    if i in mlp_only:
+    mlp_only = cfg.get("mlp_only_layers")
+    if isinstance(mlp_only, list) and i in mlp_only:
         return False
     step = _i(cfg, "decoder_sparse_step", default=1)
     return (i + 1) % step == 0
