@@ -406,6 +406,23 @@ def _failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
     return NO_EVENTS
 
 
+def _percent(val: str) -> float:
+    return _ratio(val.removesuffix("%"))
+
+
+# Stats keys with a fixed meaning -> (field, converter). V0's 'Pending' is the waiting queue.
+_STAT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "Avg prompt throughput": ("prompt_throughput", float),
+    "Avg generation throughput": ("generation_throughput", float),
+    "Running": ("running", int),
+    "Waiting": ("waiting", int),
+    "Pending": ("waiting", int),
+    "Swapped": ("swapped", int),
+    "Preemptions": ("preemptions", int),
+    "Prefix cache hit rate": ("prefix_cache_hit_ratio", _percent),
+}
+
+
 def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ...]:
     """The periodic stats line: split on ', ' into 'Key: value' pairs (the field set is dynamic)."""
     if head.group("engine") is not None:
@@ -415,35 +432,25 @@ def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ..
         meta = LineMeta(instance="all", rank=meta.rank, ts=meta.ts)
     text = body[head.end() - len("Avg prompt throughput") :].rstrip().removesuffix(".")
     usage: dict[str, Any] = {}
-    preemptions: int | None = None
     try:
         for part in text.split(", "):
             key, sep, rest = part.partition(": ")
             if not sep:
                 continue
             val = rest.split(" ", 1)[0]
-            if key == "Avg prompt throughput":
-                usage["prompt_throughput"] = float(val)
-            elif key == "Avg generation throughput":
-                usage["generation_throughput"] = float(val)
-            elif key == "Running":
-                usage["running"] = int(val)
-            elif key in ("Waiting", "Pending"):
-                usage["waiting"] = int(val)
-            elif key == "Swapped":
-                usage["swapped"] = int(val)
-            elif key == "Preemptions":
-                preemptions = int(val)
-            elif key == "Prefix cache hit rate":
-                usage["prefix_cache_hit_ratio"] = _ratio(val.removesuffix("%"))
+            known = _STAT_FIELDS.get(key)
+            if known is not None:
+                usage[known[0]] = known[1](val)
             elif key.endswith("KV cache usage") and not key.startswith(("External", "MM")):
+                # '<DEV> KV cache usage' (0.30+); V0 prints GPU then CPU (its swap space).
                 ratio = _ratio(val.removesuffix("%"))
-                if "kv_usage_ratio" in usage and key.startswith("CPU"):
+                if "kv_usage_ratio" in usage and key == "CPU KV cache usage":
                     usage["cpu_kv_usage_ratio"] = ratio
                 else:
                     usage.setdefault("kv_usage_ratio", ratio)
     except (ValueError, ArithmeticError) as exc:
         raise ParseError(f"bad stats value in {body[:80]!r}") from exc
+    preemptions = usage.pop("preemptions", None)
     events: list[Event] = [_make(UsageSample, meta, **usage)]
     if preemptions is not None:
         events.append(_make(Preemption, meta, mechanism="preempt", count=preemptions))
