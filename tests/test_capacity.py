@@ -765,3 +765,17 @@ def test_any_mangled_field_is_a_one_line_error_or_a_prediction(
             predict(m, Deployment(engine=engine, gpu_memory_bytes=H100, max_model_len=4096))  # type: ignore[arg-type]
     except (ModelConfigError, ConfigError) as exc:
         assert "\n" not in str(exc)
+
+
+def test_broken_safetensors_index_falls_back_to_estimate(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text((CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
+    (tmp_path / "model.safetensors.index.json").write_text("{not json")
+    m = load_model(tmp_path)
+    assert m.safetensors_total_size is None
+    assert any("model.safetensors.index.json" in n for n in m.notes)
+
+
+def test_max_model_len_beyond_positions_is_noted() -> None:
+    m = model("Qwen--Qwen3-8B")  # max_position_embeddings 40960, no rope scaling
+    p = predict(m, Deployment(available_kv_bytes=GiB, max_model_len=131072))
+    assert any("exceeds max_position_embeddings" in a for a in p.assumptions)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,6 +105,8 @@ class ModelGeometry:
     params: Mapping[str, int]
     quantization: Mapping[str, Any] | None
     safetensors_total_size: int | None = None
+    # rope_scaling that extends the context beyond max_position_embeddings (yarn, dynamic, linear).
+    rope_scaled: bool = False
     source: str = ""
     notes: tuple[str, ...] = field(default=())
 
@@ -177,16 +179,24 @@ def load_model(path: str | Path) -> ModelGeometry:
     config_path, model_dir = find_config(path)
     raw = read_json(config_path)
     total_size = None
-    if model_dir is not None and (model_dir / "model.safetensors.index.json").is_file():
-        index = read_json(model_dir / "model.safetensors.index.json")
-        size = (
-            index.get("metadata", {}).get("total_size") if isinstance(index.get("metadata"), dict) else None
-        )
-        if isinstance(size, int | float) and size > 0:
+    note = None
+    index_path = model_dir / "model.safetensors.index.json" if model_dir is not None else None
+    if index_path is not None and index_path.is_file():
+        # The index only refines the weights; a broken one falls back to the estimate.
+        try:
+            index = read_json(index_path)
+        except ModelConfigError as exc:
+            index, note = {}, f"ignored {index_path.name}: {exc}"
+        meta = index.get("metadata")
+        size = meta.get("total_size") if isinstance(meta, dict) else None
+        if isinstance(size, int | float) and not isinstance(size, bool) and size > 0:
             total_size = int(size)
-    return geometry_from_config(
+        elif note is None:
+            note = f"ignored {index_path.name}: no positive metadata.total_size"
+    geometry = geometry_from_config(
         raw, name=_model_name(config_path, raw), source=str(config_path), safetensors_total_size=total_size
     )
+    return replace(geometry, notes=(*geometry.notes, note)) if note else geometry
 
 
 def _model_name(config_path: Path, raw: Mapping[str, Any]) -> str:
@@ -497,9 +507,18 @@ def _geometry(
         params=params,
         quantization=quant,
         safetensors_total_size=safetensors_total_size,
+        rope_scaled=_rope_extends_context(cfg),
         source=source,
         notes=tuple(notes),
     )
+
+
+def _rope_extends_context(cfg: Mapping[str, Any]) -> bool:
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, dict):
+        return False
+    kind = str(rope.get("rope_type") or rope.get("type") or "")
+    return kind in ("yarn", "dynamic", "linear") and isinstance(rope.get("factor"), int | float)
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -179,6 +179,15 @@ def predict(model: ModelGeometry, deployment: Deployment) -> Prediction:
     inputs["max_model_len"] = "given" if d.max_model_len is not None else "derived"
     if d.max_model_len is None:
         assumptions.append(f"max_model_len = max_position_embeddings = {max_model_len}")
+    elif (
+        model.max_position_embeddings
+        and max_model_len > model.max_position_embeddings
+        and not model.rope_scaled
+    ):
+        assumptions.append(
+            f"max_model_len {max_model_len} exceeds max_position_embeddings {model.max_position_embeddings}: "
+            "the engines refuse it unless told to allow long contexts"
+        )
     inputs["kv_cache_dtype"] = "given" if d.kv_cache_dtype != "auto" else "engine_default"
     per_rank, all_ranks = _bytes_per_token(model, d, elem)
 
