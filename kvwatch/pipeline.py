@@ -88,8 +88,9 @@ class LinePipeline:
         self.lines_read += len(lines)
         limit = self.max_line_chars
         anchors = self._anchors
+        access = _ACCESS_LOG
         for line in lines:
-            if _ACCESS_LOG in line:
+            if access in line:
                 continue
             for anchor in anchors:
                 if anchor in line:
