@@ -288,8 +288,8 @@ def strip_embedded(body: str, meta: LineMeta) -> tuple[str, LineMeta] | None:
     """Second chance for a line with junk glued before a real prefix.
 
     Returns the text after the first timestamped/process prefix found inside ``body`` (peeled like a
-    fresh line) or None when there is none. Callers use it only for lines whose body no pattern
-    claimed, so a clean line never pays for the search.
+    fresh line) or None when there is none. The pipeline calls it only for anchor lines whose body
+    does not start like a message or that no pattern claimed, so a clean line never pays for it.
     """
     m = _EMBEDDED.search(body, 1)
     if m is None:
