@@ -779,3 +779,16 @@ def test_max_model_len_beyond_positions_is_noted() -> None:
     m = model("Qwen--Qwen3-8B")  # max_position_embeddings 40960, no rope scaling
     p = predict(m, Deployment(available_kv_bytes=GiB, max_model_len=131072))
     assert any("exceeds max_position_embeddings" in a for a in p.assumptions)
+
+
+def test_sglang_budget_from_its_own_load_weight_figures() -> None:
+    """rest = free_after_weights - free_before_weights x (1 - mem_fraction_static), as profile_max_num_token."""
+    m = model("meta-llama--Meta-Llama-3.1-8B")
+    memory = {"avail_after_weights_bytes": int(63.48 * GiB), "weights_bytes": int(15.10 * GiB)}
+    d = deployment_from_settings("sglang", {"mem_fraction_static": 0.835, "max_model_len": 8192}, memory)
+    p = predict(m, d)
+    before = int(63.48 * GiB) + int(15.10 * GiB)
+    expected = int(63.48 * GiB) - (before - int(before * 0.835))
+    assert p.available_kv_bytes == expected
+    assert p.kv_pool_tokens == expected // (2 * 32 * 8 * 128 * 2)
+    assert p.inputs["free_after_weights"] == "given"

@@ -58,6 +58,9 @@ class Deployment:
     non_torch_bytes: int | None = None
     cuda_graph_bytes: int | None = None
     available_kv_bytes: int | None = None
+    # SGLang: free memory right after loading weights ('Load weight end. avail mem='); with the
+    # weights it gives the free memory before them, which mem_fraction_static is a fraction of.
+    free_after_weights_bytes: int | None = None
     chunked_prefill_size: int | None = None
     cuda_graph_max_bs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -124,7 +127,7 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
             raise ConfigError(f"{name} must be positive, got {value}")
     # available_kv_bytes may be zero or negative: engines print such budgets (vLLM V0 '-1.05GiB')
     # and then allocate no blocks, which is what the prediction should say.
-    for name in ("gpu_memory_bytes", "weights_bytes"):
+    for name in ("gpu_memory_bytes", "weights_bytes", "free_after_weights_bytes"):
         value = getattr(d, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{name.replace('_bytes', '')} memory must be positive, got {value} bytes")
@@ -183,6 +186,7 @@ _MEMORY_MAP: dict[str, str] = {
     "non_torch_bytes": "non_torch_bytes",
     "cuda_graph_bytes": "cuda_graph_bytes",
     "available_kv_bytes": "available_kv_bytes",
+    "avail_after_weights_bytes": "free_after_weights_bytes",
 }
 _QUANT_TO_WEIGHTS: dict[str, str] = {
     "fp8": "fp8",

@@ -170,7 +170,8 @@ def predict(model: ModelGeometry, deployment: Deployment) -> Prediction:
     """The engine's KV pool for this model and deployment, with every assumption listed."""
     d = deployment
     validate(model, d)
-    if d.available_kv_bytes is None and d.gpu_memory_bytes is None:
+    sglang_measured = d.engine == "sglang" and d.free_after_weights_bytes is not None
+    if d.available_kv_bytes is None and d.gpu_memory_bytes is None and not sglang_measured:
         raise ConfigError("need the GPU's memory (--gpu NAME or --gpu-memory SIZE) or --available-kv-memory")
     elem = kv_elem_bytes(model, d.kv_cache_dtype)
     inputs: dict[str, InputSource] = {}
@@ -401,8 +402,9 @@ def _predict_sglang(
         inputs["available_kv"] = "given"
         assumptions.append("available KV memory given: the bytes SGLang gives the pool, no subtraction")
     else:
-        assert total is not None and weights_rank is not None
-        inputs["gpu_memory"] = "given"
+        assert weights_rank is not None
+        if total is not None:
+            inputs["gpu_memory"] = "given"
         if mfs is None:
             frac = sglang_budget.default_mem_fraction_static(d)
             mfs = frac.value
@@ -418,16 +420,24 @@ def _predict_sglang(
             )
         else:
             inputs["mem_fraction_static"] = "given"
-        if d.non_torch_bytes is not None:
-            non_torch = d.non_torch_bytes
-            inputs["non_torch"] = "given"
+        if d.free_after_weights_bytes is not None:
+            # SGLang's own figures: free before weights = free after weights + weights loaded.
+            pre_load = d.free_after_weights_bytes + weights_rank
+            non_torch = total - pre_load if total is not None else None
+            inputs["free_after_weights"] = "given"
+            assumptions.append("free memory before weights = 'Load weight end' avail mem + weights")
         else:
-            non_torch = sglang_budget.DEFAULT_CONTEXT_BYTES
-            inputs["non_torch"] = "estimated"
-            assumptions.append(
-                f"CUDA context + torch.distributed before weights = {format_bytes(non_torch)} (estimate)"
-            )
-        pre_load = total - non_torch
+            assert total is not None
+            if d.non_torch_bytes is not None:
+                non_torch = d.non_torch_bytes
+                inputs["non_torch"] = "given"
+            else:
+                non_torch = sglang_budget.DEFAULT_CONTEXT_BYTES
+                inputs["non_torch"] = "estimated"
+                assumptions.append(
+                    f"CUDA context + torch.distributed before weights = {format_bytes(non_torch)} (estimate)"
+                )
+            pre_load = total - non_torch
         usable = int(pre_load * mfs)
         activation = pre_load - usable
         available = usable - weights_rank
