@@ -425,8 +425,11 @@ _STAT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
 
 def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ...]:
     """The periodic stats line: split on ', ' into 'Key: value' pairs (the field set is dynamic)."""
-    if head.group("engine") is not None:
-        meta = LineMeta(instance=str(int(head.group("engine"))), rank=meta.rank, ts=meta.ts)
+    engine = head.group("engine")
+    if engine is not None:
+        instance = str(int(engine))
+        if instance != meta.instance:
+            meta = LineMeta(instance=instance, rank=meta.rank, ts=meta.ts)
     elif head.group("agg") is not None:
         # The aggregated DP logger sums every engine: not one instance's numbers.
         meta = LineMeta(instance="all", rank=meta.rank, ts=meta.ts)
