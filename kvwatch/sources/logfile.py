@@ -187,7 +187,9 @@ class LogTailer:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._dirty_lock = threading.Lock()
-        self._dirty: set[str] = set()
+        # Paths with news -> whether the news may be structural (created/moved/deleted), which needs a
+        # stat of the path; a 'modified' event only needs a read of the file already open.
+        self._dirty: dict[str, bool] = {}
         self._rescan = True
         # Event path -> stream path; replaced wholesale by the reader thread, read by the doorbell.
         self._route: dict[str, str] = {}
@@ -302,6 +304,7 @@ class LogTailer:
 
     def _on_fs_event(self, event: FileSystemEvent) -> None:
         route = self._route
+        structural = event.event_type != "modified"
         hit = False
         for raw in (event.src_path, event.dest_path):
             if not raw:
@@ -310,7 +313,7 @@ class LogTailer:
             target = route.get(path)
             if target is not None:
                 with self._dirty_lock:
-                    self._dirty.add(target)
+                    self._dirty[target] = structural or self._dirty.get(target, False)
                 hit = True
             elif self.is_glob and event.event_type in ("created", "moved"):
                 if fnmatch.fnmatchcase(os.path.basename(path), os.path.basename(self.pattern)):
@@ -335,17 +338,17 @@ class LogTailer:
                     self._sync_watches()
                     with self._dirty_lock:
                         self._dirty.clear()
-                    targets = list(self._streams.values())
+                    targets = [(stream, True) for stream in list(self._streams.values())]
                     if full:
                         next_check = now + self.recheck_interval
                 else:
                     with self._dirty_lock:
-                        dirty, self._dirty = self._dirty, set()
-                    targets = [self._streams[p] for p in dirty if p in self._streams]
-                for stream in targets:
+                        dirty, self._dirty = self._dirty, {}
+                    targets = [(self._streams[p], news) for p, news in dirty.items() if p in self._streams]
+                for stream, structural in targets:
                     if self._stop.is_set():
                         break
-                    self._poll(stream, check_retired=full)
+                    self._poll(stream, check_retired=full, check_path=structural)
             except Exception as exc:  # the tailer must outlive any bug or surprise
                 log.exception("log tailer loop error")
                 self._report("", exc)
@@ -423,7 +426,7 @@ class LogTailer:
         except OSError as exc:
             self._report(directory, exc)
 
-    def _poll(self, stream: _Stream, *, check_retired: bool) -> None:
+    def _poll(self, stream: _Stream, *, check_retired: bool, check_path: bool) -> None:
         with self._lock:
             if check_retired and stream.retired:
                 now = time.monotonic()
@@ -433,7 +436,8 @@ class LogTailer:
                         self._close(stream, reader)
             if stream.reader is not None:
                 self._drain(stream, stream.reader, retired=False)
-            self._check_identity(stream)
+            if check_path or stream.reader is None:
+                self._check_identity(stream)
 
     def _check_identity(self, stream: _Stream) -> None:
         """Notice a rotation (the path names another file) or a file that appeared."""
