@@ -471,10 +471,17 @@ def test_sglang_swa_split() -> None:
     assert old.kv_pool_tokens == int(available // (full + swa) * 36 / (0.8 * 18 + 18))
 
 
-def test_vllm_disable_hybrid_manager_counts_sliding_as_full() -> None:
+@pytest.mark.parametrize(
+    "d",
+    [
+        Deployment(engine="vllm", max_model_len=8192, hybrid_kv_cache_manager=False),
+        Deployment(engine="vllm", engine_version="0.8.5", max_model_len=8192),  # before the hybrid allocator
+    ],
+)
+def test_vllm_without_hybrid_manager_sliding_counts_as_full(d: Deployment) -> None:
     m = model("openai--gpt-oss-120b")
-    d = Deployment(engine="vllm", max_model_len=8192, hybrid_kv_cache_manager=False)
-    tokens, blocks = pool_from_available(m, d, 36 * 32768 * 1000)
+    # 36 layers x 16 tokens x 8 KV heads x (64 + 64) x 2 bytes per block
+    tokens, blocks = pool_from_available(m, d, 36 * (16 * 8 * 128 * 2) * 1000)
     assert blocks == 1000
     assert tokens == 1000 * 16
 

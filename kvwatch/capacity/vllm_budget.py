@@ -59,6 +59,12 @@ def default_max_num_batched_tokens(gpu_memory_bytes: int | None, gpu_name: str |
     return 2048
 
 
+def hybrid_manager(d: Deployment) -> bool:
+    """Whether sliding-window layers get their own KV groups (the hybrid allocator, 0.9.2+, unless disabled)."""
+    v = version_tuple(d.engine_version)
+    return d.hybrid_kv_cache_manager and (v is None or v >= (0, 9, 2))
+
+
 def pads_to_largest_type(version: str | None) -> bool:
     """0.20+ groups hybrid layers by the larger type count when it is under 1.5x the smaller."""
     v = version_tuple(version)
@@ -156,7 +162,7 @@ def plan(
         paged = [layer for layer in stage if layer.is_paged]
         if not paged:
             continue
-        specs = [layer_spec(layer, d, elem_bytes, block, d.hybrid_kv_cache_manager) for layer in paged]
+        specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in paged]
         pool = _plan_stage(specs, available, max_model_len, max_num_batched_tokens, d, block, notes)
         if best is None or pool.num_blocks < best.num_blocks:
             best = pool
@@ -243,9 +249,7 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     worst = 0
     for stage in stage_layers(model.layers, d.pp):
         specs = [
-            layer_spec(layer, d, elem_bytes, block, d.hybrid_kv_cache_manager)
-            for layer in stage
-            if layer.is_paged
+            layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged
         ]
         worst = max(worst, sum(s.max_memory_usage(model_len, mnbt, d.dcp) for s in specs))
     return worst
