@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from kvwatch import __version__, capacity, names
+from kvwatch import __version__, capacity, explain, names
 from kvwatch.errors import KvwatchError, ModelConfigError
 from kvwatch.state import InstanceSnapshot
 
@@ -35,9 +35,6 @@ log = logging.getLogger(__name__)
 
 # Longest label value kvwatch exports (model paths can be long; labels must stay small).
 _MAX_LABEL = 128
-
-# MemoryBudget fields known before the engine starts (the 'config' basis may use them).
-_APRIORI_MEMORY = frozenset({"total_bytes", "gpu_memory_utilization", "mem_fraction_static"})
 
 # MemoryBudget field -> names.MEMORY_TERMS term (basis 'observed').
 _OBSERVED_TERMS: dict[str, str] = {
@@ -165,10 +162,8 @@ class Predictor:
         model = self._load(path)
         if isinstance(model, KvwatchError):
             return PredictionResult(state=_failure_state(model), reason=str(model))
-        settings = dict(snap.settings)
-        if settings.get("max_model_len") is None and snap.pool.get("max_concurrency_tokens"):
-            # vLLM's 'Maximum concurrency for N tokens per request' names max_model_len.
-            settings["max_model_len"] = snap.pool["max_concurrency_tokens"]
+        # The same a-priori inputs `kvwatch explain` predicts from (settings, card, fraction).
+        settings, apriori = explain.apriori_inputs(snap)
         gpu = self._gpu_memory
         tokens: dict[str, int] = {}
         pool_bytes: dict[str, int] = {}
@@ -178,7 +173,6 @@ class Predictor:
         state = "ok"
         try:
             # Basis 'config': only what is known before the engine starts (the card, the settings).
-            apriori = {k: v for k, v in snap.memory.items() if k in _APRIORI_MEMORY}
             deployment = capacity.deployment_from_settings(snap.engine, settings, apriori, gpu)
             block_size = deployment.block_size or deployment.page_size
             if deployment.gpu_memory_bytes is None:
@@ -470,8 +464,7 @@ class KvwatchCollector(Collector):
             predicted = pred.tokens.get(basis)
             gauge(names.KV_POOL_PREDICTED_TOKENS, predicted, basis)
             gauge(names.KV_POOL_PREDICTED_BYTES, pred.bytes.get(basis), basis)
-            if predicted and pool_tokens is not None:
-                gauge(names.KV_POOL_GAP_RATIO, pool_tokens / predicted - 1.0, basis)
+            gauge(names.KV_POOL_GAP_RATIO, explain.gap_ratio(pool_tokens, predicted), basis)
         bpt = pred.bytes_per_token
         if bpt is None and pool_tokens and _int(pool.get("bytes")):
             bpt = int(pool["bytes"]) // pool_tokens

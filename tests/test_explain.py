@@ -12,14 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvwatch import names
-from kvwatch.capacity import vllm_budget
+from kvwatch.capacity import load_model, vllm_budget
 from kvwatch.cli import main
+from kvwatch.collector import Predictor
+from kvwatch.events import MemoryBudget
 from kvwatch.explain import (
     attribute_gap,
+    explain,
     gap_ratio,
     observed_budget,
     rank_spreads,
 )
+from kvwatch.pipeline import replay
 from kvwatch.units import GiB
 
 SAMPLES = Path(__file__).parent / "log_samples"
@@ -270,8 +274,6 @@ def test_observed_vllm_default_utilisation_by_version() -> None:
 
 
 def test_rank_spread_ignores_equal_ranks() -> None:
-    from kvwatch.events import MemoryBudget
-
     same = [MemoryBudget(engine="sglang", rank=r, weights_bytes=GiB) for r in range(4)]
     assert rank_spreads(same, "0") == []
     other_instance = [MemoryBudget(engine="sglang", instance="1", rank=0, weights_bytes=2 * GiB)]
@@ -372,3 +374,21 @@ def test_attribution_without_totals_uses_usable() -> None:
     assert a.percent(a.contributions[0]) == pytest.approx(-200 / 51)
     assert [c.term for c in a.main_terms()] == ["activation", "usable"]
     assert a.gap_ratio == pytest.approx(1 / 51)
+
+
+def test_sidecar_gap_and_explain_agree() -> None:
+    """The sidecar's Predictor and explain predict from the same inputs: the same tokens, same gap."""
+    config = CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"
+    events: list[Any] = []
+    (snap,) = replay(
+        [str(SAMPLES / "vllm/001-llama31-8b-rtx3090-profiling-20k.log")], on_events=events.extend
+    ).snapshots()
+    sidecar = Predictor(model_config=lambda source: config).predict(snap)
+    e = explain(snap, load_model(config), events=events)
+    assert sidecar.tokens["config"] == e.predicted_tokens
+    assert sidecar.tokens["engine_budget"] == e.budget_tokens
+    assert e.prediction is not None
+    assert dict(sidecar.memory) == {k: v for k, v in e.prediction.memory_terms().items() if v is not None}
+    sidecar_gap = gap_ratio(e.observed_tokens, sidecar.tokens["config"])
+    assert sidecar_gap is not None
+    assert round(sidecar_gap, 4) == e.to_json_dict()["gap_ratio"]["config"]
