@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from kvwatch.capacity import sglang_budget, vllm_budget
 from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
-from kvwatch.capacity.geometry import ModelGeometry, stage_layers
+from kvwatch.capacity.geometry import LayerSpec, ModelGeometry, stage_layers
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.errors import ConfigError
 from kvwatch.units import GiB, format_bytes
@@ -123,23 +123,20 @@ class Prediction:
 
 
 def _bytes_per_token(model: ModelGeometry, d: Deployment, elem: int) -> tuple[int, int]:
-    """(per rank on the largest stage, summed over every rank) for the growing layers."""
-    if d.engine == "sglang":
-        per_rank = sglang_budget.cell_size(model, d, elem)
-    else:
-        per_rank = max(
-            sum(
-                (vllm_budget.FP8_DS_MLA_BYTES + layer.extra_bytes_per_token)
-                if layer.kind == "mla" and d.kv_cache_dtype == "fp8_ds_mla"
-                else layer.bytes_per_token(d.tp, elem)
-                for layer in stage
-                if layer.grows
-            )
-            for stage in stage_layers(model.layers, d.pp)
-        )
-    heads_tp = d.tp if d.engine == "vllm" else max(1, d.tp // d.dcp)
-    all_ranks = sum(layer.bytes_per_token(heads_tp, elem) for layer in model.layers if layer.grows) * d.tp
-    return per_rank, all_ranks
+    """(per rank on the fullest pipeline stage, summed over every rank) for the growing layers."""
+
+    def layer_bytes(layer: LayerSpec) -> int:
+        if d.engine == "sglang":
+            return sglang_budget.layer_cell(layer, max(1, d.tp // d.dcp), elem)
+        if layer.kind == "mla" and d.kv_cache_dtype == "fp8_ds_mla":
+            return vllm_budget.FP8_DS_MLA_BYTES + layer.extra_bytes_per_token
+        return layer.bytes_per_token(d.tp, elem)
+
+    stages = [
+        sum(layer_bytes(layer) for layer in stage if layer.grows)
+        for stage in stage_layers(model.layers, d.pp)
+    ]
+    return max(stages), sum(stages) * d.tp
 
 
 def pool_from_available(
@@ -152,7 +149,7 @@ def pool_from_available(
         return sglang_budget.pool(model, deployment, elem, available_kv_bytes).tokens, None
     max_model_len = _max_model_len(model, deployment)
     mnbt = deployment.max_num_batched_tokens or vllm_budget.default_max_num_batched_tokens(
-        deployment.gpu_memory_bytes
+        deployment.gpu_memory_bytes, deployment.gpu_name
     )
     p = vllm_budget.plan(model, deployment, elem, available_kv_bytes, max_model_len, mnbt)
     return p.tokens, p.num_blocks

@@ -89,7 +89,8 @@ def default_mem_fraction_static(d: Deployment) -> StaticFraction:
     )
 
 
-def _layer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int) -> int:
+def layer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int) -> int:
+    """Bytes per token one layer adds to SGLang's cell size on one rank."""
     if layer.kind != "mla":
         return layer.bytes_per_token(tp_for_heads, elem_bytes)
     if elem_bytes == 1 and layer.extra_bytes_per_token:
@@ -104,7 +105,7 @@ def cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Bytes per token over one rank's growing KV layers (largest pipeline stage)."""
     tp_for_heads = max(1, d.tp // d.dcp)
     return max(
-        sum(_layer_cell(layer, tp_for_heads, elem_bytes) for layer in stage if layer.grows)
+        sum(layer_cell(layer, tp_for_heads, elem_bytes) for layer in stage if layer.grows)
         for stage in stage_layers(model.layers, d.pp)
     )
 
@@ -113,7 +114,7 @@ def all_layer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) ->
     """Cell size counting every attention layer, sliding ones included (hybrid SWA sizing)."""
     tp_for_heads = max(1, d.tp // d.dcp)
     return max(
-        sum(_layer_cell(layer, tp_for_heads, elem_bytes) for layer in stage if layer.is_paged)
+        sum(layer_cell(layer, tp_for_heads, elem_bytes) for layer in stage if layer.is_paged)
         for stage in stage_layers(model.layers, d.pp)
     )
 
