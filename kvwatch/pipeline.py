@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
-from kvwatch.events import Engine, EngineSettings, Event, StartupFailure
+from kvwatch.events import Engine, EngineSettings, Event, Preemption, StartupFailure
 from kvwatch.parsers import ALL_ANCHORS, ANCHORS, PARSERS
 from kvwatch.parsers.detect import detect_engine
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
@@ -61,6 +61,9 @@ class LinePipeline:
         # Last startup failure per instance: the same error printed by every TP rank (or by a worker
         # and again by the driver's traceback) is one failure.
         self._last_failure: dict[str, dict[str, Any]] = {}
+        # Per instance, the lowest TP rank that has reported preemptions: SGLang's scheduler on every
+        # TP rank prints the same retraction, which is one retraction, not tp_size of them.
+        self._preemption_rank: dict[str, int] = {}
         if engine != "auto":
             self._set_engine(engine)
 
@@ -155,6 +158,13 @@ class LinePipeline:
         for event in events:
             if isinstance(event, EngineSettings) and event.starts_engine:
                 self._last_failure.pop(event.instance, None)
+            elif isinstance(event, Preemption) and event.rank is not None:
+                reporter = self._preemption_rank.get(event.instance)
+                if reporter is not None and event.rank > reporter:
+                    continue
+                if reporter is None and len(self._preemption_rank) >= _MAX_REMEMBERED_FAILURES:
+                    self._preemption_rank.clear()
+                self._preemption_rank[event.instance] = event.rank
             elif isinstance(event, StartupFailure):
                 facts = event.model_dump(exclude={"rank", "ts"})
                 if self._last_failure.get(event.instance) == facts:

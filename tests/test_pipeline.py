@@ -316,3 +316,21 @@ def test_undecided_lines_wait_for_a_decisive_one() -> None:
         "[2025-10-07 22:29:11 TP0] KV Cache is allocated. #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB"
     )
     assert p.engine == "sglang"
+
+
+def test_retraction_printed_by_every_tp_rank_is_counted_once() -> None:
+    # SGLang's scheduler runs on every TP rank and each prints the same retraction.
+    p = pipeline("sglang")
+    for rank in (0, 1, 0, 1):
+        p.feed(
+            f"[2025-06-01 10:00:0{rank} TP{rank}] KV cache pool is full. Retract requests. "
+            "#retracted_reqs: 3, #new_token_ratio: 0.5000 -> 0.8000\n"
+        )
+    (snap,) = p.fleet.snapshot()
+    assert snap.preemptions_total == 6
+    # A DP replica's ranks are a separate instance and count on their own.
+    p.feed(
+        "[2025-06-01 10:00:05 DP1 TP2] KV cache pool is full. Retract requests. "
+        "#retracted_reqs: 2, #new_token_ratio: 0.5000 -> 0.8000\n"
+    )
+    assert {s.instance: s.preemptions_total for s in p.fleet.snapshot()} == {"0": 6, "1": 2}
