@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kvwatch import capacity, names
 from kvwatch.capacity import Deployment, ModelGeometry, Prediction, sglang_budget, vllm_budget
@@ -57,6 +57,12 @@ class Term:
     bytes: int | None
     source: TermSource | None = None
     note: str = ""
+
+
+class _Put(Protocol):
+    """Record a term unless it is already known (printed figures first, derived ones after)."""
+
+    def __call__(self, name: str, value: int | None, source: TermSource, note: str = "") -> None: ...
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,7 @@ def _fraction(
 
 def _observed_vllm(
     terms: dict[str, Term],
-    put: Any,
+    put: _Put,
     memory: Mapping[str, Any],
     settings: Mapping[str, Any],
     total: int | None,
@@ -169,7 +175,7 @@ def _observed_vllm(
 
 def _observed_sglang(
     terms: dict[str, Term],
-    put: Any,
+    put: _Put,
     memory: Mapping[str, Any],
     pool: Mapping[str, Any],
     settings: Mapping[str, Any],
@@ -611,6 +617,14 @@ def _budget_json(b: Budget) -> dict[str, Any]:
     }
 
 
+# Deployment field -> the EngineSettings field a log would have printed it as.
+_SETTING_OF: dict[str, str] = {
+    "tp": "tensor_parallel_size",
+    "pp": "pipeline_parallel_size",
+    "engine_version": "version",
+}
+
+
 def explain(
     snap: InstanceSnapshot,
     model: ModelGeometry | None,
@@ -625,7 +639,9 @@ def explain(
     """
     extra = {k: v for k, v in (overrides or {}).items() if v is not None}
     settings, apriori = apriori_inputs(snap)
-    observed = observed_budget(snap.engine, snap.memory, snap.pool, settings, gpu_memory_bytes)
+    # Flags fill what the log did not print; the observed budget's engine defaults depend on them too.
+    given = {_SETTING_OF.get(k, k): v for k, v in extra.items()}
+    observed = observed_budget(snap.engine, snap.memory, snap.pool, {**given, **settings}, gpu_memory_bytes)
     pool = snap.pool
     observed_tokens = _int(pool.get("tokens"))
     if observed_tokens is None and _int(pool.get("blocks")) is not None:
@@ -681,6 +697,8 @@ def explain(
             notes.append(f"no prediction: {exc}")
     if observed_tokens is None and budget_tokens is not None:
         notes.append("the log prints no pool size: compare the engine_budget tokens instead")
+    if attribution is not None and all(c.term == "unattributed" for c in attribution.contributions):
+        notes.append("the log prints too few budget terms to attribute the gap to any of them")
     return Explanation(
         source=snap.source,
         instance=snap.instance,

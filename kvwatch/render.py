@@ -39,13 +39,20 @@ def bar(value: float, scale: float, width: int = BAR_WIDTH, char: str = "#") -> 
 
 
 def pair_bars(
-    label_width: int, rows: Sequence[tuple[str, float | None, float | None]], width: int = BAR_WIDTH
+    label_width: int,
+    rows: Sequence[tuple[str, float | None, float | None]],
+    width: int = BAR_WIDTH,
+    right: bool = True,
 ) -> str:
-    """Two bars per row side by side (left: observed, right: predicted) on one shared scale."""
+    """Two bars per row side by side (left: observed, right: predicted) on one shared scale.
+
+    '?' marks a value that is not known; ``right=False`` draws the left bars alone.
+    """
     scale = max((abs(v) for _, a, b in rows for v in (a, b) if v is not None), default=0.0)
     lines = []
     for label, a, b in rows:
-        left = "?" if a is None else bar(a, scale, width)
-        right = "?" if b is None else bar(b, scale, width, char="=")
-        lines.append(f"{label.ljust(label_width)}  |{left.ljust(width)}|  |{right.ljust(width)}|")
+        line = f"{label.ljust(label_width)}  |{('?' if a is None else bar(a, scale, width)).ljust(width)}|"
+        if right:
+            line += f"  |{('?' if b is None else bar(b, scale, width, char='=')).ljust(width)}|"
+        lines.append(line)
     return "\n".join(lines)

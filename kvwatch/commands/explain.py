@@ -182,13 +182,11 @@ def render(e: Explanation) -> str:
     if head:
         lines.append(", ".join(head))
     lines.append("")
-    lines.append(
-        table(
-            ["term (per rank)", "observed", "from", "predicted" if e.predicted else "", "difference"],
-            _budget_rows(e.observed, e.predicted),
-            (1, 3, 4),
-        )
-    )
+    headers = ["term (per rank)", "observed", "from", "predicted", "difference"]
+    rows = _budget_rows(e.observed, e.predicted)
+    if e.predicted is None:
+        headers, rows = headers[:3], [r[:3] for r in rows]
+    lines.append(table(headers, rows, (1, 3, 4)))
     bar_rows = []
     for name, label in _ROWS:
         if name in ("total", "usable"):
@@ -197,9 +195,12 @@ def render(e: Explanation) -> str:
         p = e.predicted.get(name) if e.predicted is not None else None
         if o is not None or p is not None:
             bar_rows.append((label, o, p))
-    if bar_rows:
+    if bar_rows and e.predicted is not None:
         lines += ["", "observed (#) | predicted (=), one scale:"]
         lines.append(pair_bars(max(len(r[0]) for r in bar_rows), bar_rows))
+    elif len(bar_rows) > 1:
+        lines += ["", "observed, one scale:"]
+        lines.append(pair_bars(max(len(r[0]) for r in bar_rows), bar_rows, right=False))
     lines.append("")
     tokens = [f"observed {e.observed_tokens:,}" if e.observed_tokens is not None else "observed -"]
     if e.predicted_tokens is not None:
@@ -211,8 +212,8 @@ def render(e: Explanation) -> str:
         diff = e.observed_tokens / e.budget_tokens - 1
         if abs(diff) > 0.01:
             lines.append(
-                f"  the engine divides its budget into {diff * 100:+.1f}% tokens than kvwatch would: "
-                "the bytes per token differ (cache dtype, layers, TP?)"
+                f"  the engine's pool holds {abs(diff) * 100:.1f}% {'more' if diff > 0 else 'fewer'} tokens than "
+                "kvwatch makes of the same budget: the bytes per token differ (cache dtype, layers, TP?)"
             )
     if e.attribution is not None:
         bpt = e.prediction.bytes_per_token if e.prediction is not None else None
