@@ -19,6 +19,7 @@ from typing import Any, Literal, TextIO
 
 from kvwatch.events import Engine, EngineSettings, Event, Preemption, StartupFailure
 from kvwatch.parsers import ALL_ANCHORS, ANCHORS, PARSERS
+from kvwatch.parsers.base import ParseFn
 from kvwatch.parsers.detect import detect_engine
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
 from kvwatch.state import Fleet, InstanceSnapshot
@@ -32,6 +33,9 @@ DEFAULT_MAX_LINE_CHARS = 65536
 _ACCESS_LOG = "HTTP/"
 
 _MAX_REMEMBERED_FAILURES = 256
+
+# Event types _dedupe may drop or that reset what it remembers.
+_DEDUPED = (EngineSettings, Preemption, StartupFailure)
 
 
 class LinePipeline:
@@ -58,6 +62,7 @@ class LinePipeline:
         self.lines_truncated = 0
         self.engine: Engine | None = None
         self._anchors: tuple[str, ...] = ALL_ANCHORS
+        self._parser: ParseFn | None = None
         # Last startup failure per instance: the same error printed by every TP rank (or by a worker
         # and again by the driver's traceback) is one failure.
         self._last_failure: dict[str, dict[str, Any]] = {}
@@ -70,6 +75,7 @@ class LinePipeline:
     def _set_engine(self, engine: Engine) -> None:
         self.engine = engine
         self._anchors = ANCHORS.get(engine, ())
+        self._parser = PARSERS.get(engine)
 
     def feed(self, line: str) -> tuple[Event, ...]:
         """Process one physical line (its terminator may be attached); returns the events applied."""
@@ -136,8 +142,7 @@ class LinePipeline:
                     break
             else:
                 return ()
-        assert self.engine is not None
-        parser = PARSERS.get(self.engine)
+        parser = self._parser
         if parser is None:
             return ()
         body, meta = strip_prefixes(line)
@@ -154,6 +159,12 @@ class LinePipeline:
         return events
 
     def _dedupe(self, events: tuple[Event, ...]) -> tuple[Event, ...]:
+        for event in events:
+            if isinstance(event, _DEDUPED):
+                break
+        else:
+            # Stats lines, nearly every claimed line of a running server: nothing to check.
+            return events
         kept: list[Event] = []
         for event in events:
             if isinstance(event, EngineSettings) and event.starts_engine:
