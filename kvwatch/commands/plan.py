@@ -162,7 +162,7 @@ def render_cards(fits: list[CardFit], target: float, ranks: int, show_all: bool)
     rows = []
     for (kv, w), f in smallest_cards(fits).items():
         if f is None:
-            rows.append([kv, w, "none in the catalogue", "", "", ""])
+            rows.append([kv, w, "none of these cards" if show_all else "none in the catalogue", "", "", ""])
         else:
             share = f.pool_use
             rows.append(
