@@ -367,6 +367,36 @@ def test_permission_denied_is_counted_and_retried_even_as_root(
     assert tailer.up and tailer.read_errors == 1
 
 
+def test_unreadable_new_file_after_rotation_is_one_error_episode(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text("old\n")
+    denied = threading.Event()
+    real_open = os.open
+
+    def guarded_open(path: str | os.PathLike[str], flags: int, *args: int, **kwargs: object) -> int:
+        if denied.is_set() and os.fspath(path) == str(log):
+            raise PermissionError(errno.EACCES, "Permission denied", str(log))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", guarded_open)
+    tailer = start(tailers, sink, log, recheck_interval=0.02)
+    sink.wait_lines(["old"])
+    denied.set()
+    os.rename(log, tmp_path / "engine.log.1")
+    log.write_text("new\n")
+    sink.wait(lambda: tailer.read_errors == 1, "the error")
+    deadline = time.monotonic() + 0.5  # 25 re-checks: still one episode
+    while time.monotonic() < deadline:
+        assert tailer.read_errors == 1
+        time.sleep(0.02)
+    assert not tailer.up
+    denied.clear()
+    sink.wait_lines(["old", "new"])
+    assert tailer.up and (tailer.read_errors, tailer.rotations) == (1, 1)
+
+
 def test_path_that_is_not_a_regular_file_is_counted_and_retried(
     tmp_path: Path, sink: Sink, tailers: list[LogTailer]
 ) -> None:
@@ -472,6 +502,30 @@ def test_inotify_limit_falls_back_to_polling(
     append(log, "after\n")  # only the polling observer can report this
     sink.wait_lines(["before", "after"])
     assert tailer.observer_kind == "native+polling"
+
+
+def test_a_log_larger_than_one_turn_of_reading_is_read_whole(
+    tmp_path: Path, tailers: list[LogTailer]
+) -> None:
+    """One file is read at most 8 MiB per turn (so a fast writer cannot starve other files); the
+    rest must follow without any filesystem event or re-check to prompt it."""
+    log = tmp_path / "engine.log"
+    lines = 100_000
+    log.write_bytes(b"".join(b"%099d\n" % i for i in range(lines)))  # 10 MB
+    count = [0]
+    done = threading.Event()
+
+    def on_line(path: str, line: str) -> None:
+        assert int(line) == count[0]
+        count[0] += 1
+        if count[0] == lines:
+            done.set()
+
+    tailer = LogTailer(str(log), on_line, recheck_interval=NO_RECHECK)
+    tailers.append(tailer)
+    tailer.start()
+    assert done.wait(60), f"only {count[0]} lines read"
+    assert tailer.positions()[str(log)].offset == lines * 100
 
 
 def test_crlf_long_lines_and_invalid_utf8_from_a_file(

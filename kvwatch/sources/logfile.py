@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 # bytes of the file) are compared to notice truncation and to find a copytruncate copy.
 _FINGERPRINT = 64
 _CHUNK = 1 << 16
+_DRAIN_BUDGET = 128  # chunks (8 MiB) read from one file before the loop looks at the others
 _EVENT_TYPES = [FileModifiedEvent, FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
 
 LineCallback = Callable[[str, str], None]
@@ -118,8 +119,10 @@ class _Stream:
     reader: _Reader | None = None
     retired: list[_Reader] = field(default_factory=list)
     opened_once: bool = False
-    # In an error episode (missing with nothing open, or unreadable): counted once per episode.
+    # Error episodes, each counted once: the path cannot be opened (missing with nothing open,
+    # unreadable, not a regular file), or reading the open file fails.
     failing: bool = False
+    read_failing: bool = False
     resume: FilePosition | None = None
 
 
@@ -277,7 +280,7 @@ class LogTailer:
             self._running
             and not self._stop.is_set()
             and any(s.reader is not None for s in streams)
-            and not any(s.failing for s in streams)
+            and not any(s.failing or s.read_failing for s in streams)
         )
 
     @property
@@ -560,16 +563,25 @@ class LogTailer:
         Returns whether it grew, or None when a retired file turned out truncated (give it up).
         """
         grew = False
+        budget = _DRAIN_BUDGET
         while not self._stop.is_set():
+            if budget <= 0 and not retired:
+                # A writer faster than us must not starve the other files and the re-check:
+                # come back to this one on the next turn of the loop.
+                with self._dirty_lock:
+                    self._dirty.setdefault(stream.path, False)
+                self._wake.set()
+                break
+            budget -= 1
             k = len(reader.tail)
             try:
                 data = os.pread(reader.fd, k + _CHUNK, reader.offset - k)
             except OSError as exc:
                 if not retired:
-                    self._fail(stream, exc)
+                    self._fail(stream, exc, reading=True)
                 return grew
             if not retired:
-                stream.failing = False
+                stream.read_failing = False
             if data[:k] != reader.tail:
                 if retired:
                     return None
@@ -603,8 +615,7 @@ class LogTailer:
     def _recover_from_copy(self, stream: _Stream, reader: _Reader) -> bool:
         if not reader.head:
             return False
-        real = os.path.realpath(stream.path)
-        directory, base = os.path.split(real)
+        directory, base = os.path.split(self._where(stream, reader))
         best: tuple[float, str] | None = None
         try:
             entries = list(os.scandir(directory))
@@ -639,6 +650,17 @@ class LogTailer:
         except OSError as exc:
             self._report(best[1], exc)
         return True
+
+    @staticmethod
+    def _where(stream: _Stream, reader: _Reader) -> str:
+        """The file's current name: Linux knows it from the descriptor even after a symlink swap."""
+        try:
+            name = os.readlink(f"/proc/self/fd/{reader.fd}")
+            if name.startswith("/") and not name.endswith(" (deleted)"):
+                return name
+        except OSError:
+            pass
+        return os.path.realpath(stream.path)
 
     def _close(self, stream: _Stream, reader: _Reader) -> None:
         """A rotated-away file is finished: its last unterminated line is a line."""
@@ -709,10 +731,13 @@ class LogTailer:
                 self.callback_errors += 1
                 self._report(path, exc)
 
-    def _fail(self, stream: _Stream, exc: BaseException) -> None:
-        if stream.failing:
+    def _fail(self, stream: _Stream, exc: BaseException, *, reading: bool = False) -> None:
+        if stream.read_failing if reading else stream.failing:
             return
-        stream.failing = True
+        if reading:
+            stream.read_failing = True
+        else:
+            stream.failing = True
         self.read_errors += 1
         log.warning("cannot read %s: %s (retrying)", stream.path, exc)
         self._report(stream.path, exc)
