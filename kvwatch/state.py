@@ -47,7 +47,7 @@ DEFAULT_MAX_INSTANCES = 256
 
 def _facts(event: Event) -> dict[str, Any]:
     """The non-identity, non-None fields of an event."""
-    return {k: v for k, v in event.__dict__.items() if k not in _IDENTITY and v is not None}
+    return {k: v for k, v in event.__dict__.items() if v is not None and k not in _IDENTITY}
 
 
 @dataclass
@@ -195,7 +195,14 @@ class Fleet:
         now = self._clock()
         state.events += 1
         state.last_update[event.origin] = now
-        if isinstance(event, EngineSettings):
+        # Usage first: a running engine's events are almost all periodic stats.
+        if isinstance(event, UsageSample):
+            facts = _facts(event)
+            state.usage.update(facts)
+            own = state.usage_by_origin.setdefault(event.origin, {})
+            own.update(facts)
+            self._cross_check_usage(state, event, now)
+        elif isinstance(event, EngineSettings):
             if event.starts_engine and state.has_epoch_facts(event.origin):
                 state.new_epoch(now)
             facts = _facts(event)
@@ -205,12 +212,6 @@ class Fleet:
             state.memory.update(_facts(event))
         elif isinstance(event, PoolSized):
             self._apply_pool(state, event)
-        elif isinstance(event, UsageSample):
-            facts = _facts(event)
-            state.usage.update(facts)
-            own = state.usage_by_origin.setdefault(event.origin, {})
-            own.update(facts)
-            self._cross_check_usage(state, event, now)
         elif isinstance(event, Preemption):
             self._apply_preemption(state, event)
         elif isinstance(event, StartupFailure):
