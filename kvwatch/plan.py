@@ -486,7 +486,7 @@ def make_plan(
         ranks=tuple(checks),
         limiting_rank=limiting.rank,
         ranks_differ=len(set(budgets)) > 1,
-        fits=all(c.fits for c in checks),
+        fits=all(c.fits for c in checks) and grown.longest <= pred.max_model_len,
         sequences_fit=limiting.sequences_fit,
         copies=limiting.pool_tokens // wb.tokens if wb.tokens else 0,
         prediction=pred,

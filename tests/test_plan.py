@@ -242,6 +242,8 @@ def test_plan_notes_sequences_longer_than_max_model_len() -> None:
     m = load_model(LLAMA_8B)
     p = make_plan(m, Deployment(max_model_len=4096), parse_inline("8192"), rank_kv_bytes=[GiB])
     assert any("exceeds max_model_len" in n for n in p.notes)
+    # The pool has room (1 GiB holds 8,192 positions at 128 KiB), but the engine rejects the request.
+    assert p.ranks[0].fits and not p.fits
 
 
 def test_negative_grow_refused() -> None:
@@ -318,7 +320,7 @@ def test_cli_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         "--gpu",
         "h100",
         "--max-model-len",
-        "8192",
+        "16384",
         "--workload",
         str(spec),
         "--grow",
