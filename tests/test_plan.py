@@ -362,3 +362,23 @@ def test_cli_target_flag_checked_by_argparse(capsys: pytest.CaptureFixture[str])
         main(["plan", str(LLAMA_8B), "--workload", "8192", "--target", "1.5"])
     assert exc.value.code == 2
     capsys.readouterr()
+
+
+ALL_CONFIGS = sorted(p for p in CONFIGS.glob("*.json") if p.name != "manifest.json")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("config", ALL_CONFIGS, ids=lambda p: p.stem)
+def test_every_bundled_config_plans(config: Path, engine: str) -> None:
+    """Every architecture kvwatch sizes (MLA, hybrid sliding/linear, MoE) plans without error, and
+    the verdict agrees with the limiting rank's pool."""
+    m = load_model(config)
+    d = Deployment(engine=engine, gpu_memory_bytes=gpus.lookup("h200").memory_bytes, max_model_len=32768)
+    w = Workload((Row(6, 8192, "sys"), Row(2, 32000)), {"sys": 1000})
+    p = make_plan(m, d, w, grow=64)
+    limit = p.ranks[p.limiting_rank]
+    assert p.allocated_tokens >= p.logical_tokens - p.saved_blocks * p.block_size
+    assert p.fits == (limit.fits and p.sequences_fit == p.sequences)
+    assert p.copies == (limit.pool_tokens // p.allocated_tokens)
+    if limit.budget_bytes <= 0:
+        assert not p.fits and p.copies == 0 and limit.pool_tokens == 0
