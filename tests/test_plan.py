@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import given, settings
@@ -369,7 +369,7 @@ ALL_CONFIGS = sorted(p for p in CONFIGS.glob("*.json") if p.name != "manifest.js
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("config", ALL_CONFIGS, ids=lambda p: p.stem)
-def test_every_bundled_config_plans(config: Path, engine: str) -> None:
+def test_every_bundled_config_plans(config: Path, engine: Literal["vllm", "sglang"]) -> None:
     """Every architecture kvwatch sizes (MLA, hybrid sliding/linear, MoE) plans without error, and
     the verdict agrees with the limiting rank's pool."""
     m = load_model(config)
