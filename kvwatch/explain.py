@@ -634,12 +634,17 @@ def explain(
 ) -> Explanation:
     """Rebuild, predict, attribute and list the levers for one instance of a replayed log.
 
-    ``overrides`` are Deployment fields from the command line (they fill what the log did not
-    print); ``events`` are the replayed events, for the per-rank spread.
+    ``overrides`` are Deployment fields from the command line; they fill what the log did not
+    print and never replace what it did. ``events`` are the replayed events, for the per-rank spread.
     """
-    extra = {k: v for k, v in (overrides or {}).items() if v is not None}
     settings, apriori = apriori_inputs(snap)
-    # Flags fill what the log did not print; the observed budget's engine defaults depend on them too.
+    # Flags fill what the log did not print (the log wins); the observed budget's engine defaults
+    # depend on them too.
+    extra = {
+        k: v
+        for k, v in (overrides or {}).items()
+        if v is not None and settings.get(_SETTING_OF.get(k, k)) is None
+    }
     given = {_SETTING_OF.get(k, k): v for k, v in extra.items()}
     observed = observed_budget(snap.engine, snap.memory, snap.pool, {**given, **settings}, gpu_memory_bytes)
     pool = snap.pool

@@ -15,7 +15,7 @@ from kvwatch import names
 from kvwatch.capacity import load_model, vllm_budget
 from kvwatch.cli import main
 from kvwatch.collector import Predictor
-from kvwatch.events import MemoryBudget
+from kvwatch.events import EngineSettings, MemoryBudget, PoolSized
 from kvwatch.explain import (
     attribute_gap,
     explain,
@@ -24,6 +24,7 @@ from kvwatch.explain import (
     rank_spreads,
 )
 from kvwatch.pipeline import replay
+from kvwatch.state import Fleet
 from kvwatch.units import GiB
 
 SAMPLES = Path(__file__).parent / "log_samples"
@@ -392,3 +393,23 @@ def test_sidecar_gap_and_explain_agree() -> None:
     sidecar_gap = gap_ratio(e.observed_tokens, sidecar.tokens["config"])
     assert sidecar_gap is not None
     assert round(sidecar_gap, 4) == e.to_json_dict()["gap_ratio"]["config"]
+
+
+def test_flags_fill_gaps_but_never_replace_the_log() -> None:
+    fleet = Fleet(clock=lambda: 0.0)
+    fleet.apply_all(
+        "log",
+        [
+            EngineSettings(engine="vllm", tensor_parallel_size=2, max_model_len=8192),
+            MemoryBudget(engine="vllm", available_kv_bytes=20 * GiB),
+            PoolSized(engine="vllm", tokens=327_680),
+        ],
+    )
+    (snap,) = fleet.snapshot()
+    model = load_model(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
+    e = explain(snap, model, 81559 * 1024**2, {"tp": 8, "kv_cache_dtype": "fp8"})
+    assert e.prediction is not None
+    assert e.prediction.tp == 2  # printed by the engine
+    assert e.prediction.kv_cache_dtype == "fp8"  # not printed: the flag fills it
+    # 20 GiB at TP=2 with an fp8 cache: 32 layers x 4 heads x 256 x 1 byte = 32 KiB per token.
+    assert e.budget_tokens == 20 * GiB // (32 * 4 * 256 * 1) // 16 * 16
