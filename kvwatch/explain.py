@@ -31,7 +31,8 @@ TermSource = Literal["printed", "derived", "given", "engine_default", "predicted
 # MemoryBudget fields known before the engine starts: the a-priori prediction may use only these.
 APRIORI_MEMORY: frozenset[str] = frozenset({"total_bytes", "gpu_memory_utilization", "mem_fraction_static"})
 
-# Attribution terms, in the order the KV budget subtracts them.
+# Every term attribute_gap can name (a bounded label set for a per-term gap metric), in the order
+# the KV budget subtracts them.
 ATTRIBUTION_TERMS: tuple[str, ...] = (
     "total",
     "utilisation",

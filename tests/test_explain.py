@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch import names
 from kvwatch.capacity import load_model, vllm_budget
 from kvwatch.cli import main
 from kvwatch.collector import Predictor
 from kvwatch.events import EngineSettings, MemoryBudget, PoolSized
 from kvwatch.explain import (
+    ATTRIBUTION_TERMS,
     attribute_gap,
     explain,
     gap_ratio,
@@ -325,7 +325,7 @@ def test_vllm_attribution_explains_every_byte(
     )
     # total x fraction is the only product: what is left over is vLLM's ceil and Python's rounding.
     assert abs(by["unattributed"]) <= 2
-    assert set(by) <= set(names.MEMORY_TERMS) | {"utilisation", "unattributed"}
+    assert set(by) <= set(ATTRIBUTION_TERMS)
 
 
 @settings(max_examples=200, deadline=None)
@@ -357,6 +357,7 @@ def test_sglang_attribution_explains_every_byte(
     assert sum(by.values()) == obs["kv"] - pred["kv"]
     assert by["weights"] == pred["weights"] - obs["weights"]
     assert abs(by["unattributed"]) <= 3
+    assert set(by) <= set(ATTRIBUTION_TERMS)
 
 
 def test_attribution_needs_both_kv_budgets() -> None:
