@@ -164,7 +164,9 @@ def _observed_vllm(
     usable, weights = terms.get("usable"), terms.get("weights")
     if "activation" not in terms and usable and weights and usable.bytes is not None and kv is not None:
         assert weights.bytes is not None
-        others = sum(t.bytes or 0 for n, t in terms.items() if n in ("non_torch", "cuda_graphs"))
+        version = settings.get("version")
+        subtracted = ("non_torch", "cuda_graphs") if _graphs_in_budget(version) else ("non_torch",)
+        others = sum(t.bytes or 0 for n, t in terms.items() if n in subtracted)
         put(
             "activation",
             usable.bytes - weights.bytes - kv - others,
@@ -172,6 +174,11 @@ def _observed_vllm(
             "usable - weights - KV - printed terms: the profiled peak and whatever the log did not print",
         )
     return Budget("vllm", frac, frac_source, terms)
+
+
+def _graphs_in_budget(version: Any) -> bool:
+    """Whether vLLM takes CUDA-graph memory out of the KV budget (0.21+, or an unknown version)."""
+    return vllm_budget.subtracts_cuda_graphs(str(version) if version else None)
 
 
 def _observed_sglang(
@@ -679,9 +686,13 @@ def explain(
                 predicted = predicted_budget(prediction)
                 predicted_tokens = prediction.kv_pool_tokens
                 max_model_len = prediction.max_model_len
+                observed_terms = observed.as_bytes()
+                if snap.engine == "vllm" and not _graphs_in_budget(settings.get("version")):
+                    # Captured after the pool was sized: printed, but not part of this budget.
+                    observed_terms["cuda_graphs"] = None
                 attribution = attribute_gap(
                     snap.engine,
-                    observed.as_bytes(),
+                    observed_terms,
                     predicted.as_bytes(),
                     observed.fraction,
                     predicted.fraction,

@@ -414,3 +414,19 @@ def test_flags_fill_gaps_but_never_replace_the_log() -> None:
     assert e.prediction.kv_cache_dtype == "fp8"  # not printed: the flag fills it
     # 20 GiB at TP=2 with an fp8 cache: 32 layers x 4 heads x 256 x 1 byte = 32 KiB per token.
     assert e.budget_tokens == 20 * GiB // (32 * 4 * 256 * 1) // 16 * 16
+
+
+@pytest.mark.parametrize(("version", "graphs_subtracted"), [("0.11.0", False), ("0.21.0", True)])
+def test_vllm_cuda_graphs_in_the_budget_from_0_21(version: str, graphs_subtracted: bool) -> None:
+    """Before 0.21 vLLM captures CUDA graphs after sizing the pool; from 0.21 it subtracts them."""
+    memory = {
+        "total_bytes": 80 * GiB,
+        "gpu_memory_utilization": 0.9,
+        "weights_bytes": 15 * GiB,
+        "cuda_graph_bytes": GiB,
+        "available_kv_bytes": 50 * GiB,
+    }
+    b = observed_budget("vllm", memory, {}, {"version": version})
+    usable = vllm_budget.requested_bytes(80 * GiB, 0.9)
+    expected = usable - 15 * GiB - 50 * GiB - (GiB if graphs_subtracted else 0)
+    assert b.terms["activation"].bytes == expected
