@@ -43,8 +43,12 @@ _SIZE = regex.compile(
 )
 
 
-def parse_size(text: str) -> int:
-    """Parse '52.31566GiB', '80GB', '81559MiB' or '1234' into whole bytes (rounded down)."""
+def parse_size(text: str, *, allow_zero: bool = False) -> int:
+    """Parse '52.31566GiB', '80GB', '81559MiB' or '1234' into whole bytes (rounded down).
+
+    Capacities must be positive; ``allow_zero`` is for terms that can really be nothing (an
+    activation allowance in a "before activations" plan).
+    """
     m = _SIZE.match(text)
     if m is None:
         raise ConfigError(f"not a size: {text!r} (examples: 80GB, 81559MiB, 52.3GiB, 1073741824)")
@@ -55,7 +59,7 @@ def parse_size(text: str) -> int:
         )
     number = float(m.group("num")) * (10 ** int(m.group("exp")) if m.group("exp") else 1)
     value = math.floor(number * _UNITS[unit])
-    if value <= 0:
+    if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"size must be positive: {text!r}")
     return value
 

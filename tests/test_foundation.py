@@ -44,3 +44,9 @@ def test_python_m_kvwatch_version() -> None:
         [sys.executable, "-m", "kvwatch", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.startswith("kvwatch ")
+
+
+def test_parse_size_zero_only_when_allowed() -> None:
+    assert parse_size("0GiB", allow_zero=True) == 0
+    with pytest.raises(ConfigError):
+        parse_size("0GiB")

@@ -112,7 +112,9 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         mem_fraction_static=args.mem_fraction_static,
         weights_dtype=args.weights_dtype,
         weights_bytes=parse_size(args.weights_memory) if args.weights_memory else None,
-        activation_bytes=parse_size(args.activation_memory) if args.activation_memory else None,
+        activation_bytes=(
+            parse_size(args.activation_memory, allow_zero=True) if args.activation_memory else None
+        ),
         available_kv_bytes=parse_size(args.available_kv_memory) if args.available_kv_memory else None,
         max_num_batched_tokens=args.max_num_batched_tokens,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
