@@ -107,7 +107,7 @@ def generate(path: Path, lines: int = DEFAULT_LINES, seed: int = DEFAULT_SEED) -
     n_stats = round(body_lines * STATS_FRACTION)
     # Stats lines at evenly spread positions; a few of them, chosen at random, carry preemptions.
     stats_at = {round((i + 1) * body_lines / (n_stats + 1)) for i in range(n_stats)}
-    preempt_slots = set(rng.sample(range(n_stats), PREEMPTION_INTERVALS))
+    preempt_slots = set(rng.sample(range(n_stats), min(PREEMPTION_INTERVALS, n_stats)))
     requests = [r for r, _ in _REQUESTS]
     weights = [w for _, w in _REQUESTS]
     access_head = process + access_level
@@ -167,7 +167,7 @@ def generate(path: Path, lines: int = DEFAULT_LINES, seed: int = DEFAULT_SEED) -
         "startup_lines": len(startup),
         "access_lines": access,
         "stats_lines": stats_index,
-        "preemption_lines": PREEMPTION_INTERVALS,
+        "preemption_lines": len(preempt_slots),
         "kv_pool_tokens": int(pool_match.group(1).replace(",", "")),
         "preemptions_total": preemptions_total,
         "last_stats": last,
