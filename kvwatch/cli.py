@@ -28,15 +28,15 @@ class _Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argparse tree, one subparser per entry of COMMANDS."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full argparse tree, one subparser per entry of COMMANDS (or just the command ``only``)."""
     parser = argparse.ArgumentParser(
         prog="kvwatch",
         description="Predict, observe and explain the KV-cache pool of vLLM and SGLang servers.",
     )
     parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         module = cast(_Command, importlib.import_module(f"kvwatch.commands.{name}"))
         sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sp)
@@ -46,8 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run kvwatch with ``argv`` (default: sys.argv[1:]) and return the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arglist = list(sys.argv[1:] if argv is None else argv)
+    # Import only the named command's module: `kvwatch run` is a long-lived sidecar and should not
+    # carry every other command's dependencies in its memory.
+    only = arglist[0] if arglist and arglist[0] in COMMANDS else None
+    parser = build_parser(only)
+    args = parser.parse_args(arglist)
     try:
         return int(args._run(args))
     except KvwatchError as exc:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import regex
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvwatch.errors import ConfigError
@@ -248,6 +247,8 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _file_layer(path: Path) -> dict[str, Any]:
+    import yaml  # only when a file is given: the sidecar keeps its resident memory small
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
