@@ -269,3 +269,90 @@ def _saved_count(state: Path) -> int:
     except (OSError, ValueError):
         return -1
     return int(sum(inst["preemptions_total"] for inst in data["instances"]))
+
+
+class _Fixture:
+    """An engine /metrics endpoint on 127.0.0.1 serving whatever text the test sets."""
+
+    def __init__(self, text: str) -> None:
+        import http.server
+        import threading
+
+        self.text = text
+        fixture = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - stdlib name
+                body = fixture.text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def test_engine_metrics_scraped_and_counter_reset_is_a_restart(
+    sidecar_factory: Callable[..., Sidecar],
+) -> None:
+    text = (TESTS / "metrics_fixtures" / "vllm-0.10.1-v1.txt").read_text()
+    engine = _Fixture(text)
+    try:
+        car = sidecar_factory(metrics_url=[f"e={engine.url}"], scrape_interval=0.1)
+        lab = {"source": "e", "dp_rank": "0", "model": "Qwen/Qwen2.5-7B-Instruct"}
+        _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_blocks", **lab) == 27153)
+        page = _scrape(car.url)
+        assert _value(page, "kvwatch_kv_pool_tokens", **lab) == 27153 * 16
+        assert _value(page, "kvwatch_kv_usage_ratio", **lab) == pytest.approx(0.412)
+        assert _value(page, "kvwatch_preemptions_total", **lab) == 7
+        assert _value(page, "kvwatch_source_up", source="e") == 1
+        # The engine restarts: its preemption counter starts again from 2.
+        engine.text = text.replace(
+            'model_name="Qwen/Qwen2.5-7B-Instruct"} 7.0', 'model_name="Qwen/Qwen2.5-7B-Instruct"} 2.0'
+        )
+        _wait(lambda: _value(_scrape(car.url), "kvwatch_engine_restarts_total", **lab) == 1)
+        assert _value(_scrape(car.url), "kvwatch_preemptions_total", **lab) == 9
+    finally:
+        engine.close()
+
+
+def test_stdin_source(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    with (tmp_path / "stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvwatch", "run", "--log", "-", "--listen", f"127.0.0.1:{port}"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write("".join(line + "\n" for line in VLLM_STARTUP).encode())
+        proc.stdin.flush()
+        _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_kv_pool_blocks", source="stdin") == 1952)
+        proc.stdin.close()  # the engine is gone: the source is down, the exporter stays up
+        _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_source_up", source="stdin") == 0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+
+
+def test_demo_runs_for_a_bounded_time(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--listen", "127.0.0.1:0", "--duration", "4", "--interval", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert "sidecar serving http://127.0.0.1:" in out
+    assert "vllm    pool=31,232 tokens" in out
+    assert "sglang  pool=1,462,784 tokens" in out
+    assert "(vLLM log rotated)" in out
+    assert out.rstrip().endswith("kvwatch demo: stopped")
