@@ -453,15 +453,21 @@ class Sidecar:
             return
         try:
             events = src.reader.read(result.text)
+            if events:
+                self.fleet.apply_all(src.name, events)
+                self._dirty = True
         except ParseError as exc:
             src.up = False
             src.errors["parse"] = src.errors.get("parse", 0) + 1
             log.debug("metrics unreadable source=%s err=%s", src.name, exc)
             return
+        except Exception:
+            # Input nobody foresaw must not stop the consumer: count it as unreadable and go on.
+            src.up = False
+            src.errors["parse"] = src.errors.get("parse", 0) + 1
+            log.exception("metrics not applied source=%s", src.name)
+            return
         src.up = True
-        if events:
-            self.fleet.apply_all(src.name, events)
-            self._dirty = True
 
     def _maybe_save(self) -> None:
         if self.store is not None and self._dirty and time.monotonic() - self._last_save >= SAVE_INTERVAL:
@@ -494,8 +500,10 @@ class Sidecar:
     # --- sources ---------------------------------------------------------------------------------
     def _scrape_loop(self, src: _ScrapeSource) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             self._queue.put(("scrape", src, src.scraper.fetch()))
-            self._stop.wait(self.settings.scrape_interval)
+            # A steady cadence: the interval runs from the start of one scrape to the next.
+            self._stop.wait(max(0.0, self.settings.scrape_interval - (time.monotonic() - started)))
 
     def _read_stdin(self, src: _LogSource) -> None:
         from kvwatch.sources.stdin import read_lines

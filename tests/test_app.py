@@ -356,3 +356,46 @@ def test_demo_runs_for_a_bounded_time(capsys: pytest.CaptureFixture[str]) -> Non
     assert "sglang  pool=1,462,784 tokens" in out
     assert "(vLLM log rotated)" in out
     assert out.rstrip().endswith("kvwatch demo: stopped")
+
+
+def test_model_config_discovered_from_the_logged_model(tmp_path: Path) -> None:
+    """No --model-config: the model the engine logs is looked up in the Hugging Face cache."""
+    lines = (LOG_SAMPLES / "vllm/032-v1-v014-pp3-apiserver-startup-config.log").read_text().splitlines()
+    repo = tmp_path / "hf" / "hub" / "models--Qwen--Qwen3-VL-30B-A3B-Thinking-FP8"
+    (repo / "snapshots" / "cf3058e4").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("cf3058e4", encoding="utf-8")
+    shutil.copy(MODEL_CONFIGS / "Qwen--Qwen3-30B-A3B.json", repo / "snapshots" / "cf3058e4" / "config.json")
+    log = tmp_path / "vllm.log"
+    _append(log, *lines)
+    results = {}
+    for name, env in (("found", {"HF_HOME": str(tmp_path / "hf")}), ("missing", {"HOME": str(tmp_path)})):
+        settings = load_settings(
+            {"log": [f"v={log}"], "listen": "127.0.0.1:0", "gpu_memory": "24GiB"}, environ={}
+        )
+        car = Sidecar(settings, environ=env)
+        car.start()
+        try:
+            _wait(
+                lambda car=car: _value(_scrape(car.url), "kvwatch_lines_read_total", source="v") == len(lines)
+            )
+            page = _scrape(car.url)
+            results[name] = [
+                state
+                for state in (
+                    "ok",
+                    "no_model_config",
+                    "bad_model_config",
+                    "unsupported_model",
+                    "no_gpu_memory",
+                )
+                if _value(page, "kvwatch_prediction_available", source="v", state=state) == 1
+            ]
+            results[name + "_tokens"] = _value(
+                page, "kvwatch_kv_pool_predicted_tokens", source="v", basis="config"
+            )
+        finally:
+            car.stop()
+    assert results["found"] == ["ok"]
+    assert results["found_tokens"] is not None
+    assert results["missing"] == ["no_model_config"]
