@@ -301,6 +301,10 @@ class Sidecar:
         positions: dict[str, Any] = {}
         if self.store is not None:
             saved = self.store.load()
+            # Instances of sources no longer configured would be exported forever: leave them out.
+            configured = {s.name for s in self.settings.log} | {s.name for s in self.settings.metrics_url}
+            saved.instances = [st for st in saved.instances if st.source in configured]
+            saved.source_settings = {k: v for k, v in saved.source_settings.items() if k in configured}
             restore(self.fleet, saved)
             positions = saved.positions
             if saved.instances:

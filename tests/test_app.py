@@ -114,6 +114,7 @@ def test_missing_log_is_counted_and_waited_for(
     log = tmp_path / "later.log"
     car = sidecar_factory(log=[f"v={log}"])
     _wait(lambda: _value(_scrape(car.url), "kvwatch_source_up", source="v") == 0)
+    _wait(lambda: (_value(_scrape(car.url), "kvwatch_log_read_errors_total", source="v") or 0) >= 1)
     _append(log, *VLLM_STARTUP)
     _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_blocks", source="v") == 1952)
     assert _value(_scrape(car.url), "kvwatch_source_up", source="v") == 1
@@ -399,3 +400,27 @@ def test_model_config_discovered_from_the_logged_model(tmp_path: Path) -> None:
     assert results["found"] == ["ok"]
     assert results["found_tokens"] is not None
     assert results["missing"] == ["no_model_config"]
+
+
+def test_restored_instances_of_removed_sources_are_dropped(tmp_path: Path) -> None:
+    from kvwatch.events import PoolSized
+    from kvwatch.persist import StateStore
+    from kvwatch.state import Fleet
+
+    old = Fleet()
+    old.apply("gone", PoolSized(engine="vllm", tokens=1000))
+    old.apply("v", PoolSized(engine="vllm", tokens=2000))
+    StateStore(tmp_path / "state").save(old, {})
+    log = tmp_path / "v.log"
+    log.touch()
+    settings = load_settings(
+        {"log": [f"v={log}"], "listen": "127.0.0.1:0", "state_dir": str(tmp_path / "state")}, environ={}
+    )
+    car = Sidecar(settings, environ={})
+    car.start()
+    try:
+        page = _scrape(car.url)
+        assert _value(page, "kvwatch_kv_pool_tokens", source="v") == 2000
+        assert _value(page, "kvwatch_kv_pool_tokens", source="gone") is None
+    finally:
+        car.stop()
