@@ -196,6 +196,36 @@ def test_copytruncate_without_a_copy_reads_the_new_content_from_the_start(
     assert tailer.rotations == 1
 
 
+def test_truncation_is_seen_when_the_refilled_file_repeats_the_bytes_before_the_offset(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    """A separator line made of one repeated character makes the 64 bytes before the offset
+    identical in the old and the refilled file; the file's first bytes still tell them apart."""
+    log = tmp_path / "engine.log"
+    rule = "=" * 100
+    log.write_text(f"run A\n{rule}\n")
+    held = threading.Event()
+    release = threading.Event()
+
+    def on_line(path: str, line: str) -> None:
+        sink.on_line(path, line)
+        if line == rule and not held.is_set():
+            held.set()
+            assert release.wait(WAIT)
+
+    tailer = LogTailer(str(log), on_line, recheck_interval=NO_RECHECK)
+    tailers.append(tailer)
+    tailer.start()
+    assert held.wait(WAIT)
+    with open(log, "r+b") as fh:  # truncate and refill in place, same inode, same length prefix
+        fh.truncate(0)
+        fh.write(f"run B\n{rule}\nrun B more\n".encode())
+    release.set()
+    sink.wait(lambda: len(sink.lines) >= 5, "the refilled file")
+    assert sink.texts() == ["run A", rule, "run B", rule, "run B more"]
+    assert tailer.rotations == 1
+
+
 def test_delete_and_recreate(tmp_path: Path, sink: Sink, tailers: list[LogTailer]) -> None:
     log = tmp_path / "engine.log"
     old = open(log, "ab", buffering=0)  # noqa: SIM115

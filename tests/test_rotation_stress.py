@@ -186,7 +186,7 @@ def test_mixed_rotations_lose_and_duplicate_nothing(tmp_path: Path, polling: boo
         thread.join(120)
         assert not thread.is_alive(), "writer did not finish"
         if writer.error is not None:
-            raise writer.error
+            pytest.fail(f"{writer.error!r}; mangled {mangled[:3]}, duplicates {duplicates[:3]}")
         total = writer.seq
         deadline = time.monotonic() + WAIT
         with cond:

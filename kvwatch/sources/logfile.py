@@ -15,8 +15,9 @@ Design (one reader thread, watchdog only as a doorbell):
   in case the writer had not reopened yet, and the new file is read from 0. When the file we hold
   is truncated in place (copytruncate), the bytes we had not read yet are recovered from the copy
   beside it (found by its first and last bytes) and the file is read again from 0.
-* Truncation is seen by comparing the bytes just before our offset with what we read there; a
-  shrink alone would miss a file that grew past our offset again before we looked.
+* Truncation is seen by comparing the bytes just before our offset, and the first bytes of the file,
+  with what we read there; a shrink alone would miss a file that grew past our offset again before
+  we looked.
 """
 
 from __future__ import annotations
@@ -576,6 +577,11 @@ class LogTailer:
             k = len(reader.tail)
             try:
                 data = os.pread(reader.fd, k + _CHUNK, reader.offset - k)
+                # Past the first bytes, compare those too: a file truncated and refilled could
+                # repeat the bytes before our offset (runs of '=' or spaces), not also its start.
+                if len(data) > k and reader.offset > k and reader.head and data[:k] == reader.tail:
+                    if os.pread(reader.fd, len(reader.head), 0) != reader.head:
+                        data = b""
             except OSError as exc:
                 if not retired:
                     self._fail(stream, exc, reading=True)
