@@ -9,15 +9,15 @@ from the sidecar's own /metrics registry.
 
 from __future__ import annotations
 
-import contextlib
 import os
+import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 from kvwatch import names
@@ -154,33 +154,34 @@ def _pct(value: float | None, signed: bool = False) -> str:
     return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
 
 
-def run_demo(
-    duration: float | None,
-    listen: str,
-    interval: float,
-    out: TextIO,
-    every: float = 3.0,
-    sleep: Callable[[float], None] = time.sleep,
-) -> int:
-    """Run until Ctrl-C, or for ``duration`` seconds; print the URL and a summary every few seconds."""
-    with tempfile.TemporaryDirectory(prefix="kvwatch-demo-") as tmp:
-        demo = Demo(Path(tmp), listen=listen, interval=interval)
-        demo.start()
-        print(f"kvwatch demo: sidecar serving {demo.sidecar.url}", file=out, flush=True)
-        print(f"kvwatch demo: engines writing to {tmp} (Ctrl-C stops)", file=out, flush=True)
-        started = time.monotonic()
-        try:
-            with contextlib.suppress(KeyboardInterrupt):
+def run_demo(duration: float | None, listen: str, interval: float, out: TextIO, every: float = 3.0) -> int:
+    """Run until Ctrl-C (or SIGTERM), or for ``duration`` seconds; print the URL and a summary every few seconds."""
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # Explicit handlers: Ctrl-C must work even where SIGINT was inherited as ignored (background jobs).
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvwatch-demo-") as tmp:
+            demo = Demo(Path(tmp), listen=listen, interval=interval)
+            demo.start()
+            print(f"kvwatch demo: sidecar serving {demo.sidecar.url}", file=out, flush=True)
+            print(f"kvwatch demo: engines writing to {tmp} (Ctrl-C stops)", file=out, flush=True)
+            started = time.monotonic()
+            try:
                 while duration is None or time.monotonic() - started < duration:
                     left = every if duration is None else min(every, duration - (time.monotonic() - started))
-                    sleep(max(left, 0.0))
+                    if stop.wait(max(left, 0.0)):
+                        break
                     rotated = " (vLLM log rotated)" if demo.rotated else ""
-                    print(
-                        f"[{time.monotonic() - started:5.1f}s]{rotated}\n{demo.summary()}",
-                        file=out,
-                        flush=True,
-                    )
-        finally:
-            demo.stop()
-        print("kvwatch demo: stopped", file=out, flush=True)
+                    summary = demo.summary()
+                    print(f"[{time.monotonic() - started:5.1f}s]{rotated}\n{summary}", file=out, flush=True)
+            finally:
+                demo.stop()
+            print("kvwatch demo: stopped", file=out, flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
