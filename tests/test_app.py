@@ -424,3 +424,16 @@ def test_restored_instances_of_removed_sources_are_dropped(tmp_path: Path) -> No
         assert _value(page, "kvwatch_kv_pool_tokens", source="gone") is None
     finally:
         car.stop()
+
+
+def test_bad_settings_file_and_env_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = tmp_path / "kvwatch.yaml"
+    cfg.write_text("log: [a.log]\nscrape_interval: -1\n", encoding="utf-8")
+    assert main(["run", "--config", str(cfg)]) == 2
+    assert "scrape_interval" in capsys.readouterr().err
+    monkeypatch.setenv("KVWATCH_LISTEN", "127.0.0.1:notaport")
+    assert main(["run", "--log", "a.log"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "listen" in err
