@@ -68,6 +68,54 @@ def _report(name: str, value: float, target: float, unit: str) -> bool:
     return ok
 
 
+_WATCHDOG_ONLY = """
+import resource, sys, time
+from watchdog.events import FileSystemEventHandler
+from watchdog.observers import Observer
+o = Observer()
+o.schedule(FileSystemEventHandler(), sys.argv[1])
+o.start()
+time.sleep(0.5)
+print("ready", flush=True)
+sys.stdin.readline()
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+t0 = time.monotonic()
+sys.stdin.readline()
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+print(cpu / (time.monotonic() - t0) * 100, flush=True)
+"""
+
+
+def _watchdog_floor(folder: Path, seconds: float = 5.0) -> float:
+    """CPU of a bare watchdog observer on the same kind of writes: the floor under the tailer."""
+    log = folder / "floor.log"
+    log.touch()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG_ONLY, str(folder)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    wall0, n = time.monotonic(), 0
+    with log.open("a", encoding="utf-8") as engine:
+        while time.monotonic() - wall0 < seconds:
+            engine.write(STATS[n % len(STATS)] + "\n")
+            engine.flush()
+            n += 1
+            time.sleep(max(0.0, wall0 + n / 100.0 - time.monotonic()))
+    proc.stdin.write("stop\n")
+    proc.stdin.flush()
+    value = float(proc.stdout.readline())
+    proc.stdin.close()
+    proc.stdout.close()
+    proc.kill()
+    proc.wait(timeout=5)
+    return value
+
+
 def bench_process() -> list[bool]:
     """Latency, idle RSS and CPU of `kvwatch run` as its own process."""
     results = []
@@ -128,6 +176,10 @@ def bench_process() -> list[bool]:
             cpu = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - wall0) * 100
             print(f"  wrote {n} lines in {seconds:.0f} s")
             results.append(_report("CPU at 100 lines/s (% of one core)", cpu, CPU_PERCENT, "%"))
+            floor = _watchdog_floor(Path(tmp))
+            print(
+                f"  for scale: watchdog's inotify observer alone, no-op handler, same writer: {floor:.2f} %"
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=15)
