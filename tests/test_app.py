@@ -437,3 +437,49 @@ def test_bad_settings_file_and_env_exit_2(
     assert main(["run", "--log", "a.log"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "listen" in err
+
+
+@pytest.mark.integration
+def test_kill_9_while_lines_flow_counts_every_line_once(tmp_path: Path) -> None:
+    """kill -9 at an arbitrary moment while the engine keeps writing; after the restart every
+    retraction in the log is counted exactly once: the state file and the saved read positions
+    always describe the same lines."""
+    import threading
+
+    log, state, port = tmp_path / "sglang.log", tmp_path / "state", _free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    lab = {"source": "s", "dp_rank": "0"}
+    total = 400
+    _append(log, *SGLANG_POOL)
+    proc = _start_kvwatch(log, state, port)
+
+    def engine() -> None:
+        with log.open("a", encoding="utf-8") as fh:
+            for _ in range(total):
+                fh.write(SGLANG_RETRACT + "\n")
+                fh.flush()
+                time.sleep(0.005)
+
+    writer = threading.Thread(target=engine)
+    try:
+        _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_kv_pool_tokens", **lab) == 1462784)
+        writer.start()
+        _wait(lambda: _saved_count(state) >= 100)  # at least one save in the middle of the stream
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        writer.join(timeout=30)
+    assert _saved_count(state) < total  # killed mid-log, not after the last line
+    proc = _start_kvwatch(log, state, port)
+    try:
+        _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_preemptions_total", **lab) == total)
+        time.sleep(1.0)
+        page = _scrape(url)
+        assert _value(page, "kvwatch_preemptions_total", **lab) == total
+        assert _value(page, "kvwatch_kv_pool_tokens", **lab) == 1462784
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
