@@ -483,3 +483,40 @@ def test_kill_9_while_lines_flow_counts_every_line_once(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
+
+
+@pytest.mark.integration
+def test_kill_9_then_rotation_while_down_counts_every_line_once(tmp_path: Path) -> None:
+    """Lines written to the old file after the kill, a rename rotation while kvwatch is down, lines
+    in the new file: after the restart the old file is finished from the saved position and the new
+    one read from its start, so every retraction is counted once."""
+    log, state, port = tmp_path / "sglang.log", tmp_path / "state", _free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    lab = {"source": "s", "dp_rank": "0"}
+    _append(log, *SGLANG_POOL)
+    proc = _start_kvwatch(log, state, port)
+    try:
+        with log.open("a", encoding="utf-8") as engine:
+            for _ in range(200):
+                engine.write(SGLANG_RETRACT + "\n")
+                engine.flush()
+            _wait(lambda: _saved_count(state) == 200)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            for _ in range(30):  # the engine goes on writing while kvwatch is down
+                engine.write(SGLANG_RETRACT + "\n")
+        os.replace(log, log.with_name("sglang.log.1"))
+        _append(log, *[SGLANG_RETRACT] * 20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    proc = _start_kvwatch(log, state, port)
+    try:
+        _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_preemptions_total", **lab) == 250)
+        time.sleep(1.0)
+        assert _value(_scrape(url), "kvwatch_preemptions_total", **lab) == 250
+        assert _value(_scrape(url), "kvwatch_kv_pool_tokens", **lab) == 1462784
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
