@@ -520,3 +520,36 @@ def test_kill_9_then_rotation_while_down_counts_every_line_once(tmp_path: Path) 
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
+
+
+def test_log_and_metrics_of_one_engine_share_a_name(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
+) -> None:
+    """Same NAME for a log and a URL: one set of series, cross-checked; source_up needs both."""
+    engine = _Fixture((TESTS / "metrics_fixtures" / "vllm-0.10.1-v1.txt").read_text())
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP)  # this log's pool (1,952 blocks) is not the one /metrics reports
+    try:
+        car = sidecar_factory(log=[f"e={log}"], metrics_url=[f"e={engine.url}"], scrape_interval=0.1)
+        _wait(
+            lambda: (
+                (
+                    _value(
+                        _scrape(car.url),
+                        "kvwatch_log_metrics_disagreements_total",
+                        source="e",
+                        fact="pool_blocks",
+                    )
+                    or 0
+                )
+                >= 1
+            )
+        )
+        page = _scrape(car.url)
+        assert _value(page, "kvwatch_source_up", source="e") == 1
+        assert _value(page, "kvwatch_lines_read_total", source="e") == len(VLLM_STARTUP)
+        assert _value(page, "kvwatch_scrape_errors_total", source="e", reason="connection") == 0
+        engine.close()
+        _wait(lambda: _value(_scrape(car.url), "kvwatch_source_up", source="e") == 0)
+    finally:
+        engine.close()
