@@ -50,3 +50,10 @@ def test_parse_size_zero_only_when_allowed() -> None:
     assert parse_size("0GiB", allow_zero=True) == 0
     with pytest.raises(ConfigError):
         parse_size("0GiB")
+
+
+def test_readme_metric_table_is_generated_from_names() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    assert names.markdown_table() in readme
