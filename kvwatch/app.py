@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from kvwatch import __version__
+from kvwatch import __version__, names
 from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
 from kvwatch.config import Settings, WebConfig, load_web_config
 from kvwatch.errors import ConfigError
@@ -452,7 +452,8 @@ class Sidecar:
         src.duration = result.duration_seconds
         if not result.ok or result.text is None:
             src.up = False
-            reason = result.error or "connection"
+            # Bounded label values: a reason the collector does not export is a connection failure.
+            reason = result.error if result.error in names.SCRAPE_ERROR_REASONS else "connection"
             src.errors[reason] = src.errors.get(reason, 0) + 1
             return
         try:
