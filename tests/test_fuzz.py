@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvwatch.parsers import PARSERS
 from kvwatch.parsers.base import LineMeta, ParseError
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
-from kvwatch.pipeline import READ_BLOCK_CHARS, LinePipeline, _read_blocks, replay
+from kvwatch.pipeline import READ_BLOCK_BYTES, LinePipeline, _read_blocks, replay
 from kvwatch.state import Fleet
 
 SAMPLES = Path(__file__).parent / "log_samples"
@@ -117,9 +117,13 @@ def test_replay_reads_bounded_lines_from_invalid_utf8(data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data + b"\n" + b"\xff" * (1 << 20) + b"\nGPU KV cache size: 7 tokens\n")
-        with open(name, encoding="utf-8", errors="replace", newline="") as stream:
-            bound = max(READ_BLOCK_CHARS, 4097)
-            assert all(len(line) <= bound for lines in _read_blocks(stream, 4096) for line in lines)
+        with open(name, "rb") as stream:
+            bound = max(READ_BLOCK_BYTES, 4097)
+            assert all(
+                len(line.decode("utf-8", "replace")) <= bound
+                for block, pos, endpos in _read_blocks(stream, 4096)
+                for line in block[pos + 1 : endpos].split(b"\n")
+            )
         result = replay([name], engine="vllm", max_line_chars=4096)
         (snap,) = result.snapshots()
         assert snap.pool["tokens"] == 7

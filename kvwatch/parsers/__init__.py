@@ -6,11 +6,18 @@ parser claims contains, so callers can drop uninteresting lines with a few subst
 
 from __future__ import annotations
 
-from kvwatch.events import Engine
+from collections.abc import Callable
+
+from kvwatch.events import Engine, Event
 from kvwatch.parsers import sglang, vllm
 from kvwatch.parsers.base import ParseFn
 
 PARSERS: dict[Engine, ParseFn] = {"vllm": vllm.parse, "sglang": sglang.parse}
+
+# Whole-line fast paths: the events of a raw line in an engine's most frequent shape (prefixes
+# included), or None for any other line, which then goes through strip_prefixes and PARSERS.
+LineParseFn = Callable[[str], "tuple[Event, ...] | None"]
+LINE_PARSERS: dict[Engine, LineParseFn] = {"vllm": vllm.parse_line}
 ANCHORS: dict[Engine, tuple[str, ...]] = {"vllm": vllm.ANCHORS, "sglang": sglang.ANCHORS}
 
 # Every anchor of every engine, for sources whose engine is not known yet.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any
 
 import regex
@@ -57,11 +58,14 @@ _VLLM_LEVEL = regex.compile(
 
 # The shape of nearly every line of a vLLM server log, process prefix and level prefix in one match
 # (stdlib re: this runs on every claimed line and is faster than the general loop).
-_VLLM_COMMON = re.compile(
+# Public as a pattern string so a whole-line fast path (vllm.parse_line) reads prefixes exactly as
+# strip_prefixes does.
+VLLM_COMMON_PREFIX = (
     r"(?:\((?P<name>[A-Za-z_][\w.\-]*(?: [\w=]+)*) pid=\d+\) )?"
     r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
     r"(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}) \[?[^\s\]]+:\d+\](?: |$)"
 )
+_VLLM_COMMON = re.compile(VLLM_COMMON_PREFIX)
 
 # A bare '[file.py:123] ' left when a user stripped only the level and time.
 _FILE_LINE = regex.compile(r"\[[\w./\-]+\.py:\d+\](?: |$)")
@@ -147,6 +151,15 @@ def _process_name(name: str, meta: _Meta) -> None:
         meta.instance = instance
     if rank is not None:
         meta.rank = rank
+
+
+@lru_cache(maxsize=256)
+def process_identity(name: str) -> tuple[str, int | None]:
+    """(instance, rank) that a process prefix named ``name`` gives a line with no other prefix."""
+    meta = _Meta()
+    _process_name(name, meta)
+    frozen = meta.freeze()
+    return frozen.instance, frozen.rank
 
 
 def _sglang_tags(tags: str, meta: _Meta) -> None:

@@ -10,6 +10,7 @@ Units: vLLM prints GiB values; before 0.8.5 it called them 'GB', so both are rea
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -27,6 +28,7 @@ from kvwatch.events import (
     UsageSample,
 )
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
+from kvwatch.parsers.prefix import VLLM_COMMON_PREFIX, process_identity
 from kvwatch.units import GiB, MiB
 
 # Substrings at least one of which every line this parser claims contains (cheap pre-filter).
@@ -458,6 +460,102 @@ def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ..
     if preemptions is not None:
         events.append(_make(Preemption, meta, mechanism="preempt", count=preemptions))
     return tuple(events)
+
+
+# --- whole-line fast path for the stats line ----------------------------------------------------
+
+# The periodic stats line in the shapes vLLM prints it (V0 0.4.3+ and V1, their optional fields in
+# vLLM's order), process and level prefix included, as one stdlib pattern over the raw line: on a
+# busy server it is nearly every line that carries a fact, and this single match replaces prefix
+# stripping, the key/value split and pydantic validation. Every value group admits only ASCII
+# digits in the shape the converters below accept, so a match cannot fail to convert; fields the
+# general parser ignores (Deferred, Corrupted, External/MM hit rates) are matched and ignored here.
+_N = r"[0-9]+(?:\.[0-9]+)?"
+_FAST_STATS = re.compile(
+    VLLM_COMMON_PREFIX
+    + r"(?:Engine (?P<engine>[0-9]+): |(?P<agg>[0-9]+) Engines Aggregated: )?"
+    + rf"Avg prompt throughput: (?P<prompt>{_N}) tokens/s, Avg generation throughput: (?P<gen>{_N}) tokens/s, "
+    + r"Running: (?P<running>[0-9]+) reqs, (?:Swapped: (?P<swapped>[0-9]+) reqs, )?"
+    + r"(?:Pending|Waiting): (?P<waiting>[0-9]+) reqs, (?:Deferred: [0-9]+ reqs, )?"
+    + r"(?:Preemptions: (?P<preemptions>[0-9]+), )?"
+    + rf"GPU KV cache usage: (?P<kv>{_N})%(?:, CPU KV cache usage: (?P<cpu>{_N})%)?"
+    + rf"(?:, Prefix cache hit rate: (?P<hit>{_N})%)?(?:, Corrupted: [0-9]+ reqs)?"
+    + rf"(?:, External prefix cache hit rate: {_N}%)?(?:, MM cache hit rate: {_N}%)?"
+    + r"\.?[\r\n]*\Z"
+)
+
+
+def _constructor(cls: type[UsageSample] | type[Preemption]) -> Callable[[dict[str, Any]], Event]:
+    """A builder of ``cls`` events from values already in their validated types.
+
+    What ``cls.model_construct(**values)`` produces (the same ``__dict__`` in field order, fields
+    set, no extras, no private attributes), without its per-field Python loop, which costs more
+    than validating. Only the fast path uses it, on values its pattern and converters have already
+    given their final type (str, int, float); tests compare its events with validated ones.
+    """
+    template = dict(cls(engine="vllm").__dict__)
+    new = object.__new__
+    setattr_ = object.__setattr__
+
+    def build(values: dict[str, Any]) -> Event:
+        event: UsageSample | Preemption = new(cls)
+        fields = template.copy()
+        fields.update(values)
+        setattr_(event, "__dict__", fields)
+        setattr_(event, "__pydantic_fields_set__", set(values))
+        setattr_(event, "__pydantic_extra__", None)
+        setattr_(event, "__pydantic_private__", None)
+        return event
+
+    return build
+
+
+_usage_sample = _constructor(UsageSample)
+_preemption = _constructor(Preemption)
+
+
+def parse_line(line: str) -> tuple[Event, ...] | None:
+    """Events of a raw stats line in a common shape; None for any other line (use strip_prefixes + parse).
+
+    Equal, event for event, to ``parse(*strip_prefixes(line))`` on every line it answers: the
+    prefix part of the pattern is strip_prefixes' own, the instance and rank come from the same
+    process-name reading, and the values go through the same conversions as ``_stats``. Lines
+    with ANSI escapes or any non-ASCII character are left to the general path.
+    """
+    if not line.isascii() or "\x1b" in line:
+        return None
+    m = _FAST_STATS.match(line)
+    if m is None:
+        return None
+    name, ts, engine, agg, prompt, gen, running, swapped, waiting, preemptions, kv, cpu, hit = m.groups()
+    instance, rank = process_identity(name) if name else ("0", None)
+    if engine is not None:
+        instance = str(int(engine))
+    elif agg is not None:
+        instance = "all"
+    usage: dict[str, Any] = {
+        "engine": "vllm",
+        "instance": instance,
+        "rank": rank,
+        "ts": ts,
+        "prompt_throughput": float(prompt),
+        "generation_throughput": float(gen),
+        "running": int(running),
+        "waiting": int(waiting),
+        "kv_usage_ratio": float(kv + "e-2"),  # _ratio
+    }
+    if swapped is not None:
+        usage["swapped"] = int(swapped)
+    if cpu is not None:
+        usage["cpu_kv_usage_ratio"] = float(cpu + "e-2")
+    if hit is not None:
+        usage["prefix_cache_hit_ratio"] = float(hit + "e-2")
+    if preemptions is None:
+        return (_usage_sample(usage),)
+    preemption = {"engine": "vllm", "instance": instance, "rank": rank, "ts": ts}
+    preemption["mechanism"] = "preempt"
+    preemption["count"] = int(preemptions)
+    return (_usage_sample(usage), _preemption(preemption))
 
 
 def _budget_breakdown(body: str, meta: LineMeta) -> tuple[Event, ...]:

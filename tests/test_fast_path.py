@@ -1,0 +1,277 @@
+"""The replay fast paths give exactly what the general path gives.
+
+``vllm.parse_line`` (one pattern over a whole stats line) must equal ``parse(*strip_prefixes(line))``
+event for event on every line it answers; ``LinePipeline.feed_block`` over raw bytes (bulk
+access-line filter) must leave the same counters, events and state as ``feed`` line by line; and
+the byte reader must cut a stream into the lines a text split gives.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvwatch.events import Event, Preemption, UsageSample, event_to_json
+from kvwatch.parsers import vllm
+from kvwatch.parsers.prefix import strip_prefixes
+from kvwatch.pipeline import LinePipeline, _read_blocks
+from kvwatch.state import Fleet
+
+SAMPLES = Path(__file__).parent / "log_samples"
+SAMPLE_FILES = sorted(SAMPLES.rglob("*.log"))
+SAMPLE_LINES = [
+    line for path in SAMPLE_FILES for line in path.read_text(encoding="utf-8", errors="replace").split("\n")
+]
+PROPS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _general(line: str) -> tuple[Event, ...]:
+    return vllm.parse(*strip_prefixes(line))
+
+
+def _identical(fast: tuple[Event, ...], general: tuple[Event, ...]) -> None:
+    """Equal as pydantic compares them, and in every attribute pydantic keeps besides."""
+    assert fast == general
+    for a, b in zip(fast, general, strict=True):
+        assert type(a) is type(b)
+        assert list(a.__dict__.items()) == list(b.__dict__.items())
+        assert a.model_fields_set == b.model_fields_set
+        assert (a.__pydantic_extra__, a.__pydantic_private__) == (
+            b.__pydantic_extra__,
+            b.__pydantic_private__,
+        )
+        assert event_to_json(a) == event_to_json(b)
+        assert a.model_dump(exclude_unset=True) == b.model_dump(exclude_unset=True)
+
+
+def test_fast_path_equals_general_path_on_every_sample_line() -> None:
+    answered = 0
+    for line in SAMPLE_LINES:
+        fast = vllm.parse_line(line)
+        if fast is not None:
+            answered += 1
+            _identical(fast, _general(line))
+    # The samples' stats lines in V0 and V1 shapes (with and without process prefix, Docker-stamped
+    # ones go the general way): the fast path must actually answer them.
+    stats = [x for x in SAMPLE_LINES if "Avg prompt throughput" in x and x[:1] in "(I"]
+    assert answered == len(stats) >= 15
+
+
+def test_builder_matches_model_construct() -> None:
+    values: dict[str, Any] = {
+        "engine": "vllm",
+        "instance": "2",
+        "rank": 1,
+        "ts": "01-02 03:04:05",
+        "running": 4,
+    }
+    built = vllm._usage_sample(dict(values))
+    constructed = UsageSample.model_construct(**values)
+    assert list(built.__dict__.items()) == list(constructed.__dict__.items())
+    assert built.model_fields_set == constructed.model_fields_set
+    assert (built.__pydantic_extra__, built.__pydantic_private__) == (None, None)
+    assert UsageSample.__pydantic_post_init__ is None and Preemption.__pydantic_post_init__ is None
+
+
+# --- generated stats lines -----------------------------------------------------------------------
+
+PROCESSES = (
+    "",
+    "(APIServer pid=4801) ",
+    "(EngineCore_DP1 pid=5012) ",
+    "(EngineCore_3 pid=7) ",
+    "(VllmWorker rank=2 pid=4312) ",
+    "(Worker_DP1_TP0 pid=8) ",
+    "(VllmWorkerProcess pid=6496) ",
+    "(pid=123, ip=10.0.0.1) ",
+)
+LEVELS = ("INFO", "DEBUG", "WARNING", "WARN", "ERROR", "CRITICAL", "NOTICE")
+LOCATIONS = ("[loggers.py:259]", "metrics.py:449]", "[loggers.py:87]", "[v1/metrics/loggers.py:1]")
+HEADS = ("", "Engine 000: ", "Engine 001: ", "Engine 12: ", "2 Engines Aggregated: ")
+ENDINGS = ("", ".", "\r", "\n", "\r\n", ".\r\n", " ", ". ", "\t")
+
+number = st.one_of(
+    st.integers(0, 10**6).map(str),
+    st.floats(0, 1e5, allow_nan=False).map(lambda x: f"{x:.1f}"),
+    st.sampled_from(["0.0", "100.0", "12.25", "007", "1e3", "nan", "-1.0", "١٢", "3.", ".5"]),
+)
+
+
+@st.composite
+def stats_line(draw: st.DrawFn) -> str:
+    parts = [
+        f"Avg prompt throughput: {draw(number)} tokens/s",
+        f"Avg generation throughput: {draw(number)} tokens/s",
+        f"Running: {draw(number)} reqs",
+    ]
+    if draw(st.booleans()):
+        parts.append(f"Swapped: {draw(number)} reqs")
+    parts.append(f"{draw(st.sampled_from(['Waiting', 'Pending']))}: {draw(number)} reqs")
+    if draw(st.booleans()):
+        parts.append(f"Deferred: {draw(number)} reqs")
+    if draw(st.booleans()):
+        parts.append(f"Preemptions: {draw(number)}")
+    parts.append(f"{draw(st.sampled_from(['GPU', 'XPU', 'CPU']))} KV cache usage: {draw(number)}%")
+    for key in ("CPU KV cache usage", "Prefix cache hit rate"):
+        if draw(st.booleans()):
+            parts.append(f"{key}: {draw(number)}%")
+    if draw(st.booleans()):
+        parts.append(f"Corrupted: {draw(number)} reqs")
+    for key in ("External prefix cache hit rate", "MM cache hit rate"):
+        if draw(st.booleans()):
+            parts.append(f"{key}: {draw(number)}%")
+    if draw(st.booleans()):
+        parts.insert(
+            draw(st.integers(0, len(parts))), draw(st.sampled_from(["Waiting: 3 reqs", "KV fetch: 1"]))
+        )
+    prefix = (
+        draw(st.sampled_from(PROCESSES))
+        + draw(st.sampled_from(LEVELS))
+        + f" {draw(st.sampled_from(['03-17 15:00:10', '12-31 23:59:59', '03-17 15:00:10.123']))} "
+        + draw(st.sampled_from(LOCATIONS))
+        + " "
+    )
+    line = prefix + draw(st.sampled_from(HEADS)) + ", ".join(parts) + draw(st.sampled_from(ENDINGS))
+    # Damage: a character changed, inserted or removed anywhere (ANSI, Unicode digits, spaces...).
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(line)))
+        noise = draw(
+            st.sampled_from(["", " ", "\x1b[0m", "٣", "x", ",", ":", "%", ".", "(", ")", "\x1c", "]"])
+        )
+        cut = draw(st.integers(0, 1))
+        line = line[:at] + noise + line[at + cut :]
+    return line
+
+
+@PROPS
+@given(stats_line())
+def test_fast_path_equals_general_path_on_generated_lines(line: str) -> None:
+    fast = vllm.parse_line(line)
+    if fast is None:
+        return
+    _identical(fast, _general(line))
+
+
+def test_fast_path_answers_the_common_shapes() -> None:
+    """The shapes the fast path is for (not only damaged lines): each must be answered."""
+    lines = [
+        "(APIServer pid=1) INFO 03-17 15:00:10 [loggers.py:259] Engine 000: Avg prompt throughput: 1.0 tokens/s, "
+        "Avg generation throughput: 2.0 tokens/s, Running: 3 reqs, Waiting: 4 reqs, Preemptions: 5, "
+        "GPU KV cache usage: 6.0%, Prefix cache hit rate: 7.0%",
+        "INFO 01-22 18:27:20 metrics.py:449] Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+        "41.7 tokens/s, Running: 1 reqs, Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 2.0%, "
+        "CPU KV cache usage: 0.0%.",
+        "(EngineCore_DP1 pid=2) INFO 03-17 15:00:10 [loggers.py:259] 2 Engines Aggregated: Avg prompt throughput: "
+        "1.0 tokens/s, Avg generation throughput: 2.0 tokens/s, Running: 3 reqs, Waiting: 4 reqs, "
+        "GPU KV cache usage: 6.0%, Prefix cache hit rate: 7.0%, MM cache hit rate: 1.0%\r\n",
+    ]
+    for line in lines:
+        fast = vllm.parse_line(line)
+        assert fast is not None, line
+        _identical(fast, _general(line))
+
+
+# --- feed_block and the byte reader ----------------------------------------------------------------
+
+
+def _by_lines(lines: list[str], engine: Any = "auto") -> tuple[LinePipeline, list[tuple[Event, ...]]]:
+    p = LinePipeline("src", Fleet(clock=lambda: 0.0), engine=engine)
+    seen = [events for line in lines if (events := p.feed(line))]
+    return p, seen
+
+
+def _by_block(data: bytes, engine: Any = "auto") -> tuple[LinePipeline, list[tuple[Event, ...]]]:
+    p = LinePipeline("src", Fleet(clock=lambda: 0.0), engine=engine)
+    seen: list[tuple[Event, ...]] = []
+    for block, pos, endpos in _read_blocks(io.BytesIO(data), p.max_line_chars):
+        p.feed_block(block, seen.append, pos, endpos)
+    return p, seen
+
+
+def _same_outcome(a: LinePipeline, b: LinePipeline) -> None:
+    counters = ("lines_read", "lines_matched", "parse_errors", "lines_truncated", "engine")
+    assert [getattr(a, c) for c in counters] == [getattr(b, c) for c in counters]
+    assert a.fleet.snapshot() == b.fleet.snapshot()
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=lambda p: f"{p.parent.name}/{p.name[:3]}")
+def test_feed_block_equals_feed_on_every_sample(path: Path) -> None:
+    data = path.read_bytes()
+    lines = data.decode("utf-8", "replace").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    by_line, seen_lines = _by_lines(lines)
+    by_block, seen_block = _by_block(data)
+    assert seen_block == seen_lines
+    _same_outcome(by_line, by_block)
+
+
+access = st.sampled_from(
+    [
+        '(APIServer pid=7) INFO:     10.0.0.1:5000 - "POST /v1/completions HTTP/1.1" 200 OK',
+        'INFO:     127.0.0.1:1 - "GET /version HTTP/1.1" 200 OK',
+        "HTTP/ KV cache size: 5 tokens",
+    ]
+)
+log_text = st.lists(
+    st.one_of(access, st.sampled_from([x for x in SAMPLE_LINES if x]), st.text(max_size=40)), max_size=60
+)
+
+
+@PROPS
+@given(log_text, st.sampled_from(["auto", "vllm", "sglang"]))
+def test_feed_block_equals_feed_on_mixed_lines(lines: list[str], engine: str) -> None:
+    data = "\n".join(lines).encode("utf-8", "surrogatepass")
+    text = data.decode("utf-8", "replace")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # a file's last terminator ends a line, it does not start one
+    by_line, seen_lines = _by_lines(lines, engine)
+    by_block, seen_block = _by_block(data, engine)
+    assert seen_block == seen_lines
+    _same_outcome(by_line, by_block)
+
+
+@PROPS
+@given(
+    st.lists(
+        st.one_of(st.binary(max_size=30), st.text(max_size=30).map(lambda t: t.encode("utf-8", "replace"))),
+        max_size=40,
+    ),
+    st.integers(1, 64),
+)
+def test_byte_reader_splits_like_text(pieces: list[bytes], block_bytes: int) -> None:
+    """With lines shorter than the cap, any block size gives the lines of a text split."""
+    data = b"\n".join(pieces)
+    want = data.decode("utf-8", "replace").split("\n")
+    if want[-1] == "":
+        want.pop()
+    got = [
+        line.decode("utf-8", "replace")
+        for block, pos, endpos in _read_blocks(io.BytesIO(data), 4096, block_bytes)
+        for line in block[pos + 1 : endpos].split(b"\n")
+    ]
+    assert got == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=3000), st.integers(1, 300), st.integers(1, 40))
+def test_byte_reader_caps_cut_lines(data: bytes, block_bytes: int, max_chars: int) -> None:
+    """A line a block boundary cuts is kept to max_chars + 1 characters: the prefix a text read kept."""
+    text_lines = data.decode("utf-8", "replace").split("\n")
+    got = [
+        line.decode("utf-8", "replace")
+        for block, pos, endpos in _read_blocks(io.BytesIO(data), max_chars, block_bytes)
+        for line in block[pos + 1 : endpos].split(b"\n")
+    ]
+    if text_lines[-1] == "":
+        text_lines.pop()
+    assert len(got) == len(text_lines)
+    for line, whole in zip(got, text_lines, strict=True):
+        assert whole.startswith(line)
+        assert line == whole or len(line) == max_chars + 1
