@@ -553,3 +553,23 @@ def test_log_and_metrics_of_one_engine_share_a_name(
         _wait(lambda: _value(_scrape(car.url), "kvwatch_source_up", source="e") == 0)
     finally:
         engine.close()
+
+
+def test_gzip_and_openmetrics_negotiation(tmp_path: Path, sidecar_factory: Callable[..., Sidecar]) -> None:
+    import gzip
+
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_blocks", source="v") == 1952)
+    req = urllib.request.Request(car.url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.headers["Content-Encoding"] == "gzip"
+        text = gzip.decompress(resp.read()).decode()
+    assert _value(text, "kvwatch_kv_pool_blocks", source="v") == 1952
+    req = urllib.request.Request(car.url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        body = resp.read().decode()
+    assert body.rstrip().endswith("# EOF")
+    assert 'kvwatch_kv_pool_blocks{dp_rank="0",engine="vllm",model="",source="v"} 1952.0' in body
