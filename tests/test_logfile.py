@@ -516,6 +516,34 @@ def test_positions_inside_on_line_include_that_line(tmp_path: Path, tailers: lis
     assert bytes.fromhex(pos.fingerprint) == b"a\r\nbb\nccc\n"
 
 
+def test_positions_match_the_lines_delivered_when_the_count_is_unchanged_around_the_call(
+    tmp_path: Path, tailers: list[LogTailer]
+) -> None:
+    """The sidecar's save protocol: count delivered lines, call positions(), count again; equal
+    counts must mean the positions are exactly after those lines, while lines stream in."""
+    log = tmp_path / "engine.log"
+    lines = 200_000
+    log.write_bytes(b"".join(b"%09d\n" % i for i in range(lines)))
+    received = [0]
+
+    def on_line(path: str, line: str) -> None:
+        received[0] += 1
+
+    tailer = LogTailer(str(log), on_line, recheck_interval=NO_RECHECK)
+    tailers.append(tailer)
+    tailer.start()
+    consistent = 0
+    deadline = time.monotonic() + WAIT
+    while received[0] < lines and time.monotonic() < deadline:
+        before = received[0]
+        pos = tailer.positions().get(str(log))
+        if pos is not None and received[0] == before:
+            assert pos.offset == before * 10
+            consistent += 1
+    assert received[0] == lines
+    assert consistent > 10
+
+
 def test_inotify_limit_falls_back_to_polling(
     tmp_path: Path, sink: Sink, tailers: list[LogTailer], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -185,7 +185,9 @@ class LogTailer:
 
         self._lock = threading.RLock()
         # Position after the last line delivered per path: (dev, inode, offset, bytes before offset).
-        self._pub_lock = threading.Lock()
+        # Held while a line is published and handed to on_line, so positions() never sees one
+        # without the other (re-entrant: on_line may call positions()).
+        self._pub_lock = threading.RLock()
         self._published: dict[str, tuple[int, int, int, bytes]] = {}
         self._streams: dict[str, _Stream] = {}
         self._wake = threading.Event()
@@ -258,7 +260,12 @@ class LogTailer:
 
     def positions(self) -> dict[str, FilePosition]:
         """Resumable position of every followed path opened so far (for the state file): just after
-        the last line handed to ``on_line``. Still valid after ``stop()``. Never blocks on reading."""
+        the last line handed to ``on_line``. Still valid after ``stop()``.
+
+        Lines from the open files are published and handed to ``on_line`` under one lock that this
+        also takes, so a caller counting the lines its ``on_line`` received before and after this
+        call knows whether the positions match the lines it has (it waits at most for one ``on_line``
+        call, never for file reading)."""
         with self._pub_lock:
             items = list(self._published.items())
         return {
@@ -712,8 +719,9 @@ class LogTailer:
                 if end >= _FINGERPRINT
                 else (before + body[:end])[-_FINGERPRINT:]
             )
-            self._publish(stream.path, reader, start + end, fp)
-            self._deliver(stream.path, (line,))
+            with self._pub_lock:
+                self._publish(stream.path, reader, start + end, fp)
+                self._deliver(stream.path, (line,))
 
     def _publish(self, path: str, reader: _Reader, offset: int, fingerprint: bytes) -> None:
         with self._pub_lock:
