@@ -660,6 +660,14 @@ def test_read_lines_from_a_pipe_until_eof(tmp_path: Path) -> None:
     assert got == ["one", "two", "three"]
 
 
+def test_read_lines_with_a_closed_stdin_returns_at_once(tmp_path: Path) -> None:
+    closed = open(tmp_path / "x", "wb")  # noqa: SIM115
+    closed.close()
+    got: list[str] = []
+    read_lines(got.append, stop=threading.Event(), stream=closed)
+    assert got == []
+
+
 def test_read_lines_returns_on_stop_while_the_writer_is_silent() -> None:
     r, w = os.pipe()
     stop = threading.Event()

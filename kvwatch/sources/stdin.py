@@ -31,22 +31,21 @@ def read_lines(
     At EOF an unterminated last line is delivered too (the writer is gone, nothing will follow).
     Returns the splitter, whose ``truncated`` counts lines cut at ``max_line_chars``.
     """
-    source = stream if stream is not None else sys.stdin.buffer
-    fd = source.fileno()
     splitter = LineSplitter(max_line_chars)
+    try:
+        fd = (stream if stream is not None else sys.stdin.buffer).fileno()
+    except (AttributeError, OSError, ValueError):
+        return splitter  # no usable stdin (None, closed, not a file): it has ended
     while not stop.is_set():
         try:
             ready, _, _ = select.select([fd], [], [], wait_slice)
-        except InterruptedError:
-            continue
-        if not ready:
-            continue
-        try:
+            if not ready:
+                continue
             data = os.read(fd, _CHUNK)
-        except InterruptedError:
+        except (InterruptedError, BlockingIOError):
             continue
-        except BlockingIOError:
-            continue
+        except OSError:
+            data = b""  # stdin closed under us (EBADF, EIO on a hung-up terminal): it has ended
         if not data:
             last = splitter.flush()
             if last is not None:
