@@ -13,6 +13,7 @@ state keeps one pool per instance and replaces it, never sums it.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -201,7 +202,12 @@ Event = Annotated[
     Field(discriminator="kind"),
 ]
 
-EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+@functools.cache
+def _event_adapter() -> TypeAdapter[Event]:
+    """The discriminated-union validator, built on first use: the sidecar never reads events back
+    from JSON, and building it costs a few MiB of resident memory."""
+    return TypeAdapter(Event)
 
 
 def event_to_json(event: Event) -> str:
@@ -211,4 +217,4 @@ def event_to_json(event: Event) -> str:
 
 def event_from_json(text: str) -> Event:
     """Inverse of event_to_json."""
-    return EVENT_ADAPTER.validate_json(text)
+    return _event_adapter().validate_json(text)
