@@ -105,13 +105,19 @@ def wait_until(predicate: Callable[[], bool], what: str) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("polling", [False, True], ids=["inotify", "polling"])
+@pytest.mark.parametrize(
+    ("polling", "append_interval"),
+    [(False, 0.02), (False, 0.0), (True, 0.02)],
+    ids=["inotify+append-polling", "inotify-modify-events", "polling"],
+)
 def test_reads_existing_content_then_follows_appends_with_partial_lines(
-    tmp_path: Path, sink: Sink, tailers: list[LogTailer], polling: bool
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer], polling: bool, append_interval: float
 ) -> None:
     log = tmp_path / "vllm.log"
     log.write_text("startup\nKV cache: 100 blocks\nhalf")
-    tailer = start(tailers, sink, log, polling=polling, recheck_interval=NO_RECHECK)
+    tailer = start(
+        tailers, sink, log, polling=polling, recheck_interval=NO_RECHECK, append_interval=append_interval
+    )
     sink.wait_lines(["startup", "KV cache: 100 blocks"])
     append(log, " a line\nnext\n")
     sink.wait_lines(["startup", "KV cache: 100 blocks", "half a line", "next"])
@@ -683,3 +689,22 @@ def test_read_lines_returns_on_stop_while_the_writer_is_silent() -> None:
         reader.join(WAIT)
         assert not reader.is_alive()
     os.close(w)
+
+
+def test_appends_are_read_without_asking_watchdog_for_modify_events(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With append polling on, the kernel is not asked for IN_MODIFY: one event per engine write
+    through watchdog's threads is the sidecar's largest CPU cost at a steady line rate."""
+    rung: list[str] = []
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK)
+    original = tailer._on_fs_event
+    monkeypatch.setattr(
+        tailer, "_on_fs_event", lambda event: (rung.append(event.event_type), original(event))
+    )
+    for i in range(5):
+        append(log, f"line {i}\n")
+    sink.wait_lines([f"line {i}" for i in range(5)])
+    assert "modified" not in rung

@@ -6,6 +6,12 @@ Design (one reader thread, watchdog only as a doorbell):
   *directories* of the followed paths and of their symlink targets; an event only marks a path dirty
   and wakes the reader thread. All reads happen in that one thread, so ``on_line`` is called from a
   single thread, in file order.
+* Appends to the open files are read every ``append_interval`` seconds (a ``pread`` that returns at
+  once when nothing was written) instead of on inotify's IN_MODIFY: an engine writes one line per
+  write, and passing each of those events through watchdog's threads costs more CPU than the whole
+  rest of the sidecar (measured in bench/bench_sidecar.py). watchdog still rings for what a read
+  cannot see: files created, moved and deleted. ``append_interval=0`` restores reading on every
+  modify event (lowest latency, highest CPU).
 * A stat every ``recheck_interval`` seconds re-checks everything, so a missed or coalesced event
   (NFS, overlay mounts, a full inotify queue) delays a line by at most that interval, never loses it.
 * Each file is read from the beginning (an engine prints its KV pool once, at startup) unless a
@@ -53,7 +59,9 @@ log = logging.getLogger(__name__)
 _FINGERPRINT = 64
 _CHUNK = 1 << 16
 _DRAIN_BUDGET = 128  # chunks (8 MiB) read from one file before the loop looks at the others
-_EVENT_TYPES = [FileModifiedEvent, FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
+# What watchdog must report; with append polling on, IN_MODIFY is not even requested from the kernel.
+_STRUCTURAL_EVENTS = [FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
+_ALL_EVENTS = [FileModifiedEvent, *_STRUCTURAL_EVENTS]
 
 LineCallback = Callable[[str, str], None]
 PathCallback = Callable[[str], None]
@@ -159,12 +167,15 @@ class LogTailer:
         polling: bool = False,
         recheck_interval: float = 1.0,
         poll_interval: float = 0.25,
+        append_interval: float = 0.02,
         retire_after: float = 5.0,
         max_line_chars: int = 65536,
         resume: Mapping[str, FilePosition] | None = None,
     ) -> None:
-        if recheck_interval <= 0 or poll_interval <= 0 or retire_after < 0:
-            raise ValueError("recheck_interval and poll_interval must be > 0, retire_after >= 0")
+        if recheck_interval <= 0 or poll_interval <= 0 or retire_after < 0 or append_interval < 0:
+            raise ValueError(
+                "recheck_interval and poll_interval must be > 0, retire_after and append_interval >= 0"
+            )
         self.pattern = os.path.abspath(os.path.expanduser(pattern))
         self.is_glob = _has_magic(self.pattern)
         self._on_line = on_line
@@ -173,6 +184,8 @@ class LogTailer:
         self.polling = polling
         self.recheck_interval = recheck_interval
         self.poll_interval = poll_interval
+        self.append_interval = append_interval
+        self._event_types = _STRUCTURAL_EVENTS if append_interval > 0 else _ALL_EVENTS
         self.retire_after = retire_after
         self.max_line_chars = max_line_chars
         self._resume = {os.path.abspath(k): v for k, v in (resume or {}).items()}
@@ -337,10 +350,14 @@ class LogTailer:
 
     def _run(self) -> None:
         next_check = 0.0
+        next_append = 0.0
         while not self._stop.is_set():
             try:
                 now = time.monotonic()
                 full = now >= next_check
+                appends = self.append_interval > 0 and now >= next_append
+                if appends:
+                    next_append = now + self.append_interval
                 if full or self._rescan:
                     # A new glob match or a rotation (maybe to a file in another directory):
                     # re-route events, then look at every path once.
@@ -355,6 +372,10 @@ class LogTailer:
                 else:
                     with self._dirty_lock:
                         dirty, self._dirty = self._dirty, {}
+                    if appends:
+                        # Every open file gets a read; the ones watchdog rang for also a stat.
+                        for path in self._streams:
+                            dirty.setdefault(path, False)
                     targets = [(self._streams[p], news) for p, news in dirty.items() if p in self._streams]
                 for stream, structural in targets:
                     if self._stop.is_set():
@@ -364,7 +385,8 @@ class LogTailer:
                 log.exception("log tailer loop error")
                 self._report("", exc)
                 self._stop.wait(0.1)
-            self._wake.wait(max(0.0, next_check - time.monotonic()))
+            deadline = min(next_check, next_append) if self.append_interval > 0 else next_check
+            self._wake.wait(max(0.0, deadline - time.monotonic()))
             self._wake.clear()
         if self._close_on_exit:
             with self._lock:
@@ -419,7 +441,7 @@ class LogTailer:
 
     def _watch(self, directory: str) -> None:
         try:
-            watch = self._observer.schedule(self._handler, directory, event_filter=_EVENT_TYPES)
+            watch = self._observer.schedule(self._handler, directory, event_filter=self._event_types)
             self._watched[directory] = (self._observer, watch)
             return
         except OSError as exc:
@@ -432,7 +454,7 @@ class LogTailer:
             self._fallback = PollingObserver(timeout=self.poll_interval)
             self._fallback.start()
         try:
-            watch = self._fallback.schedule(self._handler, directory, event_filter=_EVENT_TYPES)
+            watch = self._fallback.schedule(self._handler, directory, event_filter=self._event_types)
             self._watched[directory] = (self._fallback, watch)
         except OSError as exc:
             self._report(directory, exc)
