@@ -35,6 +35,7 @@ from kvwatch import __version__, names
 from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
 from kvwatch.config import Settings, WebConfig, load_web_config
 from kvwatch.errors import ConfigError
+from kvwatch.events import Event, UsageSample
 from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prom_text import MetricsReader
 from kvwatch.persist import StateStore, restore
@@ -49,7 +50,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvwatch")
 
 # The consumer saves the state file at most this often (and at stop).
+# Facts an engine prints once (pool, settings, budget) and counters are saved within a second;
+# usage samples only move the read positions forward, which a restart can as well re-read, so a
+# state that changed by usage alone is saved at a slower pace (each save costs a JSON dump + fsync).
 SAVE_INTERVAL = 1.0
+USAGE_SAVE_INTERVAL = 30.0
 
 
 def hf_hub_dirs(environ: Mapping[str, str]) -> list[Path]:
@@ -97,15 +102,19 @@ class _LogSource:
     pipeline: LinePipeline
     tailer: LogTailer | None = None
     stdin_up: bool = True
-    # Lines handed to the queue (by the tailer thread) and taken from it (by the consumer): equal
-    # counts around a positions() call mean the state holds exactly the lines before those positions.
-    enqueued: int = 0
+    # Lines applied to the fleet (by the tailer's thread, or the consumer for stdin).
     consumed: int = 0
 
-    def on_line(self, sink: queue.Queue[tuple[Any, ...]], line: str) -> None:
-        """Tailer callback; runs in the tailer's thread, under its lock."""
-        self.enqueued += 1
-        sink.put(("line", self, line))
+    def on_line(self, line: str) -> tuple[Event, ...]:
+        """Parse and apply one line at once; returns the events it produced.
+
+        Called from the tailer's own thread, under its delivery lock: applying lines where they are
+        read (rather than handing each to the consumer thread) halves the thread wake-ups per line,
+        the sidecar's main CPU cost at a steady line rate, and lets a save pause delivery to get a
+        state that holds exactly the lines before the saved positions.
+        """
+        self.consumed += 1
+        return self.pipeline.feed(line)
 
     def status(self) -> SourceStatus:
         tailer = self.tailer
@@ -280,6 +289,7 @@ class Sidecar:
         self.registry.register(self.collector)
         self._server: _Server | None = None
         self._dirty = False
+        self._facts_dirty = False
         self._last_save = 0.0
         self.processed = 0
 
@@ -329,7 +339,7 @@ class Sidecar:
 
     def _tailer(self, src: _LogSource, saved: Any) -> LogTailer:
         def on_line(path: str, line: str) -> None:
-            src.on_line(self._queue, line)
+            self._mark(src.on_line(line))
 
         def on_rotate(path: str) -> None:
             log.info("log rotated source=%s path=%s", src.name, path)
@@ -440,9 +450,7 @@ class Sidecar:
         self.processed += 1
         if kind == "line":
             src: _LogSource = item[1]
-            src.consumed += 1
-            if src.pipeline.feed(item[2]):
-                self._dirty = True
+            self._mark(src.on_line(item[2]))
         elif kind == "scrape":
             self._handle_scrape(item[1], item[2])
         elif kind == "stdin_eof":
@@ -460,7 +468,7 @@ class Sidecar:
             events = src.reader.read(result.text)
             if events:
                 self.fleet.apply_all(src.name, events)
-                self._dirty = True
+                self._mark(events)
         except ParseError as exc:
             src.up = False
             src.errors["parse"] = src.errors.get("parse", 0) + 1
@@ -474,32 +482,45 @@ class Sidecar:
             return
         src.up = True
 
+    def _mark(self, events: tuple[Event, ...]) -> None:
+        """Note what the state file is missing (called from the thread that applied the events)."""
+        if events:
+            self._dirty = True
+            if not all(isinstance(e, UsageSample) for e in events):
+                self._facts_dirty = True
+
     def _maybe_save(self) -> None:
-        if self.store is not None and self._dirty and time.monotonic() - self._last_save >= SAVE_INTERVAL:
+        if self.store is None or not self._dirty:
+            return
+        interval = SAVE_INTERVAL if self._facts_dirty else USAGE_SAVE_INTERVAL
+        if time.monotonic() - self._last_save >= interval:
             self._save()
 
     def _save(self) -> bool:
-        """Write the state with the positions of exactly the lines it contains, or try again later.
+        """Write the state with the positions of exactly the lines it contains.
 
-        The tailer delivers lines under its lock and positions() takes that lock, so when the count
-        of delivered lines is the same before and after positions() and the consumer (this thread,
-        so the Fleet cannot change meanwhile) has taken all of them, the cut is consistent.
+        Tailers apply lines in their own threads under their delivery lock; holding every tailer's
+        lock while the positions and the fleet are taken gives a consistent cut (stdin lines and
+        scrapes are applied by this thread, so they cannot change the fleet meanwhile). The slow
+        part, writing and fsyncing the file, happens after the tailers are released.
         """
         if self.store is None:
             return True
-        positions: dict[str, Any] = {}
-        for src in self._logs:
-            if src.tailer is None:
-                continue
-            before = src.enqueued
-            current = src.tailer.positions()
-            if src.enqueued != before or src.consumed != before:
-                return False
-            positions[src.name] = {path: pos.to_dict() for path, pos in current.items()}
+        tailers = [(src.name, src.tailer) for src in self._logs if src.tailer is not None]
+        with contextlib.ExitStack() as paused:
+            for _, tailer in tailers:
+                paused.enter_context(tailer.delivery_paused())
+            positions = {
+                name: {path: pos.to_dict() for path, pos in tailer.positions().items()}
+                for name, tailer in tailers
+            }
+            text = self.store.encode(self.fleet, positions)
+            # Cleared inside the cut: a line applied after it marks the state dirty again.
+            self._dirty = self._facts_dirty = False
         self._last_save = time.monotonic()
-        if not self.store.save(self.fleet, positions):
+        if not self.store.write(text):
+            self._dirty = self._facts_dirty = True
             return False
-        self._dirty = False
         return True
 
     # --- sources ---------------------------------------------------------------------------------

@@ -83,13 +83,22 @@ class StateStore:
 
     def save(self, fleet: Fleet, positions: dict[str, Any]) -> bool:
         """Write the fleet's records and the positions they correspond to; False (logged) on I/O error."""
+        return self.write(self.encode(fleet, positions))
+
+    @staticmethod
+    def encode(fleet: Fleet, positions: dict[str, Any]) -> str:
+        """The state file's text. Separate from write() so a caller can take it at a consistent cut
+        (sources paused) and do the slow part, the fsync, afterwards."""
         data = {
             "version": FORMAT_VERSION,
             "instances": [dataclasses.asdict(st) for st in fleet.instances()],
             "source_settings": fleet.source_settings(),
             "positions": positions,
         }
-        text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    def write(self, text: str) -> bool:
+        """Replace the state file atomically with ``text``; False (logged) on I/O error."""
         tmp_name = None
         try:
             fd, tmp_name = tempfile.mkstemp(prefix=".kvwatch-state.", suffix=".tmp", dir=self.path.parent)

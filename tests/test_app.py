@@ -573,3 +573,30 @@ def test_gzip_and_openmetrics_negotiation(tmp_path: Path, sidecar_factory: Calla
         body = resp.read().decode()
     assert body.rstrip().endswith("# EOF")
     assert 'kvwatch_kv_pool_blocks{dp_rank="0",engine="vllm",model="",source="v"} 1952.0' in body
+
+
+def test_state_file_pace_facts_soon_usage_later(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
+) -> None:
+    """A new pool or counter is saved within a second; stats lines alone only move the positions,
+    which a restart can re-read, so they do not cost a save (JSON dump + fsync) every second."""
+    import json
+
+    log = tmp_path / "vllm.log"
+    state = tmp_path / "state"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"], state_dir=str(state))
+    state_file = state / "kvwatch-state.json"
+    _wait(lambda: state_file.exists() and json.loads(state_file.read_text())["instances"] != [])
+    saved = state_file.stat().st_mtime_ns
+    stats = (
+        "INFO 07-10 12:00:10 [loggers.py:116] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+        "Avg generation throughput: 7.2 tokens/s, Running: 3 reqs, Waiting: 0 reqs, "
+        "GPU KV cache usage: 2.0%, Prefix cache hit rate: 0.0%"
+    )
+    _append(log, stats)
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_requests_running", source="v") == 3)
+    time.sleep(1.5)
+    assert state_file.stat().st_mtime_ns == saved
+    _append(log, stats.replace("Waiting: 0 reqs, ", "Waiting: 0 reqs, Preemptions: 2, "))
+    _wait(lambda: json.loads(state_file.read_text())["instances"][0]["preemptions_total"] == 2)

@@ -286,6 +286,13 @@ class LogTailer:
             for path, (dev, ino, offset, fingerprint) in items
         }
 
+    def delivery_paused(self) -> contextlib.AbstractContextManager[Any]:
+        """Hold back ``on_line`` calls while the caller saves its state with ``positions()``.
+
+        A caller whose ``on_line`` applies each line at once gets a consistent cut this way: inside
+        the block, what it has applied is exactly what ``positions()`` says was delivered."""
+        return self._pub_lock
+
     # The read-only views below take no lock (list() of a dict is atomic under the GIL), so a
     # scrape never waits for the reader thread, even during a long first read of a big log.
 
