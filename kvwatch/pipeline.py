@@ -142,17 +142,26 @@ class LinePipeline:
         limit = self.max_line_chars
         anchors = self._anchors
         fast = self._line_parser
+        # Events of fast-path lines wait here and are applied in one call (one lock) at the end of
+        # the block or before any other line is claimed, so the Fleet sees every event in order.
+        pending: list[Event] = []
+        matched = 0
         for raw in filter(None, found):
             line = raw.decode("utf-8", "replace")
             if fast is not None and len(line) <= limit:
                 # The engine's most frequent line shape (a stats line) in one match; the events are
-                # the general path's, so they are counted, deduplicated and applied as in _claimed.
-                events = fast(line)
+                # the general path's, so they are counted, deduplicated and applied as in _claimed
+                # (on_events may see them before the Fleet does; it is never given the Fleet).
+                try:
+                    events = fast(line)
+                except Exception:
+                    events = None  # the general path below counts what it cannot convert
                 if events is not None:
-                    events = self._dedupe(events)
+                    if len(events) != 1 or isinstance(events[0], _DEDUPED):
+                        events = self._dedupe(events)
                     if events:
-                        self.lines_matched += 1
-                        self.fleet.apply_all(self.source, events)
+                        matched += 1
+                        pending.extend(events)
                         if on_events is not None:
                             on_events(events)
                     continue
@@ -161,6 +170,11 @@ class LinePipeline:
                     break
             else:
                 continue
+            if pending:
+                self.fleet.apply_all(self.source, pending)
+                pending = []
+            self.lines_matched += matched
+            matched = 0
             if len(line) > limit:
                 line = line[:limit]
                 self.lines_truncated += 1
@@ -169,6 +183,9 @@ class LinePipeline:
             fast = self._line_parser
             if events and on_events is not None:
                 on_events(events)
+        self.lines_matched += matched
+        if pending:
+            self.fleet.apply_all(self.source, pending)
 
     def _claimed(self, line: str) -> tuple[Event, ...]:
         """A line with an anchor: parse it, count the outcome, apply the events."""

@@ -45,9 +45,17 @@ _USAGE_PAIR_SECONDS = 30.0
 DEFAULT_MAX_INSTANCES = 256
 
 
+# Per event class, its fields that are facts (in field order): _facts reads only these.
+_FACT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _facts(event: Event) -> dict[str, Any]:
     """The non-identity, non-None fields of an event."""
-    return {k: v for k, v in event.__dict__.items() if v is not None and k not in _IDENTITY}
+    names = _FACT_FIELDS.get(type(event))
+    if names is None:
+        names = _FACT_FIELDS[type(event)] = tuple(k for k in type(event).model_fields if k not in _IDENTITY)
+    values = event.__dict__
+    return {k: v for k in names if (v := values[k]) is not None}
 
 
 @dataclass
@@ -189,7 +197,7 @@ class Fleet:
         return state
 
     def _apply(self, source: str, event: Event) -> None:
-        state = self._get(source, event)
+        state = self._instances.get((source, event.instance)) or self._get(source, event)
         if state is None:
             return
         now = self._clock()
@@ -199,9 +207,12 @@ class Fleet:
         if isinstance(event, UsageSample):
             facts = _facts(event)
             state.usage.update(facts)
-            own = state.usage_by_origin.setdefault(event.origin, {})
+            own = state.usage_by_origin.get(event.origin)
+            if own is None:
+                own = state.usage_by_origin[event.origin] = {}
             own.update(facts)
-            self._cross_check_usage(state, event, now)
+            if event.kv_usage_ratio is not None:
+                self._cross_check_usage(state, event, now)
         elif isinstance(event, EngineSettings):
             if event.starts_engine and state.has_epoch_facts(event.origin):
                 state.new_epoch(now)

@@ -58,14 +58,12 @@ _VLLM_LEVEL = regex.compile(
 
 # The shape of nearly every line of a vLLM server log, process prefix and level prefix in one match
 # (stdlib re: this runs on every claimed line and is faster than the general loop).
-# Public as a pattern string so a whole-line fast path (vllm.parse_line) reads prefixes exactly as
-# strip_prefixes does.
-VLLM_COMMON_PREFIX = (
+# vllm.parse_line's fast pattern holds an ASCII-only narrowing of this one: keep the two in step.
+_VLLM_COMMON = re.compile(
     r"(?:\((?P<name>[A-Za-z_][\w.\-]*(?: [\w=]+)*) pid=\d+\) )?"
     r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
     r"(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}) \[?[^\s\]]+:\d+\](?: |$)"
 )
-_VLLM_COMMON = re.compile(VLLM_COMMON_PREFIX)
 
 # A bare '[file.py:123] ' left when a user stripped only the level and time.
 _FILE_LINE = regex.compile(r"\[[\w./\-]+\.py:\d+\](?: |$)")

@@ -28,7 +28,7 @@ from kvwatch.events import (
     UsageSample,
 )
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
-from kvwatch.parsers.prefix import VLLM_COMMON_PREFIX, process_identity
+from kvwatch.parsers.prefix import process_identity
 from kvwatch.units import GiB, MiB
 
 # Substrings at least one of which every line this parser claims contains (cheap pre-filter).
@@ -467,21 +467,27 @@ def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ..
 # The periodic stats line in the shapes vLLM prints it (V0 0.4.3+ and V1, their optional fields in
 # vLLM's order), process and level prefix included, as one stdlib pattern over the raw line: on a
 # busy server it is nearly every line that carries a fact, and this single match replaces prefix
-# stripping, the key/value split and pydantic validation. Every value group admits only ASCII
-# digits in the shape the converters below accept, so a match cannot fail to convert; fields the
-# general parser ignores (Deferred, Corrupted, External/MM hit rates) are matched and ignored here.
+# stripping, the key/value split and pydantic validation. The prefix part is strip_prefixes'
+# _VLLM_COMMON pattern narrowed to ASCII classes (a sub-language of it: where this matches, that
+# matches the same span with the same groups, since the process name cannot contain ')' and the
+# location cannot contain ']'), so the whole pattern only matches ASCII lines without ANSI
+# escapes. Every value group admits only ASCII digits in the shape the converters accept, so a
+# match cannot fail to convert; fields the general parser ignores (Deferred, Corrupted,
+# External/MM hit rates) are matched and ignored here. Anything else is left to the general path.
 _N = r"[0-9]+(?:\.[0-9]+)?"
 _FAST_STATS = re.compile(
-    VLLM_COMMON_PREFIX
-    + r"(?:Engine (?P<engine>[0-9]+): |(?P<agg>[0-9]+) Engines Aggregated: )?"
-    + rf"Avg prompt throughput: (?P<prompt>{_N}) tokens/s, Avg generation throughput: (?P<gen>{_N}) tokens/s, "
-    + r"Running: (?P<running>[0-9]+) reqs, (?:Swapped: (?P<swapped>[0-9]+) reqs, )?"
-    + r"(?:Pending|Waiting): (?P<waiting>[0-9]+) reqs, (?:Deferred: [0-9]+ reqs, )?"
-    + r"(?:Preemptions: (?P<preemptions>[0-9]+), )?"
-    + rf"GPU KV cache usage: (?P<kv>{_N})%(?:, CPU KV cache usage: (?P<cpu>{_N})%)?"
-    + rf"(?:, Prefix cache hit rate: (?P<hit>{_N})%)?(?:, Corrupted: [0-9]+ reqs)?"
-    + rf"(?:, External prefix cache hit rate: {_N}%)?(?:, MM cache hit rate: {_N}%)?"
-    + r"\.?[\r\n]*\Z"
+    r"(?:\((?P<name>[A-Za-z_][A-Za-z0-9_.\-]*(?: [A-Za-z0-9_=]+)*) pid=[0-9]+\) )?"
+    r"(?:INFO|DEBUG|WARNING|WARN|ERROR|CRITICAL) "
+    r"(?P<ts>[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]) \[?[A-Za-z0-9_./\-]+:[0-9]+\] "
+    r"(?:Engine (?P<engine>[0-9]+): |(?P<agg>[0-9]+) Engines Aggregated: )?"
+    rf"Avg prompt throughput: (?P<prompt>{_N}) tokens/s, Avg generation throughput: (?P<gen>{_N}) tokens/s, "
+    r"Running: (?P<running>[0-9]+) reqs, (?:Swapped: (?P<swapped>[0-9]+) reqs, )?"
+    r"(?:Pending|Waiting): (?P<waiting>[0-9]+) reqs, (?:Deferred: [0-9]+ reqs, )?"
+    r"(?:Preemptions: (?P<preemptions>[0-9]+), )?"
+    rf"GPU KV cache usage: (?P<kv>{_N})%(?:, CPU KV cache usage: (?P<cpu>{_N})%)?"
+    rf"(?:, Prefix cache hit rate: (?P<hit>{_N})%)?(?:, Corrupted: [0-9]+ reqs)?"
+    rf"(?:, External prefix cache hit rate: {_N}%)?(?:, MM cache hit rate: {_N}%)?"
+    r"\.?[\r\n]*\Z"
 )
 
 
@@ -518,19 +524,16 @@ def parse_line(line: str) -> tuple[Event, ...] | None:
     """Events of a raw stats line in a common shape; None for any other line (use strip_prefixes + parse).
 
     Equal, event for event, to ``parse(*strip_prefixes(line))`` on every line it answers: the
-    prefix part of the pattern is strip_prefixes' own, the instance and rank come from the same
-    process-name reading, and the values go through the same conversions as ``_stats``. Lines
-    with ANSI escapes or any non-ASCII character are left to the general path.
+    prefix is read as strip_prefixes reads it, the instance and rank come from the same
+    process-name reading, and the values go through the same conversions as ``_stats``.
     """
-    if not line.isascii() or "\x1b" in line:
-        return None
     m = _FAST_STATS.match(line)
     if m is None:
         return None
     name, ts, engine, agg, prompt, gen, running, swapped, waiting, preemptions, kv, cpu, hit = m.groups()
     instance, rank = process_identity(name) if name else ("0", None)
     if engine is not None:
-        instance = str(int(engine))
+        instance = engine.lstrip("0") or "0"  # str(int(engine)) for ASCII digits
     elif agg is not None:
         instance = "all"
     usage: dict[str, Any] = {
