@@ -8,7 +8,9 @@ stderr and exit code 2 (bad input or configuration); argparse already exits 2 on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Protocol, cast
@@ -44,9 +46,25 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _reexec_without_docstrings(arglist: list[str]) -> None:
+    """Restart this process as ``python -OO -m kvwatch run ...`` (same PID) unless it already is.
+
+    The sidecar never shows a docstring, and the docstrings of everything it imports (pydantic,
+    prometheus_client, the stdlib) are ~1.4 MiB of its resident memory, against a 40 MiB budget.
+    Only done for a real command-line start (``argv is None``), never when main() is called from
+    Python; KVWATCH_KEEP_DOCSTRINGS=1 turns it off; if exec fails, kvwatch simply runs as it is.
+    """
+    if sys.flags.optimize >= 2 or os.environ.get("KVWATCH_KEEP_DOCSTRINGS") or not sys.executable:
+        return
+    with contextlib.suppress(OSError):
+        os.execv(sys.executable, [sys.executable, "-OO", "-m", "kvwatch", *arglist])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run kvwatch with ``argv`` (default: sys.argv[1:]) and return the exit code."""
     arglist = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and arglist[:1] == ["run"]:
+        _reexec_without_docstrings(arglist)
     # Import only the named command's module: `kvwatch run` is a long-lived sidecar and should not
     # carry every other command's dependencies in its memory.
     only = arglist[0] if arglist and arglist[0] in COMMANDS else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,33 @@ def test_readme_metric_table_is_generated_from_names() -> None:
 
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
     assert names.markdown_table() in readme
+
+
+def _sidecar_cmdline(log: Path, env: dict[str, str]) -> list[str]:
+    """Start `python -m kvwatch run`, wait until it serves, return its /proc cmdline, stop it."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "run", "--log", str(log), "--listen", "127.0.0.1:0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            assert "serving" in proc.stderr.readline()  # started, signal handlers installed
+            return Path(f"/proc/{proc.pid}/cmdline").read_text().split("\0")
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=15) == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_sidecar_restarts_itself_without_docstrings(tmp_path: Path) -> None:
+    """`kvwatch run` from the command line re-executes as `python -OO` (same PID) to save memory."""
+    import os
+
+    log = tmp_path / "engine.log"
+    log.write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "KVWATCH_KEEP_DOCSTRINGS"}
+    assert _sidecar_cmdline(log, env)[1:5] == ["-OO", "-m", "kvwatch", "run"]
+    assert "-OO" not in _sidecar_cmdline(log, dict(env, KVWATCH_KEEP_DOCSTRINGS="1"))
