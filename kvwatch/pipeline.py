@@ -17,8 +17,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
-from kvwatch.events import Engine, EngineSettings, Event, Preemption, StartupFailure
-from kvwatch.parsers import ALL_ANCHORS, ANCHORS, LINE_PARSERS, PARSERS, LineParseFn
+from kvwatch.events import Engine, EngineSettings, Event, Preemption, StartupFailure, UsageSample
+from kvwatch.parsers import (
+    ALL_ANCHORS,
+    ANCHORS,
+    BLOCK_PARSERS,
+    LINE_PARSERS,
+    PARSERS,
+    BlockParseFn,
+    LineParseFn,
+)
 from kvwatch.parsers.base import ParseFn
 from kvwatch.parsers.detect import detect_engine
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
@@ -70,6 +78,7 @@ class LinePipeline:
         self._anchors: tuple[str, ...] = ALL_ANCHORS
         self._parser: ParseFn | None = None
         self._line_parser: LineParseFn | None = None
+        self._block_parser: BlockParseFn | None = None
         # Last startup failure per instance: the same error printed by every TP rank (or by a worker
         # and again by the driver's traceback) is one failure.
         self._last_failure: dict[str, dict[str, Any]] = {}
@@ -84,6 +93,7 @@ class LinePipeline:
         self._anchors = ANCHORS.get(engine, ())
         self._parser = PARSERS.get(engine)
         self._line_parser = LINE_PARSERS.get(engine)
+        self._block_parser = BLOCK_PARSERS.get(engine)
 
     def feed(self, line: str) -> tuple[Event, ...]:
         """Process one physical line (its terminator may be attached); returns the events applied."""
@@ -139,25 +149,30 @@ class LinePipeline:
         """
         found = _NON_ACCESS_LINES.findall(block, pos, len(block) if endpos is None else endpos)
         self.lines_read += len(found)
+        raw_lines = list(filter(None, found))
+        if not raw_lines:
+            return
+        # One decode for all of them: b"\n" is never part of a UTF-8 sequence, so this is each
+        # line decoded on its own.
+        lines = b"\n".join(raw_lines).decode("utf-8", "replace").split("\n")
         limit = self.max_line_chars
         anchors = self._anchors
-        fast = self._line_parser
-        # Events of fast-path lines wait here and are applied in one call (one lock) at the end of
-        # the block or before any other line is claimed, so the Fleet sees every event in order.
+        # The engine's most frequent line shape (a stats line), matched for all lines at once; its
+        # events are the general path's, so they are counted, deduplicated and applied as in
+        # _claimed. They wait in `pending` and reach the Fleet in one call (one lock) at the end
+        # of the block or before any other line is claimed, so it sees every event in order
+        # (on_events may see them first; it is never given the Fleet).
+        rows = self._fast_rows(lines)
+        base = 0
         pending: list[Event] = []
         matched = 0
-        for raw in filter(None, found):
-            line = raw.decode("utf-8", "replace")
-            if fast is not None and len(line) <= limit:
-                # The engine's most frequent line shape (a stats line) in one match; the events are
-                # the general path's, so they are counted, deduplicated and applied as in _claimed
-                # (on_events may see them before the Fleet does; it is never given the Fleet).
-                try:
-                    events = fast(line)
-                except Exception:
-                    events = None  # the general path below counts what it cannot convert
+        for i, line in enumerate(lines):
+            if rows is not None and len(line) <= limit:
+                events = rows[i - base]
                 if events is not None:
-                    if len(events) != 1 or isinstance(events[0], _DEDUPED):
+                    # (A lone usage sample, nearly every time: _dedupe would return it as is, and
+                    # isinstance against pydantic classes that do not match is slow.)
+                    if len(events) != 1 or type(events[0]) is not UsageSample:
                         events = self._dedupe(events)
                     if events:
                         matched += 1
@@ -180,12 +195,25 @@ class LinePipeline:
                 self.lines_truncated += 1
             events = self._claimed(line)
             anchors = self._anchors
-            fast = self._line_parser
+            if rows is None and self._block_parser is not None:
+                # The engine was detected on this line: the rest of the block can go the fast way.
+                base = i + 1
+                rows = self._fast_rows(lines[base:])
             if events and on_events is not None:
                 on_events(events)
         self.lines_matched += matched
         if pending:
             self.fleet.apply_all(self.source, pending)
+
+    def _fast_rows(self, lines: list[str]) -> list[tuple[Event, ...] | None] | None:
+        """The block parser's answer per line, or None (no block parser, or it failed: then every
+        line takes the general path, which counts what it cannot convert)."""
+        if self._block_parser is None:
+            return None
+        try:
+            return self._block_parser(lines)
+        except Exception:
+            return None
 
     def _claimed(self, line: str) -> tuple[Event, ...]:
         """A line with an anchor: parse it, count the outcome, apply the events."""

@@ -528,13 +528,34 @@ def parse_line(line: str) -> tuple[Event, ...] | None:
     process-name reading, and the values go through the same conversions as ``_stats``.
     """
     m = _FAST_STATS.match(line)
-    if m is None:
-        return None
-    name, ts, engine, agg, prompt, gen, running, swapped, waiting, preemptions, kv, cpu, hit = m.groups()
+    return None if m is None else _fast_stats_events(m.groups())
+
+
+# The same pattern applied to many lines joined by '\n' in one findall: one row per line (the
+# second alternative takes any other line), so the per-line match calls are made in C.
+_FAST_STATS_LINES = re.compile(
+    "^(?:" + _FAST_STATS.pattern.removesuffix(r"\.?[\r\n]*\Z") + r"\.?\r*$|[^\n]*)$", re.MULTILINE
+)
+
+
+def parse_lines(lines: list[str]) -> list[tuple[Event, ...] | None]:
+    """``parse_line`` over lines without a '\\n' (a block's non-access lines), matched in one call."""
+    if not lines:
+        return []
+    rows = _FAST_STATS_LINES.findall("\n".join(lines))
+    if len(rows) != len(lines):  # a line with '\n' in it: not this function's input
+        return [parse_line(line) for line in lines]
+    return [_fast_stats_events(row) if row[1] else None for row in rows]
+
+
+def _fast_stats_events(groups: tuple[str, ...]) -> tuple[Event, ...]:
+    """The events of a _FAST_STATS match (absent groups are None or '': every group that takes
+    part in a match is non-empty)."""
+    name, ts, engine, agg, prompt, gen, running, swapped, waiting, preemptions, kv, cpu, hit = groups
     instance, rank = process_identity(name) if name else ("0", None)
-    if engine is not None:
+    if engine:
         instance = engine.lstrip("0") or "0"  # str(int(engine)) for ASCII digits
-    elif agg is not None:
+    elif agg:
         instance = "all"
     usage: dict[str, Any] = {
         "engine": "vllm",
@@ -547,13 +568,13 @@ def parse_line(line: str) -> tuple[Event, ...] | None:
         "waiting": int(waiting),
         "kv_usage_ratio": float(kv + "e-2"),  # _ratio
     }
-    if swapped is not None:
+    if swapped:
         usage["swapped"] = int(swapped)
-    if cpu is not None:
+    if cpu:
         usage["cpu_kv_usage_ratio"] = float(cpu + "e-2")
-    if hit is not None:
+    if hit:
         usage["prefix_cache_hit_ratio"] = float(hit + "e-2")
-    if preemptions is None:
+    if not preemptions:
         return (_usage_sample(usage),)
     preemption = {"engine": "vllm", "instance": instance, "rank": rank, "ts": ts}
     preemption["mechanism"] = "preempt"
