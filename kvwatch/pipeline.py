@@ -10,12 +10,13 @@ tests) and ``summarize`` turns the resulting snapshots into the ``parse --json``
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal, cast
 
 from kvwatch.events import Engine, EngineSettings, Event, Preemption, StartupFailure, UsageSample
 from kvwatch.parsers import (
@@ -134,7 +135,7 @@ class LinePipeline:
 
     def feed_block(
         self,
-        block: bytes,
+        block: bytes | bytearray,
         on_events: Callable[[tuple[Event, ...]], None] | None = None,
         pos: int = 0,
         endpos: int | None = None,
@@ -319,8 +320,8 @@ READ_BLOCK_BYTES = 1 << 20
 
 
 def _read_blocks(
-    stream: BinaryIO, max_chars: int, block_bytes: int = READ_BLOCK_BYTES
-) -> Iterator[tuple[bytes, int, int]]:
+    stream: io.BufferedIOBase, max_chars: int, block_bytes: int = READ_BLOCK_BYTES
+) -> Iterator[tuple[bytes | bytearray, int, int]]:
     """``(block, pos, endpos)``: ``block[pos:endpos]`` is whole lines, each preceded by b"\\n".
 
     This is ``LinePipeline.feed_block``'s input, read 1 MiB at a time and handed on without copying
@@ -332,24 +333,27 @@ def _read_blocks(
     keep = max_chars + 1
     cap = 4 * keep  # bytes that always hold `keep` characters of UTF-8 (or of replaced bytes)
     carry = b""
+    # One buffer for the whole stream: a fresh 1 MiB object per read costs page faults and zeroing.
+    buffer = bytearray(block_bytes)
     while True:
-        chunk = stream.read(block_bytes)
-        if not chunk:
+        size = stream.readinto(buffer)
+        if not size:
             if carry:
                 line = b"\n" + _first_chars(carry, keep)
                 yield line, 0, len(line)
             return
-        first = chunk.find(b"\n")
+        first = buffer.find(b"\n", 0, size)
         if len(carry) < cap:
-            carry += chunk[: cap - len(carry) if first < 0 else min(first, cap - len(carry))]
+            carry += buffer[: min(size if first < 0 else first, cap - len(carry))]
         if first < 0:
             continue
         line = b"\n" + _first_chars(carry, keep)
         yield line, 0, len(line)
-        last = chunk.rfind(b"\n")
+        last = buffer.rfind(b"\n", 0, size)
         if last > first:
-            yield chunk, first, last
-        carry = chunk[last + 1 : last + 1 + cap]
+            # Read by the caller before the next read overwrites the buffer.
+            yield buffer, first, last
+        carry = bytes(buffer[last + 1 : min(size, last + 1 + cap)])
 
 
 def _first_chars(data: bytes, n: int) -> bytes:
@@ -359,9 +363,9 @@ def _first_chars(data: bytes, n: int) -> bytes:
     return data.decode("utf-8", "replace")[:n].encode("utf-8")
 
 
-def _open_binary(path: str) -> BinaryIO:
+def _open_binary(path: str) -> io.BufferedIOBase:
     if path == "-":
-        return sys.stdin.buffer
+        return cast(io.BufferedIOBase, sys.stdin.buffer)
     return open(path, "rb")  # noqa: SIM115
 
 

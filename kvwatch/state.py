@@ -207,12 +207,16 @@ class Fleet:
         if isinstance(event, UsageSample):
             facts = _facts(event)
             state.usage.update(facts)
-            own = state.usage_by_origin.get(event.origin)
+            origin = event.origin
+            own = state.usage_by_origin.get(origin)
             if own is None:
-                own = state.usage_by_origin[event.origin] = {}
+                own = state.usage_by_origin[origin] = {}
             own.update(facts)
             if event.kv_usage_ratio is not None:
-                self._cross_check_usage(state, event, now)
+                state.usage_seen[origin] = now
+                # Only a sample the other origin has matched recently is compared (log-only: never).
+                if state.usage_seen.get("metrics" if origin == "log" else "log") is not None:
+                    self._cross_check_usage(state, event, now)
         elif isinstance(event, EngineSettings):
             if event.starts_engine and state.has_epoch_facts(event.origin):
                 state.new_epoch(now)
