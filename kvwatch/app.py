@@ -411,7 +411,7 @@ class Sidecar:
     def _consume(self) -> None:
         while True:
             try:
-                item = self._queue.get(timeout=0.25)
+                item = self._queue.get(timeout=SAVE_INTERVAL)
             except queue.Empty:
                 self._maybe_save()
                 continue

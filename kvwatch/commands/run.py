@@ -90,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
     sidecar.start()
     print(f"kvwatch: serving {sidecar.url}", file=sys.stderr, flush=True)
     try:
-        while not sidecar.wait(1.0):
-            pass
+        # No timeout: on POSIX a blocked wait is interrupted by signals, so the SIGTERM/SIGINT handler
+        # still runs at once, and the main thread costs no wake-ups while kvwatch runs.
+        sidecar.wait()
     finally:
         sidecar.stop()
     return 0
