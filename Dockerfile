@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # kvwatch sidecar image: slim Python, a virtual environment with kvwatch and its runtime
 # dependencies only (no grafana-foundation-sdk, no test tools), a non-root user, and nothing that
-# needs a writable root filesystem: byte code is compiled at build time and state goes to /state.
+# needs a writable root filesystem: byte code is compiled at build time (also the -OO variant that
+# `kvwatch run` re-executes itself with, see kvwatch/cli.py) and state goes to /state.
 #
 #   docker build -t kvwatch:0.1.0 .
 #   docker run --read-only -v /var/log/vllm:/logs:ro -p 9477:9477 kvwatch:0.1.0 \
@@ -17,6 +18,7 @@ COPY kvwatch ./kvwatch
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install . \
     && /opt/venv/bin/python -m compileall -q /opt/venv/lib \
+    && /opt/venv/bin/python -OO -m compileall -q /opt/venv/lib \
     && /opt/venv/bin/kvwatch --version
 
 FROM python:${PYTHON_VERSION}-slim
