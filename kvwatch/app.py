@@ -102,8 +102,6 @@ class _LogSource:
     pipeline: LinePipeline
     tailer: LogTailer | None = None
     stdin_up: bool = True
-    # Lines applied to the fleet (by the tailer's thread, or the consumer for stdin).
-    consumed: int = 0
 
     def on_line(self, line: str) -> tuple[Event, ...]:
         """Parse and apply one line at once; returns the events it produced.
@@ -113,7 +111,6 @@ class _LogSource:
         the sidecar's main CPU cost at a steady line rate, and lets a save pause delivery to get a
         state that holds exactly the lines before the saved positions.
         """
-        self.consumed += 1
         return self.pipeline.feed(line)
 
     def status(self) -> SourceStatus:
