@@ -51,17 +51,13 @@ def _append(path: Path, line: str) -> None:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of ``pid``: the scheduler's nanosecond count (schedstat) where the
-    kernel has it, else utime+stime, which is sampled at the clock tick (10 ms) and so too coarse
-    and biased for a process that wakes briefly 30 times a second."""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-        return total / 1e9
-    except (OSError, ValueError, IndexError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of the whole process, threads that already ended included (each scrape of /metrics
+    runs in a thread of its own): utime+stime of /proc/PID/stat. The kernel scales those two so that
+    their sum is the scheduler's exact runtime; only the units (clock ticks, 10 ms) are coarse,
+    which over the 20 s measured is 0.05% of a core. (Summing /proc/PID/task/*/schedstat would
+    miss the ended threads.)"""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mib(pid: int) -> float:
@@ -171,19 +167,29 @@ def bench_process() -> list[bool]:
             time.sleep(3.0)
             results.append(_report("idle RSS", _rss_mib(proc.pid), IDLE_RSS_MIB, "MiB"))
 
-            seconds = 20.0
+            seconds, scrape_every = 30.0, 15.0  # 15 s: the scrape interval deploy/ configures
             cpu0, wall0 = _cpu_seconds(proc.pid), time.monotonic()
-            n = 0
-            # The engine keeps its log open and flushes each line (one write, no open/close events).
+            n, scrapes, next_scrape = 0, 0, wall0 + scrape_every / 2  # twice in 30 s
+            # The engine keeps its log open and flushes each line (one write, no open/close events);
+            # a Prometheus scrapes /metrics meanwhile (rendering and reading the appends count too).
             with log.open("a", encoding="utf-8") as engine:
                 while time.monotonic() - wall0 < seconds:
                     engine.write(STATS[n % len(STATS)] + "\n")
                     engine.flush()
                     n += 1
+                    if time.monotonic() >= next_scrape:
+                        _lines_read(url)
+                        scrapes += 1
+                        next_scrape += scrape_every
                     time.sleep(max(0.0, wall0 + n / 100.0 - time.monotonic()))
             time.sleep(0.5)
             cpu = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - wall0) * 100
-            print(f"  wrote {n} lines in {seconds:.0f} s")
+            got = _lines_read(url) - seen
+            print(
+                f"  wrote {n} lines in {seconds:.0f} s, /metrics scraped {scrapes} times meanwhile; lines read: {got:.0f}"
+            )
+            if got != n:
+                raise RuntimeError(f"kvwatch read {got:.0f} of the {n} lines written")
             results.append(_report("CPU at 100 lines/s (% of one core)", cpu, CPU_PERCENT, "%"))
             floor = _watchdog_floor(Path(tmp))
             print(

@@ -112,6 +112,7 @@ class Demo:
 
     def summary(self) -> str:
         """One line per engine: pool, usage, headroom, preemptions, gap to each prediction."""
+        self.sidecar.refresh()  # what a scrape of /metrics does first: read what the engines appended
         reg = self.sidecar.registry
         out = []
         for snap in self.sidecar.fleet.snapshot():

@@ -108,6 +108,23 @@ def test_tailed_lines_reach_metrics(tmp_path: Path, sidecar_factory: Callable[..
     assert _status(car.url.replace("/metrics", "/nope")) == 404
 
 
+def test_a_scrape_shows_a_line_appended_just_before_it(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/metrics reads what the engine appended before rendering: the next scrape is current even
+    though the tailer's own timed read is rare (here: never within the test)."""
+    monkeypatch.setattr("kvwatch.app.TAIL_INTERVAL", 3600.0)
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"], model_config=[str(LLAMA_8B)])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 1952 * 16)
+    for n, line in enumerate(VLLM_STATS, start=1):
+        _append(log, line)
+        text = _scrape(car.url)  # no waiting: this very scrape has the line
+        assert _value(text, "kvwatch_lines_read_total", source="v") == len(VLLM_STARTUP) + n
+    assert _value(text, "kvwatch_kv_usage_ratio", source="v") == pytest.approx(0.023)
+
+
 def test_missing_log_is_counted_and_waited_for(
     tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
 ) -> None:

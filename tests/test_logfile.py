@@ -708,3 +708,62 @@ def test_appends_are_read_without_asking_watchdog_for_modify_events(
         append(log, f"line {i}\n")
     sink.wait_lines([f"line {i}" for i in range(5)])
     assert "modified" not in rung
+
+
+def test_refresh_reads_appends_in_the_calling_thread_however_long_the_interval(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    """A sidecar calls refresh() when /metrics is scraped: the scrape must not wait for the
+    tailer's own (rare) timed read to see a line appended just before it."""
+    log = tmp_path / "vllm.log"
+    log.write_text("startup\n")
+    tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK, append_interval=NO_RECHECK)
+    sink.wait_lines(["startup"])
+    append(log, "appended\nhalf")
+    time.sleep(0.2)
+    assert sink.texts() == ["startup"]  # the tailer's thread is asleep for an hour
+    assert tailer.refresh()
+    assert sink.texts() == ["startup", "appended"]  # read by this call, in this thread
+    assert sink.lines[-1][0] == str(log)
+    assert tailer.positions()[str(log)].offset == len("startup\nappended\n")
+    append(log, " line\n")
+    assert tailer.refresh()
+    assert sink.texts() == ["startup", "appended", "half line"]
+    tailer.stop()
+    assert not tailer.refresh()
+
+
+def test_refresh_gives_up_while_the_tailer_thread_holds_the_files(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    """A scrape during a long first read of a big log renders what was read so far, not wait."""
+    log = tmp_path / "vllm.log"
+    log.write_text("a\n")
+    tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK, append_interval=NO_RECHECK)
+    sink.wait_lines(["a"])
+    append(log, "b\n")
+    with tailer._lock:  # what the tailer's thread holds while it reads
+        started = time.monotonic()
+        got: list[bool] = []
+        other = threading.Thread(target=lambda: got.append(tailer.refresh(timeout=0.05)))
+        other.start()
+        other.join(5)
+        assert got == [False]
+        assert time.monotonic() - started < 2
+    assert sink.texts() == ["a"]
+    assert tailer.refresh()
+    assert sink.texts() == ["a", "b"]
+
+
+def test_a_structural_event_wakes_a_tailer_with_a_long_interval(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    """With rare timed reads, inotify's doorbell still gets a rotation followed at once."""
+    log = tmp_path / "vllm.log"
+    log.write_text("old\n")
+    tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK, append_interval=NO_RECHECK)
+    sink.wait_lines(["old"])
+    log.rename(tmp_path / "vllm.log.1")
+    log.write_text("new\n")
+    sink.wait_lines(["old", "new"])
+    assert tailer.rotations == 1

@@ -4,14 +4,14 @@ Design (one reader thread, watchdog only as a doorbell):
 
 * watchdog (inotify, or its polling observer when inotify is unavailable or asked for) watches the
   *directories* of the followed paths and of their symlink targets; an event only marks a path dirty
-  and wakes the reader thread. All reads happen in that one thread, so ``on_line`` is called from a
-  single thread, in file order.
+  and wakes the reader thread. Reads happen in that thread, or in a thread calling ``refresh()``,
+  under one lock, so ``on_line`` is called by one thread at a time, in file order.
 * Appends to the open files are read every ``append_interval`` seconds (a ``pread`` that returns at
-  once when nothing was written) instead of on inotify's IN_MODIFY: an engine writes one line per
-  write, and passing each of those events through watchdog's threads costs more CPU than the whole
-  rest of the sidecar (measured in bench/bench_sidecar.py). watchdog still rings for what a read
-  cannot see: files created, moved and deleted. ``append_interval=0`` restores reading on every
-  modify event (lowest latency, highest CPU).
+  once when nothing was written), and whenever ``refresh()`` is called (a sidecar does at each scrape),
+  instead of on inotify's IN_MODIFY: an engine writes one line per write, and passing each of those
+  events through watchdog's threads costs more CPU than the whole rest of the sidecar (measured in
+  bench/bench_sidecar.py). watchdog still rings for what a read cannot see: files created, moved and
+  deleted. ``append_interval=0`` restores reading on every modify event (lowest latency, highest CPU).
 * A stat every ``recheck_interval`` seconds re-checks everything, so a missed or coalesced event
   (NFS, overlay mounts, a full inotify queue) delays a line by at most that interval, never loses it.
 * Each file is read from the beginning (an engine prints its KV pool once, at startup) unless a
@@ -33,6 +33,8 @@ import fnmatch
 import glob
 import logging
 import os
+import select
+import socket
 import stat
 import threading
 import time
@@ -135,6 +137,46 @@ class _Stream:
     resume: FilePosition | None = None
 
 
+class _Bell:
+    """A wake-up flag that one thread sleeps on with a timeout and others ring.
+
+    Like ``threading.Event``, but the timed wait is a single ``select()`` on a socket pair: on the
+    VMs this was measured on, an Event's timed wait costs about twice the CPU per wake-up, and the
+    wake-ups for the timed re-check are most of an idle tailer's CPU (bench/bench_sidecar.py). Socket objects, unlike raw pipe descriptors, cannot write into an
+    unrelated file that reused the number after ``close()``.
+    """
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+
+    def set(self) -> None:
+        self._flag = True
+        with contextlib.suppress(OSError):  # buffer full: a wake-up is pending anyway; closed: stopped
+            self._w.send(b"\0")
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        self._flag = False
+        with contextlib.suppress(OSError):
+            while self._r.recv(4096):
+                pass
+
+    def wait(self, timeout: float) -> bool:
+        if not self._flag:
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self._r], [], [], max(0.0, timeout))
+        return self._flag
+
+    def close(self) -> None:
+        self._r.close()
+        self._w.close()
+
+
 def _has_magic(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
@@ -153,7 +195,8 @@ class _Doorbell(FileSystemEventHandler):
 class LogTailer:
     """Follow one path or glob pattern and call ``on_line(path, line)`` for every line, once.
 
-    ``on_line``, ``on_rotate`` and ``on_error`` are called from the tailer's own thread.
+    ``on_line``, ``on_rotate`` and ``on_error`` are called from the tailer's own thread, or from the
+    thread calling ``refresh()``; never from two threads at once.
     ``rotations``, ``read_errors``, ``truncated_lines`` and ``up`` feed the self-metrics.
     """
 
@@ -203,7 +246,7 @@ class LogTailer:
         self._pub_lock = threading.RLock()
         self._published: dict[str, tuple[int, int, int, bytes]] = {}
         self._streams: dict[str, _Stream] = {}
-        self._wake = threading.Event()
+        self._wake = _Bell()
         self._stop = threading.Event()
         self._dirty_lock = threading.Lock()
         # Paths with news -> whether the news may be structural (created/moved/deleted), which needs a
@@ -246,6 +289,8 @@ class LogTailer:
             return
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._wake.close()
         for observer in (self._observer, self._fallback):
             if observer is not None:
                 observer.stop()
@@ -285,6 +330,29 @@ class LogTailer:
             path: FilePosition(path, dev, ino, offset, fingerprint.hex())
             for path, (dev, ino, offset, fingerprint) in items
         }
+
+    def refresh(self, timeout: float = 0.05) -> bool:
+        """Read what was appended to the open files now, in the caller's thread; False when the
+        tailer's own thread held the files for longer than ``timeout`` (say, a first read of a big
+        log) or the tailer is stopped.
+
+        A sidecar calls this when /metrics is scraped, so a line is visible at the next scrape however
+        long ``append_interval`` is: the background reads then only need to keep state saves current,
+        and can be rare. Lines go to ``on_line`` in the calling thread, still one caller at a time and
+        in file order (both paths read under one lock). Only the files already open are read; new
+        files and renamed paths are still found by the tailer's thread.
+        """
+        if self._thread is None or not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            if self._stop.is_set() or not self._running:
+                return False
+            for stream in list(self._streams.values()):
+                if stream.reader is not None:
+                    self._drain(stream, stream.reader, retired=False)
+            return True
+        finally:
+            self._lock.release()
 
     def delivery_paused(self) -> contextlib.AbstractContextManager[Any]:
         """Hold back ``on_line`` calls while the caller saves its state with ``positions()``.
@@ -392,18 +460,13 @@ class LogTailer:
                 log.exception("log tailer loop error")
                 self._report("", exc)
                 self._stop.wait(0.1)
-            if self.append_interval > 0:
-                # A plain sleep: the loop comes back within append_interval anyway and then looks at
-                # what watchdog rang for, and on this kind of machine a timed Event.wait costs
-                # noticeably more CPU per wake-up than a sleep (bench/bench_sidecar.py).
-                if not self._wake.is_set():
-                    time.sleep(max(0.0, min(next_check, next_append) - time.monotonic()))
-            else:
-                self._wake.wait(max(0.0, next_check - time.monotonic()))
+            wake_at = min(next_check, next_append) if self.append_interval > 0 else next_check
+            self._wake.wait(wake_at - time.monotonic())
             self._wake.clear()
         if self._close_on_exit:
             with self._lock:
                 self._close_files()
+            self._wake.close()
 
     def _discover(self) -> None:
         """Create streams for the literal path, or for glob matches not seen before."""
