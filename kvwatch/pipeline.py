@@ -149,9 +149,10 @@ class LinePipeline:
 
         ``block[pos:endpos]`` holds whole lines, each preceded by b"\\n" (so an empty range has no
         line and b"\\n" alone is one empty line).
-        Access-log lines are dropped in bulk by two regex passes over the block; the others are
-        decoded (invalid UTF-8 replaced, as a text stream with errors="replace" would) and go
-        through the same checks as ``feed_lines``, in order. ``lines_read`` counts every line.
+        Access-log lines are dropped in bulk by two regex passes over the block; the others go
+        through the same checks as ``feed_lines``, in order, decoded (invalid UTF-8 replaced, as a
+        text stream with errors="replace" would) unless the engine's block parser answers them
+        from the raw bytes. ``lines_read`` counts every line.
         """
         view = memoryview(block)[pos : len(block) if endpos is None else endpos]
         rest, runs = _ACCESS_RUN.subn(b"", view)
@@ -162,22 +163,20 @@ class LinePipeline:
         raw_lines = list(filter(None, found))
         if not raw_lines:
             return
-        # One decode for all of them: b"\n" is never part of a UTF-8 sequence, so this is each
-        # line decoded on its own.
-        lines = b"\n".join(raw_lines).decode("utf-8", "replace").split("\n")
         limit = self.max_line_chars
         anchors = self._anchors
-        # The engine's most frequent line shape (a stats line), matched for all lines at once; its
-        # events are the general path's, so they are counted, deduplicated and applied as in
-        # _claimed. They wait in `pending` and reach the Fleet in one call (one lock) at the end
-        # of the block or before any other line is claimed, so it sees every event in order
-        # (on_events may see them first; it is never given the Fleet).
-        rows = self._fast_rows(lines)
+        # The engine's most frequent line shape (a stats line), matched for all raw lines at once,
+        # so those lines are never decoded; its events are the general path's, so they are
+        # counted, deduplicated and applied as in _claimed. They wait in `pending` and reach the
+        # Fleet in one call (one lock) at the end of the block or before any other line is
+        # claimed, so it sees every event in order (on_events may see them first; it is never
+        # given the Fleet). A fast row is ASCII: its byte length is its length in characters.
+        rows = self._fast_rows(raw_lines)
         base = 0
         pending: list[Event] = []
         matched = 0
-        for i, line in enumerate(lines):
-            if rows is not None and len(line) <= limit:
+        for i, raw in enumerate(raw_lines):
+            if rows is not None and len(raw) <= limit:
                 events = rows[i - base]
                 if events is not None:
                     # (A lone usage sample, nearly every time: _dedupe would return it as is, and
@@ -190,6 +189,9 @@ class LinePipeline:
                         if on_events is not None:
                             on_events(events)
                     continue
+            # Decoded on its own, as a text stream with errors="replace" would (b"\n" is never
+            # part of a UTF-8 sequence).
+            line = raw.decode("utf-8", "replace")
             for anchor in anchors:
                 if anchor in line:
                     break
@@ -208,14 +210,14 @@ class LinePipeline:
             if rows is None and self._block_parser is not None:
                 # The engine was detected on this line: the rest of the block can go the fast way.
                 base = i + 1
-                rows = self._fast_rows(lines[base:])
+                rows = self._fast_rows(raw_lines[base:])
             if events and on_events is not None:
                 on_events(events)
         self.lines_matched += matched
         if pending:
             self.fleet.apply_all(self.source, pending)
 
-    def _fast_rows(self, lines: list[str]) -> list[tuple[Event, ...] | None] | None:
+    def _fast_rows(self, lines: list[bytes]) -> list[tuple[Event, ...] | None] | None:
         """The block parser's answer per line, or None (no block parser, or it failed: then every
         line takes the general path, which counts what it cannot convert)."""
         if self._block_parser is None:

@@ -176,13 +176,14 @@ class Fleet:
     def apply(self, source: str, event: Event) -> None:
         """Fold one event into the state of its instance."""
         with self._lock:
-            self._apply(source, event)
+            self._apply(source, event, self._clock())
 
     def apply_all(self, source: str, events: Iterable[Event]) -> None:
-        """Fold several events in order under one lock."""
+        """Fold several events in order under one lock, as of one moment (one clock reading)."""
         with self._lock:
+            now = self._clock()
             for event in events:
-                self._apply(source, event)
+                self._apply(source, event, now)
 
     def _get(self, source: str, event: Event) -> InstanceState | None:
         key = (source, event.instance)
@@ -196,11 +197,10 @@ class Fleet:
             self._instances[key] = state
         return state
 
-    def _apply(self, source: str, event: Event) -> None:
+    def _apply(self, source: str, event: Event, now: float) -> None:
         state = self._instances.get((source, event.instance)) or self._get(source, event)
         if state is None:
             return
-        now = self._clock()
         state.events += 1
         state.last_update[event.origin] = now
         # Usage first: a running engine's events are almost all periodic stats.

@@ -51,15 +51,18 @@ def _identical(fast: tuple[Event, ...], general: tuple[Event, ...]) -> None:
 
 def test_block_parser_equals_line_parser() -> None:
     lines = [x.rstrip("\r\n") if "\n" in x else x for x in SAMPLE_LINES]
-    assert vllm.parse_lines(lines) == [vllm.parse_line(x) for x in lines]
+    assert vllm.parse_lines([x.encode() for x in lines]) == [vllm.parse_line(x) for x in lines]
     assert vllm.parse_lines([]) == []
-    assert vllm.parse_lines([""]) == [None]
+    assert vllm.parse_lines([b""]) == [None]
     # A line with a newline in it is not the block parser's input; it still answers line by line.
     stats = next(x for x in SAMPLE_LINES if vllm.parse_line(x) is not None)
-    assert vllm.parse_lines([stats + "\nx", stats]) == [
+    assert vllm.parse_lines([(stats + "\nx").encode(), stats.encode()]) == [
         vllm.parse_line(stats + "\nx"),
         vllm.parse_line(stats),
     ]
+    # Raw lines: what their decoded form (invalid bytes replaced) gives.
+    for raw in (b"\xff" + stats.encode(), stats.encode()[:-3] + b"\xe2\x82", stats.encode() + b"\xc3\xa9"):
+        assert vllm.parse_lines([raw]) == [vllm.parse_line(raw.decode("utf-8", "replace"))]
 
 
 def test_fast_path_equals_general_path_on_every_sample_line() -> None:
@@ -166,7 +169,7 @@ def stats_line(draw: st.DrawFn) -> str:
 def test_fast_path_equals_general_path_on_generated_lines(line: str) -> None:
     fast = vllm.parse_line(line)
     if "\n" not in line:
-        assert vllm.parse_lines([line, "x", line]) == [fast, None, fast]
+        assert vllm.parse_lines([line.encode(), b"x", line.encode()]) == [fast, None, fast]
     if fast is None:
         return
     _identical(fast, _general(line))

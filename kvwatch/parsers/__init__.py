@@ -16,9 +16,9 @@ PARSERS: dict[Engine, ParseFn] = {"vllm": vllm.parse, "sglang": sglang.parse}
 
 # Whole-line fast paths: the events of a raw line in an engine's most frequent shape (prefixes
 # included), or None for any other line, which then goes through strip_prefixes and PARSERS.
-# BLOCK_PARSERS do the same for a list of lines without '\n', one result per line.
+# BLOCK_PARSERS do the same for a list of raw UTF-8 lines without b'\n', one result per line.
 LineParseFn = Callable[[str], "tuple[Event, ...] | None"]
-BlockParseFn = Callable[[list[str]], "list[tuple[Event, ...] | None]"]
+BlockParseFn = Callable[[list[bytes]], "list[tuple[Event, ...] | None]"]
 LINE_PARSERS: dict[Engine, LineParseFn] = {"vllm": vllm.parse_line}
 BLOCK_PARSERS: dict[Engine, BlockParseFn] = {"vllm": vllm.parse_lines}
 ANCHORS: dict[Engine, tuple[str, ...]] = {"vllm": vllm.ANCHORS, "sglang": sglang.ANCHORS}

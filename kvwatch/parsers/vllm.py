@@ -13,10 +13,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from typing import Any
 
 import regex
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kvwatch.events import (
     EngineSettings,
@@ -474,8 +475,10 @@ def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ..
 # escapes. Every value group admits only ASCII digits in the shape the converters accept, so a
 # match cannot fail to convert; fields the general parser ignores (Deferred, Corrupted,
 # External/MM hit rates) are matched and ignored here. Anything else is left to the general path.
+# It matches bytes: replay hands over the raw lines, which then need no decoding (a line with bytes
+# outside ASCII cannot match, exactly as its decoded form could not).
 _N = r"[0-9]+(?:\.[0-9]+)?"
-_FAST_STATS = re.compile(
+_FAST_STATS_TEXT = (
     r"(?:\((?P<name>[A-Za-z_][A-Za-z0-9_.\-]*(?: [A-Za-z0-9_=]+)*) pid=[0-9]+\) )?"
     r"(?:INFO|DEBUG|WARNING|WARN|ERROR|CRITICAL) "
     r"(?P<ts>[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]) \[?[A-Za-z0-9_./\-]+:[0-9]+\] "
@@ -489,6 +492,10 @@ _FAST_STATS = re.compile(
     rf"(?:, External prefix cache hit rate: {_N}%)?(?:, MM cache hit rate: {_N}%)?"
     r"\.?[\r\n]*\Z"
 )
+_FAST_STATS = re.compile(_FAST_STATS_TEXT.encode("ascii"))
+
+
+_MODEL_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
 
 
 def _constructor(cls: type[UsageSample] | type[Preemption]) -> Callable[[dict[str, Any]], Event]:
@@ -501,16 +508,17 @@ def _constructor(cls: type[UsageSample] | type[Preemption]) -> Callable[[dict[st
     """
     template = dict(cls(engine="vllm").__dict__)
     new = object.__new__
-    setattr_ = object.__setattr__
+    # The slots' own setters: what object.__setattr__ finds after looking the name up on the class.
+    slots = {name: BaseModel.__dict__[name].__set__ for name in _MODEL_SLOTS}
+    set_dict, set_fields_set = slots["__dict__"], slots["__pydantic_fields_set__"]
+    set_extra, set_private = slots["__pydantic_extra__"], slots["__pydantic_private__"]
 
     def build(values: dict[str, Any]) -> Event:
         event: UsageSample | Preemption = new(cls)
-        fields = template.copy()
-        fields.update(values)
-        setattr_(event, "__dict__", fields)
-        setattr_(event, "__pydantic_fields_set__", set(values))
-        setattr_(event, "__pydantic_extra__", None)
-        setattr_(event, "__pydantic_private__", None)
+        set_dict(event, {**template, **values})
+        set_fields_set(event, set(values))
+        set_extra(event, None)
+        set_private(event, None)
         return event
 
     return build
@@ -527,36 +535,44 @@ def parse_line(line: str) -> tuple[Event, ...] | None:
     prefix is read as strip_prefixes reads it, the instance and rank come from the same
     process-name reading, and the values go through the same conversions as ``_stats``.
     """
-    m = _FAST_STATS.match(line)
+    m = _FAST_STATS.match(line.encode("utf-8", "surrogatepass"))
     return None if m is None else _fast_stats_events(m.groups())
 
 
 # The same pattern applied to many lines joined by '\n' in one findall: one row per line (the
 # second alternative takes any other line), so the per-line match calls are made in C.
 _FAST_STATS_LINES = re.compile(
-    "^(?:" + _FAST_STATS.pattern.removesuffix(r"\.?[\r\n]*\Z") + r"\.?\r*$|[^\n]*)$", re.MULTILINE
+    ("^(?:" + _FAST_STATS_TEXT.removesuffix(r"\.?[\r\n]*\Z") + r"\.?\r*$|[^\n]*)$").encode("ascii"),
+    re.MULTILINE,
 )
 
 
-def parse_lines(lines: list[str]) -> list[tuple[Event, ...] | None]:
-    """``parse_line`` over lines without a '\\n' (a block's non-access lines), matched in one call."""
+def parse_lines(lines: list[bytes]) -> list[tuple[Event, ...] | None]:
+    """``parse_line`` over raw UTF-8 lines without a b'\\n' (a block's non-access lines, as read),
+    matched in one call; a line's result is its decoded form's (invalid bytes replaced)."""
     if not lines:
         return []
-    rows = _FAST_STATS_LINES.findall("\n".join(lines))
-    if len(rows) != len(lines):  # a line with '\n' in it: not this function's input
-        return [parse_line(line) for line in lines]
+    rows = _FAST_STATS_LINES.findall(b"\n".join(lines))
+    if len(rows) != len(lines):  # a line with b'\n' in it: not this function's input
+        return [parse_line(line.decode("utf-8", "replace")) for line in lines]
     return [_fast_stats_events(row) if row[1] else None for row in rows]
 
 
-def _fast_stats_events(groups: tuple[str, ...]) -> tuple[Event, ...]:
-    """The events of a _FAST_STATS match (absent groups are None or '': every group that takes
-    part in a match is non-empty)."""
-    name, ts, engine, agg, prompt, gen, running, swapped, waiting, preemptions, kv, cpu, hit = groups
-    instance, rank = process_identity(name) if name else ("0", None)
+@lru_cache(maxsize=256)
+def _identity(name: bytes) -> tuple[str, int | None]:
+    return process_identity(name.decode("ascii"))
+
+
+def _fast_stats_events(groups: tuple[bytes, ...]) -> tuple[Event, ...]:
+    """The events of a _FAST_STATS match (absent groups are None or b'': every group that takes
+    part in a match is non-empty). All groups are ASCII: float() and int() take them as bytes."""
+    name, ts_b, engine, agg, prompt, gen, running, swapped, waiting, preemptions, kv, cpu, hit = groups
+    instance, rank = _identity(name) if name else ("0", None)
     if engine:
-        instance = engine.lstrip("0") or "0"  # str(int(engine)) for ASCII digits
+        instance = engine.lstrip(b"0").decode() or "0"  # str(int(engine)) for ASCII digits
     elif agg:
         instance = "all"
+    ts = ts_b.decode()
     usage: dict[str, Any] = {
         "engine": "vllm",
         "instance": instance,
@@ -566,14 +582,14 @@ def _fast_stats_events(groups: tuple[str, ...]) -> tuple[Event, ...]:
         "generation_throughput": float(gen),
         "running": int(running),
         "waiting": int(waiting),
-        "kv_usage_ratio": float(kv + "e-2"),  # _ratio
+        "kv_usage_ratio": float(kv + b"e-2"),  # _ratio
     }
     if swapped:
         usage["swapped"] = int(swapped)
     if cpu:
-        usage["cpu_kv_usage_ratio"] = float(cpu + "e-2")
+        usage["cpu_kv_usage_ratio"] = float(cpu + b"e-2")
     if hit:
-        usage["prefix_cache_hit_ratio"] = float(hit + "e-2")
+        usage["prefix_cache_hit_ratio"] = float(hit + b"e-2")
     if not preemptions:
         return (_usage_sample(usage),)
     preemption = {"engine": "vllm", "instance": instance, "rank": rank, "ts": ts}
