@@ -593,7 +593,10 @@ class Sidecar:
         /metrics, in the HTTP thread): a line appended just before a scrape is in that scrape."""
         for src in self._logs:
             if src.tailer is not None:
-                src.tailer.refresh()
+                try:
+                    src.tailer.refresh()
+                except Exception:  # a scrape must answer whatever reading the log ran into
+                    log.exception("reading appends at scrape failed source=%s", src.name)
 
     def source_statuses(self) -> list[SourceStatus]:
         """Self-metrics of every source, for the collector."""

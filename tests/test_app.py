@@ -125,6 +125,23 @@ def test_a_scrape_shows_a_line_appended_just_before_it(
     assert _value(text, "kvwatch_kv_usage_ratio", source="v") == pytest.approx(0.023)
 
 
+def test_a_scrape_answers_when_reading_the_log_fails(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"], model_config=[str(LLAMA_8B)])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 1952 * 16)
+
+    def boom(timeout: float = 0.05) -> bool:
+        raise RuntimeError("a bug while reading")
+
+    for src in car._logs:
+        assert src.tailer is not None
+        monkeypatch.setattr(src.tailer, "refresh", boom)
+    assert _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 1952 * 16
+
+
 def test_missing_log_is_counted_and_waited_for(
     tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
 ) -> None:
