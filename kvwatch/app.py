@@ -326,6 +326,7 @@ class Sidecar:
         self._dirty = False
         self._facts_dirty = False
         self._last_save = 0.0
+        self._dirty_since = self._facts_since = 0.0
 
     def _gpu_memory(self) -> int | None:
         if self.settings.gpu_memory is not None:
@@ -530,18 +531,28 @@ class Sidecar:
         if not events:
             return
         wake = not self._dirty
+        if wake:
+            self._dirty_since = time.monotonic()
         self._dirty = True
         if not self._facts_dirty and not all(isinstance(e, UsageSample) for e in events):
+            self._facts_since = time.monotonic()
             self._facts_dirty = wake = True
         if wake and self.store is not None:
             self._queue.put(("dirty",))
 
     def _save_due_in(self) -> float | None:
-        """Seconds until the state file should be written; None when it holds everything."""
+        """Seconds until the state file should be written; None when it holds everything.
+
+        A save is due an interval after the first change it would hold (and after the last save),
+        so a burst of lines -- an engine's startup, a log read from its start -- is one save.
+        """
         if self.store is None or not self._dirty:
             return None
-        interval = SAVE_INTERVAL if self._facts_dirty else USAGE_SAVE_INTERVAL
-        return max(0.0, self._last_save + interval - time.monotonic())
+        if self._facts_dirty:
+            due = max(self._last_save, self._facts_since) + SAVE_INTERVAL
+        else:
+            due = max(self._last_save, self._dirty_since) + USAGE_SAVE_INTERVAL
+        return max(0.0, due - time.monotonic())
 
     def _maybe_save(self) -> None:
         if self._save_due_in() == 0.0:
