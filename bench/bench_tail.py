@@ -1,11 +1,15 @@
-"""Tailer latency: a line appended to a followed file reaches ``on_line`` in well under 50 ms at p99.
+"""Tailer latency: a line appended to a followed file reaches ``on_line`` within 10 ms at p99 when
+``refresh()`` asks for it, the way the sidecar does at every scrape of /metrics.
 
 The sidecar's end-to-end target (append -> /metrics, 50 ms p99) is measured in bench_sidecar; this
 isolates the tailer's share, which must be a small part of it. Each of ~1,000 lines is appended by a
 separate write with a short gap (as an engine logs), and the time from the write to the callback is
-recorded. Also printed, without a target (the sidecar's CPU target is checked in bench_sidecar): the
-CPU the tailer's and watchdog's threads use at 100 lines/s, the polling observer's latency, and the
-read throughput for a large existing log (what a restart with a long log costs).
+recorded. Also printed, without a target: the delay of the tailer's own timed reads (at most
+``append_interval``, 40 ms by default; 10 s in the sidecar, which reads at scrape time instead), of
+reading on every inotify modify event (``append_interval=0``), and of the polling observer; the
+CPU the tailer's and watchdog's threads use at 100 lines/s (the sidecar's CPU target is checked
+in bench_sidecar); the read throughput for a large existing log (what a restart with a long log
+costs).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from kvwatch.sources import LogTailer
 
@@ -24,7 +29,9 @@ TARGET_P99_MS = 10.0  # the tailer's budget inside the 50 ms end-to-end target
 LINE = "INFO 07-01 12:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0 tokens/s, GPU KV cache usage: 12.5%"
 
 
-def _latencies(path: Path, *, polling: bool, count: int) -> list[float]:
+def _latencies(path: Path, *, count: int, refresh: bool = False, **options: Any) -> list[float]:
+    """Milliseconds from each write to its ``on_line``; with ``refresh``, the writer calls
+    ``refresh()`` right after the write, as a scrape would."""
     arrived = threading.Event()
     stamp: list[float] = []
 
@@ -33,7 +40,7 @@ def _latencies(path: Path, *, polling: bool, count: int) -> list[float]:
         arrived.set()
 
     path.write_text("")
-    tailer = LogTailer(str(path), on_line, polling=polling, poll_interval=0.25)
+    tailer = LogTailer(str(path), on_line, **options)
     tailer.start()
     out: list[float] = []
     try:
@@ -45,6 +52,8 @@ def _latencies(path: Path, *, polling: bool, count: int) -> list[float]:
                 t0 = time.perf_counter()
                 fh.write(f"{LINE} seq={i}\n")
                 fh.flush()
+                if refresh:
+                    tailer.refresh()
                 if not arrived.wait(5.0):
                     raise RuntimeError(f"line {i} never arrived")
                 out.append((stamp[0] - t0) * 1000)
@@ -118,17 +127,27 @@ def _pct(values: list[float], q: float) -> float:
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kvwatch-bench-tail-") as tmp:
         root = Path(tmp)
-        native = _latencies(root / "native.log", polling=False, count=LINES)
-        p50, p99 = statistics.median(native), _pct(native, 0.99)
+        # The tailer's own timed reads never come within the measurement: only refresh() can read.
+        asked = _latencies(root / "asked.log", count=LINES, refresh=True, append_interval=3600.0)
+        p50, p99 = statistics.median(asked), _pct(asked, 0.99)
         ok = p99 <= TARGET_P99_MS
         print(
-            f"tail latency (inotify), {len(native)} lines: p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
-            f"max {max(native):.2f} ms (target p99 <= {TARGET_P99_MS:.0f} ms) {'ok' if ok else 'MISSED'}"
+            f"refresh() latency, the sidecar's path at a scrape, {len(asked)} lines: p50 {p50:.2f} ms, "
+            f"p99 {p99:.2f} ms, max {max(asked):.2f} ms (target p99 <= {TARGET_P99_MS:.0f} ms) {'ok' if ok else 'MISSED'}"
         )
+        for label, options in (
+            ("timed reads, append_interval 40 ms", {}),
+            ("every inotify modify event, append_interval 0", {"append_interval": 0.0}),
+        ):
+            timed = _latencies(root / "timed.log", count=200, **options)
+            print(
+                f"tail latency, {label}, {len(timed)} lines: p50 {statistics.median(timed):.2f} ms, "
+                f"p99 {_pct(timed, 0.99):.2f} ms (no target)"
+            )
         if Path("/proc/self/task").is_dir():
             cpu = _cpu_percent(root / "cpu.log", 100, 10.0)
             print(f"tailer + watchdog threads at 100 lines/s: {cpu:.2f}% of one core (no target here)")
-        polled = _latencies(root / "polled.log", polling=True, count=40)
+        polled = _latencies(root / "polled.log", count=40, polling=True, poll_interval=0.25)
         print(
             f"tail latency (polling observer, 0.25 s), {len(polled)} lines: p50 {statistics.median(polled):.1f} ms, "
             f"max {max(polled):.1f} ms (no target: the fallback)"
