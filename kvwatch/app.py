@@ -116,10 +116,11 @@ class _LogSource:
     def on_line(self, line: str) -> tuple[Event, ...]:
         """Parse and apply one line at once; returns the events it produced.
 
-        Called from the tailer's own thread, under its delivery lock: applying lines where they are
-        read (rather than handing each to the consumer thread) halves the thread wake-ups per line,
-        the sidecar's main CPU cost at a steady line rate, and lets a save pause delivery to get a
-        state that holds exactly the lines before the saved positions.
+        Called by whichever thread read the line -- the tailer's, or the HTTP thread serving a
+        scrape (``Sidecar.refresh``) -- under the tailer's delivery lock, one line at a time in file
+        order: applying lines where they are read needs no hand-off to another thread (a wake-up
+        per line, the sidecar's main CPU cost at a steady line rate), and lets a save pause delivery
+        to get a state that holds exactly the lines before the saved positions.
         """
         return self.pipeline.feed(line)
 
@@ -561,10 +562,11 @@ class Sidecar:
     def _save(self) -> bool:
         """Write the state with the positions of exactly the lines it contains.
 
-        Tailers apply lines in their own threads under their delivery lock; holding every tailer's
-        lock while the positions and the fleet are taken gives a consistent cut (stdin lines and
-        scrapes are applied by this thread, so they cannot change the fleet meanwhile). The slow
-        part, writing and fsyncing the file, happens after the tailers are released.
+        Log lines are applied under their tailer's delivery lock (in its thread or a scrape's);
+        holding every tailer's lock while the positions and the fleet are taken gives a consistent
+        cut (stdin lines and engine-/metrics results are applied by this thread, so they cannot
+        change the fleet meanwhile). The slow part, writing and fsyncing the file, happens after
+        the tailers are released.
         """
         if self.store is None:
             return True
