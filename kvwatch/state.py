@@ -58,9 +58,6 @@ def _facts(event: Event) -> dict[str, Any]:
     return {k: v for k in names if (v := values[k]) is not None}
 
 
-_USAGE_FACTS = tuple(k for k in UsageSample.model_fields if k not in _IDENTITY)
-
-
 @dataclass
 class InstanceState:
     """Everything kvwatch knows about one engine instance. Mutated only through Fleet.apply."""
@@ -208,15 +205,14 @@ class Fleet:
         state.last_update[event.origin] = now
         # Usage first: a running engine's events are almost all periodic stats.
         if isinstance(event, UsageSample):
-            values = event.__dict__
-            facts = {k: v for k in _USAGE_FACTS if (v := values[k]) is not None}  # _facts, inlined
+            facts = _facts(event)
             state.usage.update(facts)
-            origin = values["origin"]
+            origin = event.origin
             own = state.usage_by_origin.get(origin)
             if own is None:
                 own = state.usage_by_origin[origin] = {}
             own.update(facts)
-            if values["kv_usage_ratio"] is not None:
+            if event.kv_usage_ratio is not None:
                 state.usage_seen[origin] = now
                 # Only a sample the other origin has matched recently is compared (log-only: never).
                 if state.usage_seen.get("metrics" if origin == "log" else "log") is not None:

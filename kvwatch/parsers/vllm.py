@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from functools import lru_cache
 from typing import Any
 
 import regex
@@ -347,11 +346,7 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
             return (_make(EngineSettings, meta, max_model_len=int(a.group("to") or a.group("full"))),)
     m = _AVAILABLE.match(body) if body.startswith("Available") else None
     if m is not None:
-        avail = _gib(m.group("v"), m.group("u"))
-        events: list[Event] = [_make(MemoryBudget, meta, available_kv_bytes=avail)]
-        if avail < 0:
-            events.append(_make(StartupFailure, meta, reason="negative_kv_budget", available_kv_bytes=avail))
-        return tuple(events)
+        return _budget(meta, available_kv_bytes=_gib(m.group("v"), m.group("u")))
     if "weights memory" in body:
         d = _PROFILE_DEBUG.search(body)
         if d is not None:
@@ -558,16 +553,11 @@ def parse_lines(lines: list[bytes]) -> list[tuple[Event, ...] | None]:
     return [_fast_stats_events(row) if row[1] else None for row in rows]
 
 
-@lru_cache(maxsize=256)
-def _identity(name: bytes) -> tuple[str, int | None]:
-    return process_identity(name.decode("ascii"))
-
-
 def _fast_stats_events(groups: tuple[bytes, ...]) -> tuple[Event, ...]:
     """The events of a _FAST_STATS match (absent groups are None or b'': every group that takes
     part in a match is non-empty). All groups are ASCII: float() and int() take them as bytes."""
     name, ts_b, engine, agg, prompt, gen, running, swapped, waiting, preemptions, kv, cpu, hit = groups
-    instance, rank = _identity(name) if name else ("0", None)
+    instance, rank = process_identity(name.decode()) if name else ("0", None)
     if engine:
         instance = engine.lstrip(b"0").decode() or "0"  # str(int(engine)) for ASCII digits
     elif agg:
@@ -603,20 +593,22 @@ def _budget_breakdown(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _BREAKDOWN.search(body)
     if m is None:
         return NO_EVENTS
-    kv = _gib(m.group("kv"))
-    events: list[Event] = [
-        _make(
-            MemoryBudget,
-            meta,
-            weights_bytes=_gib(m.group("w")),
-            non_torch_bytes=_gib(m.group("nt")),
-            activation_bytes=_gib(m.group("act")),
-            available_kv_bytes=kv,
-        )
-    ]
-    if kv < 0:
-        events.append(_make(StartupFailure, meta, reason="negative_kv_budget", available_kv_bytes=kv))
-    return tuple(events)
+    return _budget(
+        meta,
+        weights_bytes=_gib(m.group("w")),
+        non_torch_bytes=_gib(m.group("nt")),
+        activation_bytes=_gib(m.group("act")),
+        available_kv_bytes=_gib(m.group("kv")),
+    )
+
+
+def _budget(meta: LineMeta, **fields: Any) -> tuple[Event, ...]:
+    """A memory budget; one whose KV memory is negative is also the startup failure vLLM raises next."""
+    budget = _make(MemoryBudget, meta, **fields)
+    kv = fields.get("available_kv_bytes")
+    if kv is None or kv >= 0:
+        return (budget,)
+    return (budget, _make(StartupFailure, meta, reason="negative_kv_budget", available_kv_bytes=kv))
 
 
 def _total_memory(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -643,11 +635,7 @@ def _total_memory(body: str, meta: LineMeta) -> tuple[Event, ...]:
                 fields[name] = _gib(values[key].group("v"))
         if "gpu_memory_utilization" in values:
             fields["gpu_memory_utilization"] = float(values["gpu_memory_utilization"].group("v"))
-        events: list[Event] = [_make(MemoryBudget, meta, **fields)]
-        kv = fields.get("available_kv_bytes")
-        if kv is not None and kv < 0:
-            events.append(_make(StartupFailure, meta, reason="negative_kv_budget", available_kv_bytes=kv))
-        return tuple(events)
+        return _budget(meta, **fields)
     return NO_EVENTS
 
 
