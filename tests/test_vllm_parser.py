@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from kvwatch.engines.vllm import log as vllm
 from kvwatch.events import (
     EngineSettings,
     Event,
@@ -15,7 +16,6 @@ from kvwatch.events import (
     StartupFailure,
     UsageSample,
 )
-from kvwatch.parsers import vllm
 from kvwatch.parsers.base import LineMeta, ParseError
 from kvwatch.parsers.prefix import strip_prefixes
 from kvwatch.units import GiB, MiB
