@@ -39,6 +39,7 @@ from kvwatch.collector import KvwatchCollector, SourceStatus
 from kvwatch.config import Settings, WebConfig, load_web_config
 from kvwatch.errors import ConfigError
 from kvwatch.events import Event, UsageSample
+from kvwatch.jsontypes import JsonObject
 from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prom_text import MetricsReader
 from kvwatch.persist import StateStore, restore
@@ -345,7 +346,7 @@ class Sidecar:
     # --- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
         """Restore the state file, bind the listen address, start consumer, tailers and scrapers."""
-        positions: dict[str, Any] = {}
+        positions: JsonObject = {}
         if self.store is not None:
             saved = self.store.load()
             # Instances of sources no longer configured would be exported forever: leave them out.
@@ -575,7 +576,7 @@ class Sidecar:
         with contextlib.ExitStack() as paused:
             for _, tailer in tailers:
                 paused.enter_context(tailer.delivery_paused())
-            positions = {
+            positions: JsonObject = {
                 name: {path: pos.to_dict() for path, pos in tailer.positions().items()}
                 for name, tailer in tailers
             }

@@ -15,7 +15,7 @@ import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 from prometheus_client import utils as _prom_utils
 from prometheus_client.metrics_core import (
@@ -28,7 +28,8 @@ from prometheus_client.registry import Collector
 
 from kvwatch import __version__, names
 from kvwatch.analysis.attribution import gap_ratio
-from kvwatch.analysis.predictor import Predictor, freeze
+from kvwatch.analysis.predictor import Predictor
+from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.state import InstanceSnapshot
 
 log = logging.getLogger(__name__)
@@ -36,16 +37,18 @@ log = logging.getLogger(__name__)
 # Longest label value kvwatch exports (model paths can be long; labels must stay small).
 _MAX_LABEL = 128
 
-# MemoryBudget field -> names.MEMORY_TERMS term (basis 'observed').
-_OBSERVED_TERMS: dict[str, str] = {
-    "total_bytes": "total",
-    "requested_bytes": "usable",
-    "weights_bytes": "weights",
-    "activation_bytes": "activation",
-    "non_torch_bytes": "non_torch",
-    "cuda_graph_bytes": "cuda_graphs",
-    "available_kv_bytes": "kv",
-}
+
+def _observed_terms(m: MemoryFacts) -> tuple[tuple[str, int | None], ...]:
+    """The printed memory budget as names.MEMORY_TERMS terms (basis 'observed')."""
+    return (
+        ("total", m.total_bytes),
+        ("usable", m.requested_bytes),
+        ("weights", m.weights_bytes),
+        ("activation", m.activation_bytes),
+        ("non_torch", m.non_torch_bytes),
+        ("cuda_graphs", m.cuda_graph_bytes),
+        ("kv", m.available_kv_bytes),
+    )
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class SourceStatus:
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
 
 
-def _label(value: Any) -> str:
+def _label(value: str | float | None) -> str:
     if value is None:
         return ""
     if isinstance(value, float) and value.is_integer():
@@ -185,7 +188,7 @@ class _Cached:
     """The rows of one instance as of one (epoch, events), split by how often they change."""
 
     version: tuple[int, int]
-    static_key: tuple[Any, ...]
+    static_key: _StaticKey
     static: list[_Row]
     dynamic: list[_Row]
     labels: tuple[str, ...]
@@ -194,8 +197,16 @@ class _Cached:
     max_len: int | None
 
 
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+# What the static rows of an instance depend on: epoch, its start, model label, the startup facts.
+_StaticKey = tuple[
+    int,
+    float,
+    str,
+    SettingsFacts,
+    MemoryFacts,
+    tuple[tuple[str, PoolFacts], ...],
+    tuple[tuple[str, int], ...],
+]
 
 
 class KvwatchCollector(Collector):
@@ -248,14 +259,15 @@ class KvwatchCollector(Collector):
     def _instance(self, snap: InstanceSnapshot, cached: _Cached | None) -> _Cached:
         """Rows of one instance; the slow-changing part is reused while its inputs are unchanged."""
         settings = snap.settings
-        model = _label(settings.get("served_model_name") or settings.get("model"))
-        static_key = (
+        model = _label(settings.served_model_name or settings.model)
+        # The fact groups are frozen and compare by their facts (not by when they were updated).
+        static_key: _StaticKey = (
             snap.epoch,
             snap.epoch_started,
             model,
-            freeze(settings),
-            freeze(snap.memory),
-            tuple((kind, freeze(facts)) for kind, facts in sorted(snap.pools.items())),
+            settings,
+            snap.memory,
+            tuple(sorted(snap.pools.items())),
             tuple(sorted(snap.startup_failures.items())),
         )
         if cached is None or cached.static_key != static_key:
@@ -289,15 +301,14 @@ class KvwatchCollector(Collector):
                 fam.add(metric, (*lab, *extra), float(value), (*esc, *extra))
 
         pred = self._predictor.predict(snap)
-        block_size = _int(pool.get("block_size")) or _int(settings.get("block_size"))
-        block_size = block_size or _int(settings.get("page_size")) or pred.block_size
-        pool_tokens = _int(pool.get("tokens"))
-        blocks = _int(pool.get("blocks"))
+        block_size = pool.block_size or settings.block_size or settings.page_size or pred.block_size
+        pool_tokens = pool.tokens
+        blocks = pool.blocks
         if pool_tokens is None and blocks is not None and block_size:
             pool_tokens = blocks * block_size
         gauge(names.KV_POOL_TOKENS, pool_tokens)
         gauge(names.KV_POOL_BLOCKS, blocks)
-        gauge(names.KV_POOL_BYTES, _int(pool.get("bytes")))
+        gauge(names.KV_POOL_BYTES, pool.bytes)
         gauge(names.KV_BLOCK_SIZE, block_size)
 
         for state in names.PREDICTION_STATES:
@@ -308,30 +319,32 @@ class KvwatchCollector(Collector):
             gauge(names.KV_POOL_PREDICTED_BYTES, pred.bytes.get(basis), basis)
             gauge(names.KV_POOL_GAP_RATIO, gap_ratio(pool_tokens, predicted), basis)
         bpt = pred.bytes_per_token
-        if bpt is None and pool_tokens and _int(pool.get("bytes")):
-            bpt = int(pool["bytes"]) // pool_tokens
+        if bpt is None and pool_tokens and pool.bytes:
+            bpt = pool.bytes // pool_tokens
         gauge(names.KV_BYTES_PER_TOKEN, bpt)
 
-        max_len = _int(settings.get("max_model_len")) or _int(pool.get("max_concurrency_tokens"))
-        observed_conc = pool.get("max_concurrency")
+        max_len = settings.max_model_len or pool.max_concurrency_tokens
+        observed_conc = pool.max_concurrency
         if observed_conc is None and pool_tokens is not None and max_len:
             observed_conc = pool_tokens / max_len
         gauge(names.MAX_CONCURRENCY, observed_conc, "observed")
-        for basis, value in pred.max_concurrency.items():
-            gauge(names.MAX_CONCURRENCY, value, basis)
+        for basis, conc in pred.max_concurrency.items():
+            gauge(names.MAX_CONCURRENCY, conc, basis)
 
-        for key, term in _OBSERVED_TERMS.items():
-            gauge(names.MEMORY_BYTES, _int(snap.memory.get(key)), term, "observed")
+        for term, value in _observed_terms(snap.memory):
+            gauge(names.MEMORY_BYTES, value, term, "observed")
         for term in names.MEMORY_TERMS:
             gauge(names.MEMORY_BYTES, pred.memory.get(term), term, "predicted")
 
-        utilisation = settings.get("gpu_memory_utilization", settings.get("mem_fraction_static"))
+        utilisation = settings.gpu_memory_utilization
+        if utilisation is None:
+            utilisation = settings.mem_fraction_static
         info = {
-            "version": _label(settings.get("version")),
-            "tp": _label(settings.get("tensor_parallel_size")),
-            "pp": _label(settings.get("pipeline_parallel_size")),
-            "dp": _label(settings.get("data_parallel_size")),
-            "kv_cache_dtype": _label(settings.get("kv_cache_dtype")),
+            "version": _label(settings.version),
+            "tp": _label(settings.tensor_parallel_size),
+            "pp": _label(settings.pipeline_parallel_size),
+            "dp": _label(settings.data_parallel_size),
+            "kv_cache_dtype": _label(settings.kv_cache_dtype),
             "block_size": _label(block_size),
             "max_model_len": _label(max_len),
             "gpu_memory_utilization": _label(utilisation),
@@ -354,10 +367,10 @@ class KvwatchCollector(Collector):
             if value is not None and math.isfinite(value):
                 fam.add(metric, (*lab, *extra), float(value), (*esc, *extra))
 
-        ratio = usage.get("kv_usage_ratio")
-        used = _int(usage.get("used_tokens"))
+        ratio = usage.kv_usage_ratio
+        used = usage.used_tokens
         if used is None and ratio is not None and pool_tokens is not None:
-            used = round(float(ratio) * pool_tokens)
+            used = round(ratio * pool_tokens)
         if ratio is None and used is not None and pool_tokens:
             ratio = used / pool_tokens
         gauge(names.KV_USAGE_RATIO, ratio)
@@ -367,9 +380,9 @@ class KvwatchCollector(Collector):
             gauge(names.KV_HEADROOM_TOKENS, free)
             if max_len:
                 gauge(names.KV_HEADROOM_REQUESTS, float(free // max_len))
-        gauge(names.PREFIX_CACHE_HIT_RATIO, usage.get("prefix_cache_hit_ratio"))
-        gauge(names.REQUESTS_RUNNING, usage.get("running"))
-        gauge(names.REQUESTS_WAITING, usage.get("waiting"))
+        gauge(names.PREFIX_CACHE_HIT_RATIO, usage.prefix_cache_hit_ratio)
+        gauge(names.REQUESTS_RUNNING, usage.running)
+        gauge(names.REQUESTS_WAITING, usage.waiting)
         gauge(names.PREEMPTIONS, snap.preemptions_total)
         for origin, ts in sorted(snap.last_update.items()):
             gauge(names.LAST_UPDATE, ts, origin)

@@ -116,7 +116,7 @@ class Demo:
         reg = self.sidecar.registry
         out = []
         for snap in self.sidecar.fleet.snapshot():
-            model = snap.settings.get("served_model_name") or snap.settings.get("model") or ""
+            model = snap.settings.served_model_name or snap.settings.model or ""
             lab = {
                 "source": snap.source,
                 "engine": snap.engine,

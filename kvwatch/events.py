@@ -182,11 +182,14 @@ class CounterReset(_Event):
     current: float
 
 
+DisagreementFact = Literal["pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio"]
+
+
 class Disagreement(_Event):
     """The log and /metrics give different values for the same fact (beyond rounding)."""
 
     kind: Literal["disagreement"] = "disagreement"
-    fact: Literal["pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio"]
+    fact: DisagreementFact
     log_value: float
     metrics_value: float
 

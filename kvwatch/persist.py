@@ -13,23 +13,22 @@ other version) is reported and ignored: starting fresh is always safe, only less
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kvwatch.errors import ConfigError
+from kvwatch.facts import SettingsFacts, from_json
+from kvwatch.jsontypes import JsonObject
 from kvwatch.state import Fleet, InstanceState
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "kvwatch-state.json"
 FORMAT_VERSION = 1
-_FIELDS = {f.name for f in dataclasses.fields(InstanceState)}
 
 
 @dataclass
@@ -37,9 +36,9 @@ class SavedState:
     """What one state file holds."""
 
     instances: list[InstanceState] = field(default_factory=list)
-    source_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source_settings: dict[str, SettingsFacts] = field(default_factory=dict)
     # Tailer positions per source name, in the tailer's own JSON form.
-    positions: dict[str, Any] = field(default_factory=dict)
+    positions: JsonObject = field(default_factory=dict)
 
 
 class StateStore:
@@ -69,30 +68,30 @@ class StateStore:
             data = json.loads(raw)
             if data.get("version") != FORMAT_VERSION:
                 raise ValueError(f"format version {data.get('version')!r}")
-            instances = [
-                InstanceState(**{k: v for k, v in d.items() if k in _FIELDS}) for d in data["instances"]
-            ]
+            instances = [InstanceState.from_json(d) for d in data["instances"]]
             return SavedState(
                 instances=instances,
-                source_settings=dict(data.get("source_settings", {})),
+                source_settings={
+                    k: from_json(SettingsFacts, v) for k, v in data.get("source_settings", {}).items()
+                },
                 positions=dict(data.get("positions", {})),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             log.warning("state file not usable, starting fresh path=%s err=%s", self.path, exc)
             return SavedState()
 
-    def save(self, fleet: Fleet, positions: dict[str, Any]) -> bool:
+    def save(self, fleet: Fleet, positions: JsonObject) -> bool:
         """Write the fleet's records and the positions they correspond to; False (logged) on I/O error."""
         return self.write(self.encode(fleet, positions))
 
     @staticmethod
-    def encode(fleet: Fleet, positions: dict[str, Any]) -> str:
+    def encode(fleet: Fleet, positions: JsonObject) -> str:
         """The state file's text. Separate from write() so a caller can take it at a consistent cut
         (sources paused) and do the slow part, the fsync, afterwards."""
         data = {
             "version": FORMAT_VERSION,
-            "instances": [dataclasses.asdict(st) for st in fleet.instances()],
-            "source_settings": fleet.source_settings(),
+            "instances": [st.to_json() for st in fleet.instances()],
+            "source_settings": {k: v.to_json() for k, v in fleet.source_settings().items()},
             "positions": positions,
         }
         return json.dumps(data, separators=(",", ":"), sort_keys=True)

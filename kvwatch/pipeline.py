@@ -5,7 +5,7 @@ it after a few substring checks when it carries no anchor phrase (almost every l
 server), otherwise detects the engine, strips prefixes, runs the engine's pure parser and folds the
 events into the Fleet under the pipeline's source. It never raises and never reads files or
 clocks. ``replay`` drives it to EOF over files (the ``kvwatch parse`` command and the golden
-tests) and ``summarize`` turns the resulting snapshots into the ``parse --json`` object.
+tests); kvwatch/summary.py turns the resulting snapshots into the ``parse`` output.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 from kvwatch.engines import registry
 from kvwatch.engines.base import BlockParseFn, LineParseFn
@@ -79,7 +79,7 @@ class LinePipeline:
         self._block_parser: BlockParseFn | None = None
         # Last startup failure per instance: the same error printed by every TP rank (or by a worker
         # and again by the driver's traceback) is one failure.
-        self._last_failure: dict[str, dict[str, Any]] = {}
+        self._last_failure: dict[str, dict[str, object]] = {}
         # Per instance, the lowest TP rank that has reported preemptions: SGLang's scheduler on every
         # TP rank prints the same retraction, which is one retraction, not tp_size of them.
         self._preemption_rank: dict[str, int] = {}
@@ -398,62 +398,3 @@ def replay(
             if progress is not None and total:
                 progress(source, total, total)
     return result
-
-
-_STARTUP_ERROR_KEYS = ("needed_kv_bytes", "available_kv_bytes", "max_model_len", "estimated_max_model_len")
-
-
-def _instance_summary(snap: InstanceSnapshot, with_source: bool) -> dict[str, Any]:
-    pool = snap.pool
-    usage = snap.usage
-    pool_bytes = pool.get("bytes")
-    if pool_bytes is None:
-        # vLLM prints the memory it reserves for the pool, not the pool's exact size.
-        reserved = snap.memory.get("available_kv_bytes")
-        if reserved is not None and reserved >= 0:
-            pool_bytes = reserved
-    block_size = pool.get("block_size", snap.settings.get("block_size"))
-    failure = snap.last_failure
-    seen_preemption_info = bool(snap.preemptions_total or snap.retractions or usage)
-    out: dict[str, Any] = {}
-    if with_source:
-        out["source"] = snap.source
-    out.update(
-        {
-            "instance": snap.instance,
-            "kv_pool_tokens": pool.get("tokens"),
-            "kv_pool_blocks": pool.get("blocks"),
-            "block_size": block_size,
-            "kv_pool_bytes": pool_bytes,
-            "max_concurrency": pool.get("max_concurrency"),
-            "max_concurrency_tokens": pool.get("max_concurrency_tokens"),
-            "model_weights_bytes": snap.memory.get("weights_bytes"),
-            "kv_usage_ratio": usage.get("kv_usage_ratio"),
-            "requests_running": usage.get("running"),
-            "requests_waiting": usage.get("waiting"),
-            "preemptions_total": snap.preemptions_total if seen_preemption_info else None,
-            "startup_error": (
-                {k: failure.get(k) for k in _STARTUP_ERROR_KEYS} if failure is not None else None
-            ),
-        }
-    )
-    return out
-
-
-def summarize(snapshots: Sequence[InstanceSnapshot], engine: EngineName | None = None) -> dict[str, Any]:
-    """The ``kvwatch parse --json`` object: per instance the last known pool, budget and usage.
-
-    ``source`` is added to each instance only when the snapshots come from several sources.
-    """
-    version: str | None = None
-    for snap in snapshots:
-        if engine is None:
-            engine = snap.engine
-        if version is None and snap.settings.get("version") is not None:
-            version = str(snap.settings["version"])
-    with_source = len({s.source for s in snapshots}) > 1
-    return {
-        "engine": engine,
-        "engine_version": version,
-        "instances": [_instance_summary(s, with_source) for s in snapshots],
-    }

@@ -14,25 +14,43 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, get_args
 
 from kvwatch.engines.kinds import EngineName
 from kvwatch.events import (
     CounterReset,
     Disagreement,
+    DisagreementFact,
     EngineSettings,
     Event,
     MemoryBudget,
+    Origin,
+    PoolKind,
     PoolSized,
     Preemption,
     StartupFailure,
     UsageSample,
 )
-
-# Fields of the base event that are identity, not facts.
-_IDENTITY = frozenset({"engine", "instance", "rank", "origin", "ts", "kind", "starts_engine"})
+from kvwatch.facts import (
+    EMPTY_MEMORY,
+    EMPTY_POOL,
+    EMPTY_SETTINGS,
+    EMPTY_USAGE,
+    Failure,
+    LastDisagreement,
+    MemoryFacts,
+    PoolFacts,
+    SettingsFacts,
+    UsageFacts,
+    changes,
+    disagreement_from_json,
+    from_json,
+    merged,
+    updated,
+)
+from kvwatch.jsontypes import JsonObject, JsonValue
 
 # Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
 _POOL_TOLERANCE = 0.0
@@ -44,18 +62,72 @@ _USAGE_PAIR_SECONDS = 30.0
 
 DEFAULT_MAX_INSTANCES = 256
 
+_POOL_KINDS: tuple[PoolKind, ...] = get_args(PoolKind)
+_ORIGINS: tuple[Origin, ...] = get_args(Origin)
 
-# Per event class, its fields that are facts (in field order): _facts reads only these.
-_FACT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+def _other(origin: Origin) -> Origin:
+    return "metrics" if origin == "log" else "log"
 
 
-def _facts(event: Event) -> dict[str, Any]:
-    """The non-identity, non-None fields of an event."""
-    names = _FACT_FIELDS.get(type(event))
-    if names is None:
-        names = _FACT_FIELDS[type(event)] = tuple(k for k in type(event).model_fields if k not in _IDENTITY)
-    values = event.__dict__
-    return {k: v for k in names if (v := values[k]) is not None}
+def _plain(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else value
+
+
+def _obj(value: JsonValue) -> Mapping[str, JsonValue]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _pool_kind(name: str) -> PoolKind:
+    for kind in _POOL_KINDS:
+        if kind == name:
+            return kind
+    raise ValueError(f"unknown pool kind {name!r}")
+
+
+def _origin(name: str) -> Origin:
+    for origin in _ORIGINS:
+        if origin == name:
+            return origin
+    raise ValueError(f"unknown origin {name!r}")
+
+
+def _pools_by_origin_from_json(value: JsonValue) -> dict[tuple[Origin, PoolKind], PoolFacts]:
+    out: dict[tuple[Origin, PoolKind], PoolFacts] = {}
+    for key, facts in _obj(value).items():
+        origin, _, kind = key.partition(":")
+        out[(_origin(origin), _pool_kind(kind))] = from_json(PoolFacts, _obj(facts))
+    return out
+
+
+# State-file form per InstanceState field, where it is not the value itself. The form is the one
+# kvwatch wrote when facts were dicts: fact groups as objects of their known facts, per-origin
+# pools keyed 'origin:kind'.
+_encoders: dict[str, Callable[[Any], JsonValue]] = {
+    "settings": SettingsFacts.to_json,
+    "memory": MemoryFacts.to_json,
+    "usage": UsageFacts.to_json,
+    "pools": lambda v: {k: p.to_json() for k, p in v.items()},
+    "pools_by_origin": lambda v: {f"{o}:{k}": p.to_json() for (o, k), p in v.items()},
+    "usage_by_origin": lambda v: {o: u.to_json() for o, u in v.items()},
+    "last_failure": lambda v: None if v is None else v.to_json(),
+    "last_disagreement": lambda v: None if v is None else v.to_json(),
+}
+_decoders: dict[str, Callable[[JsonValue], Any]] = {
+    "settings": lambda v: from_json(SettingsFacts, _obj(v)),
+    "memory": lambda v: from_json(MemoryFacts, _obj(v)),
+    "usage": lambda v: from_json(UsageFacts, _obj(v)),
+    "pools": lambda v: {_pool_kind(k): from_json(PoolFacts, _obj(p)) for k, p in _obj(v).items()},
+    "pools_by_origin": _pools_by_origin_from_json,
+    "usage_by_origin": lambda v: {_origin(o): from_json(UsageFacts, _obj(u)) for o, u in _obj(v).items()},
+    "usage_seen": lambda v: {_origin(o): t for o, t in _obj(v).items()},
+    "preemption_marks": lambda v: {_origin(o): n for o, n in _obj(v).items()},
+    "preemption_epoch": lambda v: {_origin(o): n for o, n in _obj(v).items()},
+    "last_failure": lambda v: None if v is None else from_json(Failure, _obj(v)),
+    "last_disagreement": lambda v: None if v is None else disagreement_from_json(_obj(v)),
+}
 
 
 @dataclass
@@ -68,46 +140,51 @@ class InstanceState:
     epoch: int = 1
     epoch_started: float = 0.0
     restarts: int = 0
-    settings: dict[str, Any] = field(default_factory=dict)
-    memory: dict[str, Any] = field(default_factory=dict)
-    # Pool kind ('full', 'swa', 'mamba') -> merged PoolSized facts, per origin ('log', 'metrics').
-    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pools_by_origin: dict[str, dict[str, Any]] = field(default_factory=dict)
-    usage: dict[str, Any] = field(default_factory=dict)
-    usage_by_origin: dict[str, dict[str, Any]] = field(default_factory=dict)
+    settings: SettingsFacts = EMPTY_SETTINGS
+    memory: MemoryFacts = EMPTY_MEMORY
+    # Pool kind -> merged PoolSized facts, and the same per origin.
+    pools: dict[PoolKind, PoolFacts] = field(default_factory=dict)
+    pools_by_origin: dict[tuple[Origin, PoolKind], PoolFacts] = field(default_factory=dict)
+    usage: UsageFacts = EMPTY_USAGE
+    usage_by_origin: dict[Origin, UsageFacts] = field(default_factory=dict)
     # When each origin last gave kv_usage_ratio (the state clock), for the log/metrics cross-check.
-    usage_seen: dict[str, float] = field(default_factory=dict)
+    usage_seen: dict[Origin, float] = field(default_factory=dict)
     preemptions_total: int = 0
     # Last cumulative total seen in this epoch, per origin (vLLM V0 warnings, /metrics counters).
-    preemption_marks: dict[str, int] = field(default_factory=dict)
+    preemption_marks: dict[Origin, int] = field(default_factory=dict)
     # Preemptions counted in this epoch, per origin: the log and /metrics report the same evictions,
     # so preemptions_total follows the larger of the two, never their sum.
-    preemption_epoch: dict[str, int] = field(default_factory=dict)
+    preemption_epoch: dict[Origin, int] = field(default_factory=dict)
     retractions: bool = False
     startup_failures: dict[str, int] = field(default_factory=dict)
-    last_failure: dict[str, Any] | None = None
+    last_failure: Failure | None = None
     disagreements: dict[str, int] = field(default_factory=dict)
-    last_disagreement: dict[str, Any] | None = None
+    last_disagreement: LastDisagreement | None = None
     counter_resets: int = 0
     last_update: dict[str, float] = field(default_factory=dict)
     events: int = 0
 
-    def has_epoch_facts(self, origin: str | None = None) -> bool:
+    def has_epoch_facts(self, origin: Origin | None = None) -> bool:
         """True when this epoch already holds capacity facts a new start would replace.
 
         With ``origin``, only facts from that origin count: the log's banner and the counter reset
         /metrics shows for the same restart (in either order) open one epoch, not two.
         """
         if origin is None:
-            return bool(self.pools or self.memory or self.last_failure is not None or self.usage)
+            return bool(
+                self.pools
+                or not self.memory.empty()
+                or self.last_failure is not None
+                or not self.usage.empty()
+            )
         seen = (
-            any(key.startswith(f"{origin}:") for key in self.pools_by_origin)
+            any(key[0] == origin for key in self.pools_by_origin)
             or origin in self.usage_by_origin
             or origin in self.preemption_marks
             or origin in self.preemption_epoch
         )
         if origin == "log":
-            seen = seen or bool(self.memory) or self.last_failure is not None
+            seen = seen or not self.memory.empty() or self.last_failure is not None
         return seen
 
     def new_epoch(self, now: float) -> None:
@@ -115,21 +192,43 @@ class InstanceState:
         self.epoch += 1
         self.restarts += 1
         self.epoch_started = now
-        self.settings = {}
-        self.memory = {}
+        self.settings = EMPTY_SETTINGS
+        self.memory = EMPTY_MEMORY
         self.pools = {}
         self.pools_by_origin = {}
-        self.usage = {}
+        self.usage = EMPTY_USAGE
         self.usage_by_origin = {}
         self.usage_seen = {}
         self.preemption_marks = {}
         self.preemption_epoch = {}
         self.last_failure = None
 
+    def to_json(self) -> JsonObject:
+        """The state file's form of this record (fact groups as their known facts)."""
+        out: JsonObject = {}
+        for f in fields(self):
+            encode: Callable[[Any], JsonValue] = _encoders.get(f.name, _plain)
+            out[f.name] = encode(getattr(self, f.name))
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, JsonValue]) -> InstanceState:
+        """A record from its state-file form; unknown names are ignored (TypeError, ValueError,
+        KeyError or AttributeError for a record this version cannot use)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in data:
+                decode: Callable[[JsonValue], Any] = _decoders.get(f.name, _plain)
+                values[f.name] = decode(data[f.name])
+        return cls(**values)
+
 
 @dataclass(frozen=True)
 class InstanceSnapshot:
-    """A read-only copy of one InstanceState, with source-level settings folded in."""
+    """A read-only copy of one InstanceState, with source-level settings folded in.
+
+    The fact groups are frozen and shared with the state, never copied.
+    """
 
     source: str
     engine: EngineName
@@ -137,24 +236,24 @@ class InstanceSnapshot:
     epoch: int
     epoch_started: float
     restarts: int
-    settings: dict[str, Any]
-    memory: dict[str, Any]
-    pools: dict[str, dict[str, Any]]
-    usage: dict[str, Any]
+    settings: SettingsFacts
+    memory: MemoryFacts
+    pools: Mapping[PoolKind, PoolFacts]
+    usage: UsageFacts
     preemptions_total: int
     retractions: bool
-    startup_failures: dict[str, int]
-    last_failure: dict[str, Any] | None
-    disagreements: dict[str, int]
-    last_disagreement: dict[str, Any] | None
+    startup_failures: Mapping[str, int]
+    last_failure: Failure | None
+    disagreements: Mapping[str, int]
+    last_disagreement: LastDisagreement | None
     counter_resets: int
-    last_update: dict[str, float]
+    last_update: Mapping[str, float]
     events: int
 
     @property
-    def pool(self) -> dict[str, Any]:
+    def pool(self) -> PoolFacts:
         """The full-attention pool (the one that bounds concurrency), empty when unknown."""
-        return self.pools.get("full", {})
+        return self.pools.get("full", EMPTY_POOL)
 
 
 class Fleet:
@@ -170,7 +269,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._instances: dict[tuple[str, str], InstanceState] = {}
         # Settings printed by a process that is not an engine instance (API server) apply to all.
-        self._source_settings: dict[str, dict[str, Any]] = {}
+        self._source_settings: dict[str, SettingsFacts] = {}
         self.dropped_events = 0
 
     def apply(self, source: str, event: Event) -> None:
@@ -205,33 +304,33 @@ class Fleet:
         state.last_update[event.origin] = now
         # Usage first: a running engine's events are almost all periodic stats.
         if isinstance(event, UsageSample):
-            facts = _facts(event)
-            state.usage.update(facts)
             origin = event.origin
-            own = state.usage_by_origin.get(origin)
-            if own is None:
-                own = state.usage_by_origin[origin] = {}
-            own.update(facts)
+            changed = changes(event, UsageFacts)
+            before, own = state.usage, state.usage_by_origin.get(origin, EMPTY_USAGE)
+            state.usage = updated(before, changed, now)
+            # While one origin reports usage its group is the merged one: one merge, not two.
+            state.usage_by_origin[origin] = state.usage if own is before else updated(own, changed, now)
             if event.kv_usage_ratio is not None:
                 state.usage_seen[origin] = now
                 # Only a sample the other origin has matched recently is compared (log-only: never).
-                if state.usage_seen.get("metrics" if origin == "log" else "log") is not None:
+                if state.usage_seen.get(_other(origin)) is not None:
                     self._cross_check_usage(state, event, now)
         elif isinstance(event, EngineSettings):
             if event.starts_engine and state.has_epoch_facts(event.origin):
                 state.new_epoch(now)
-            facts = _facts(event)
-            state.settings.update(facts)
-            self._source_settings.setdefault(source, {}).update(facts)
+            state.settings = merged(state.settings, event, now)
+            self._source_settings[source] = merged(
+                self._source_settings.get(source, EMPTY_SETTINGS), event, now
+            )
         elif isinstance(event, MemoryBudget):
-            state.memory.update(_facts(event))
+            state.memory = merged(state.memory, event, now)
         elif isinstance(event, PoolSized):
-            self._apply_pool(state, event)
+            self._apply_pool(state, event, now)
         elif isinstance(event, Preemption):
             self._apply_preemption(state, event)
         elif isinstance(event, StartupFailure):
             state.startup_failures[event.reason] = state.startup_failures.get(event.reason, 0) + 1
-            state.last_failure = _facts(event)
+            state.last_failure = Failure.of(event, now)
         elif isinstance(event, CounterReset):
             state.counter_resets += 1
             # The log may already have opened this start's epoch (its banner precedes /metrics).
@@ -240,21 +339,19 @@ class Fleet:
         elif isinstance(event, Disagreement):
             self._record_disagreement(state, event.fact, event.log_value, event.metrics_value)
 
-    def _apply_pool(self, state: InstanceState, event: PoolSized) -> None:
-        facts = _facts(event)
-        facts.pop("pool", None)
-        state.pools.setdefault(event.pool, {}).update(facts)
-        own = state.pools_by_origin.setdefault(f"{event.origin}:{event.pool}", {})
-        own.update(facts)
-        other = state.pools_by_origin.get(f"{'metrics' if event.origin == 'log' else 'log'}:{event.pool}")
-        if not other:
+    def _apply_pool(self, state: InstanceState, event: PoolSized, now: float) -> None:
+        state.pools[event.pool] = merged(state.pools.get(event.pool, EMPTY_POOL), event, now)
+        key = (event.origin, event.pool)
+        own = state.pools_by_origin[key] = merged(state.pools_by_origin.get(key, EMPTY_POOL), event, now)
+        other = state.pools_by_origin.get((_other(event.origin), event.pool))
+        if other is None or other.empty():
             return
-        for fact, name in (
-            ("tokens", "pool_tokens"),
-            ("blocks", "pool_blocks"),
-            ("block_size", "block_size"),
-        ):
-            mine, theirs = own.get(fact), other.get(fact)
+        facts: tuple[tuple[int | None, int | None, DisagreementFact], ...] = (
+            (own.tokens, other.tokens, "pool_tokens"),
+            (own.blocks, other.blocks, "pool_blocks"),
+            (own.block_size, other.block_size, "block_size"),
+        )
+        for mine, theirs, name in facts:
             if mine is None or theirs is None or mine == theirs:
                 continue
             log_v, met_v = (mine, theirs) if event.origin == "log" else (theirs, mine)
@@ -264,12 +361,11 @@ class Fleet:
         if event.kv_usage_ratio is None:
             return
         state.usage_seen[event.origin] = now
-        other_origin = "metrics" if event.origin == "log" else "log"
+        other_origin = _other(event.origin)
         seen = state.usage_seen.get(other_origin)
         if seen is None or now - seen > _USAGE_PAIR_SECONDS:
             return
-        other = state.usage_by_origin.get(other_origin, {})
-        theirs = other.get("kv_usage_ratio")
+        theirs = state.usage_by_origin.get(other_origin, EMPTY_USAGE).kv_usage_ratio
         if theirs is None or abs(float(theirs) - event.kv_usage_ratio) <= _USAGE_TOLERANCE:
             return
         # Usage moves between a log line and a scrape; only a fresh pair is comparable, so this is
@@ -280,9 +376,11 @@ class Fleet:
         self._record_disagreement(state, "kv_usage_ratio", float(log_v), float(met_v))
 
     @staticmethod
-    def _record_disagreement(state: InstanceState, fact: str, log_value: float, metrics_value: float) -> None:
+    def _record_disagreement(
+        state: InstanceState, fact: DisagreementFact, log_value: float, metrics_value: float
+    ) -> None:
         state.disagreements[fact] = state.disagreements.get(fact, 0) + 1
-        state.last_disagreement = {"fact": fact, "log_value": log_value, "metrics_value": metrics_value}
+        state.last_disagreement = LastDisagreement(fact, log_value, metrics_value)
 
     @staticmethod
     def _apply_preemption(state: InstanceState, event: Preemption) -> None:
@@ -312,8 +410,7 @@ class Fleet:
         with self._lock:
             out = []
             for (source, _), st in sorted(self._instances.items()):
-                settings = dict(self._source_settings.get(source, {}))
-                settings.update(st.settings)
+                settings = self._source_settings.get(source, EMPTY_SETTINGS).overlaid(st.settings)
                 out.append(
                     InstanceSnapshot(
                         source=st.source,
@@ -323,15 +420,15 @@ class Fleet:
                         epoch_started=st.epoch_started,
                         restarts=st.restarts,
                         settings=settings,
-                        memory=dict(st.memory),
-                        pools={k: dict(v) for k, v in st.pools.items()},
-                        usage=dict(st.usage),
+                        memory=st.memory,
+                        pools=dict(st.pools),
+                        usage=st.usage,
                         preemptions_total=st.preemptions_total,
                         retractions=st.retractions,
                         startup_failures=dict(st.startup_failures),
-                        last_failure=dict(st.last_failure) if st.last_failure is not None else None,
+                        last_failure=st.last_failure,
                         disagreements=dict(st.disagreements),
-                        last_disagreement=dict(st.last_disagreement) if st.last_disagreement else None,
+                        last_disagreement=st.last_disagreement,
                         counter_resets=st.counter_resets,
                         last_update=dict(st.last_update),
                         events=st.events,
@@ -344,15 +441,17 @@ class Fleet:
         with self._lock:
             return [replace(st) for st in self._instances.values()]
 
-    def restore(self, states: Iterable[InstanceState], source_settings: dict[str, dict[str, Any]]) -> None:
+    def restore(self, states: Iterable[InstanceState], source_settings: Mapping[str, SettingsFacts]) -> None:
         """Load records saved by a previous kvwatch process (state file)."""
         with self._lock:
             for st in states:
                 self._instances[(st.source, st.instance)] = st
             for source, settings in source_settings.items():
-                self._source_settings.setdefault(source, {}).update(settings)
+                self._source_settings[source] = self._source_settings.get(source, EMPTY_SETTINGS).overlaid(
+                    settings
+                )
 
-    def source_settings(self) -> dict[str, dict[str, Any]]:
+    def source_settings(self) -> dict[str, SettingsFacts]:
         """Settings printed by a source's non-instance processes, for persistence."""
         with self._lock:
-            return {k: dict(v) for k, v in self._source_settings.items()}
+            return dict(self._source_settings)

@@ -15,7 +15,8 @@ from types import ModuleType
 
 import pytest
 
-from kvwatch.pipeline import replay, summarize
+from kvwatch.pipeline import replay
+from kvwatch.summary import summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 MTAIL = "/usr/bin/mtail"

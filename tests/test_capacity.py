@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from kvwatch.capacity.deployment import Deployment, deployment_from_settings
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
 from kvwatch.errors import ConfigError, ModelConfigError
+from kvwatch.facts import MemoryFacts, SettingsFacts
 from kvwatch.units import GiB, KiB, MiB, parse_size
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -615,30 +617,32 @@ def test_gpu_catalogue() -> None:
 
 
 def test_deployment_from_settings() -> None:
-    settings = {
-        "version": "0.11.0",
-        "tensor_parallel_size": 2,
-        "kv_cache_dtype": "fp8",
-        "max_model_len": 32768,
-        "block_size": 16,
-        "gpu_memory_utilization": 0.9,
-        "model": "x",
-    }
-    memory = {
-        "total_bytes": H100,
-        "weights_bytes": 8 * GiB,
-        "activation_bytes": 2 * GiB,
-        "available_kv_bytes": 50 * GiB,
-    }
+    settings = SettingsFacts(
+        version="0.11.0",
+        tensor_parallel_size=2,
+        kv_cache_dtype="fp8",
+        max_model_len=32768,
+        block_size=16,
+        gpu_memory_utilization=0.9,
+        model="x",
+    )
+    memory = MemoryFacts(
+        total_bytes=H100,
+        weights_bytes=8 * GiB,
+        activation_bytes=2 * GiB,
+        available_kv_bytes=50 * GiB,
+    )
     d = deployment_from_settings("vllm", settings, memory)
     assert (d.engine_version, d.tp, d.kv_cache_dtype, d.max_model_len) == ("0.11.0", 2, "fp8", 32768)
     assert d.available_kv_bytes == 50 * GiB and d.gpu_memory_bytes == H100
     p = predict(model("meta-llama--Meta-Llama-3.1-8B"), d)
     assert p.kv_pool_blocks == 50 * GiB // (16 * 4 * 128 * 2 * 1) // 32
-    d2 = deployment_from_settings("sglang", {"mem_fraction_static": 0.8}, {}, gpu_memory_bytes=H100, tp=2)
+    d2 = deployment_from_settings(
+        "sglang", SettingsFacts(mem_fraction_static=0.8), MemoryFacts(), gpu_memory_bytes=H100, tp=2
+    )
     assert (d2.engine, d2.mem_fraction_static, d2.gpu_memory_bytes, d2.tp) == ("sglang", 0.8, H100, 2)
     with pytest.raises(ConfigError):
-        deployment_from_settings("tgi", {}, {})
+        deployment_from_settings("tgi", SettingsFacts(), MemoryFacts())
 
 
 # --- engine-exact division for any config and budget ---------------------------------------------
@@ -739,13 +743,13 @@ def test_deployment_from_a_parsed_v0_log_reproduces_its_budget() -> None:
 
     log = Path(__file__).parent / "log_samples" / "vllm" / "016-v0-rtx4060-cuda-blocks-zero-negative-kv.log"
     (snap,) = replay([str(log)]).snapshots()
-    memory = {k: v for k, v in snap.memory.items() if k != "available_kv_bytes"}
+    memory = replace(snap.memory, available_kv_bytes=None)
     d = deployment_from_settings("vllm", snap.settings, memory, engine_version="0.7.3", max_model_len=4096)
     p = predict(model("Qwen--Qwen2.5-7B"), d)
     # requested - weights - non-torch - activation peak, each as the log printed it
-    assert abs(p.available_kv_bytes - snap.memory["available_kv_bytes"]) <= 1
+    assert abs(p.available_kv_bytes - snap.memory.available_kv_bytes) <= 1
     assert round(p.available_kv_bytes / GiB, 2) == -1.05
-    assert (p.kv_pool_blocks, f"{p.max_concurrency:.2f}") == (snap.pools["full"]["blocks"], "0.00")
+    assert (p.kv_pool_blocks, f"{p.max_concurrency:.2f}") == (snap.pools["full"].blocks, "0.00")
     assert p.inputs["activation"] == "given"
 
 
@@ -786,8 +790,10 @@ def test_max_model_len_beyond_positions_is_noted() -> None:
 def test_sglang_budget_from_its_own_load_weight_figures() -> None:
     """rest = free_after_weights - free_before_weights x (1 - mem_fraction_static), as profile_max_num_token."""
     m = model("meta-llama--Meta-Llama-3.1-8B")
-    memory = {"avail_after_weights_bytes": int(63.48 * GiB), "weights_bytes": int(15.10 * GiB)}
-    d = deployment_from_settings("sglang", {"mem_fraction_static": 0.835, "max_model_len": 8192}, memory)
+    memory = MemoryFacts(avail_after_weights_bytes=int(63.48 * GiB), weights_bytes=int(15.10 * GiB))
+    d = deployment_from_settings(
+        "sglang", SettingsFacts(mem_fraction_static=0.835, max_model_len=8192), memory
+    )
     p = predict(m, d)
     before = int(63.48 * GiB) + int(15.10 * GiB)
     expected = int(63.48 * GiB) - (before - int(before * 0.835))

@@ -17,12 +17,13 @@ from kvwatch.analysis.attribution import (
     gap_ratio,
     observed_budget,
 )
-from kvwatch.analysis.explain import explain, rank_spreads
+from kvwatch.analysis.explain import Overrides, explain, rank_spreads
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.capacity.geometry import load_model
 from kvwatch.cli import main
 from kvwatch.engines.vllm import budget as vllm_budget
 from kvwatch.events import EngineSettings, MemoryBudget, PoolSized
+from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.pipeline import replay
 from kvwatch.state import Fleet
 from kvwatch.units import GiB
@@ -247,27 +248,32 @@ def test_gap_ratio_matches_the_gauge_definition() -> None:
 
 
 def test_observed_sglang_budget_from_free_memory_lines() -> None:
-    memory = {
-        "total_bytes": 80 * GiB,
-        "avail_before_weights_bytes": 79 * GiB,
-        "weights_bytes": 15 * GiB,
-        "avail_after_weights_bytes": 64 * GiB,
-        "avail_after_pool_bytes": 10 * GiB,
-        "mem_fraction_static": 0.85,
-    }
-    b = observed_budget("sglang", memory, {}, {})
+    memory = MemoryFacts(
+        total_bytes=80 * GiB,
+        avail_before_weights_bytes=79 * GiB,
+        weights_bytes=15 * GiB,
+        avail_after_weights_bytes=64 * GiB,
+        avail_after_pool_bytes=10 * GiB,
+        mem_fraction_static=0.85,
+    )
+    b = observed_budget("sglang", memory, PoolFacts(), SettingsFacts())
     assert b.terms["kv"].bytes == 54 * GiB and b.terms["kv"].source == "derived"
     assert b.terms["non_torch"].bytes == GiB
     assert b.terms["usable"].bytes == int(79 * GiB * 0.85)
     assert b.terms["activation"].bytes == 79 * GiB - int(79 * GiB * 0.85)
     assert b.fraction == 0.85 and b.fraction_source == "printed"
     # A printed pool size wins over the free-memory difference.
-    assert observed_budget("sglang", memory, {"bytes": 53 * GiB}, {}).terms["kv"].source == "printed"
+    pool = PoolFacts(bytes=53 * GiB)
+    assert observed_budget("sglang", memory, pool, SettingsFacts()).terms["kv"].source == "printed"
 
 
 def test_observed_vllm_default_utilisation_by_version() -> None:
     b = observed_budget(
-        "vllm", {"available_kv_bytes": GiB}, {}, {"version": "0.11.0"}, gpu_memory_bytes=80 * GiB
+        "vllm",
+        MemoryFacts(available_kv_bytes=GiB),
+        PoolFacts(),
+        SettingsFacts(version="0.11.0"),
+        gpu_memory_bytes=80 * GiB,
     )
     assert b.fraction == 0.9 and b.fraction_source == "engine_default"
     assert b.terms["total"].source == "given"
@@ -408,7 +414,7 @@ def test_flags_fill_gaps_but_never_replace_the_log() -> None:
     )
     (snap,) = fleet.snapshot()
     model = load_model(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
-    e = explain(snap, model, 81559 * 1024**2, {"tp": 8, "kv_cache_dtype": "fp8"})
+    e = explain(snap, model, 81559 * 1024**2, Overrides(tp=8, kv_cache_dtype="fp8"))
     assert e.prediction is not None
     assert e.prediction.tp == 2  # printed by the engine
     assert e.prediction.kv_cache_dtype == "fp8"  # not printed: the flag fills it
@@ -419,14 +425,14 @@ def test_flags_fill_gaps_but_never_replace_the_log() -> None:
 @pytest.mark.parametrize(("version", "graphs_subtracted"), [("0.11.0", False), ("0.21.0", True)])
 def test_vllm_cuda_graphs_in_the_budget_from_0_21(version: str, graphs_subtracted: bool) -> None:
     """Before 0.21 vLLM captures CUDA graphs after sizing the pool; from 0.21 it subtracts them."""
-    memory = {
-        "total_bytes": 80 * GiB,
-        "gpu_memory_utilization": 0.9,
-        "weights_bytes": 15 * GiB,
-        "cuda_graph_bytes": GiB,
-        "available_kv_bytes": 50 * GiB,
-    }
-    b = observed_budget("vllm", memory, {}, {"version": version})
+    memory = MemoryFacts(
+        total_bytes=80 * GiB,
+        gpu_memory_utilization=0.9,
+        weights_bytes=15 * GiB,
+        cuda_graph_bytes=GiB,
+        available_kv_bytes=50 * GiB,
+    )
+    b = observed_budget("vllm", memory, PoolFacts(), SettingsFacts(version=version))
     usable = vllm_budget.requested_bytes(80 * GiB, 0.9)
     expected = usable - 15 * GiB - 50 * GiB - (GiB if graphs_subtracted else 0)
     assert b.terms["activation"].bytes == expected

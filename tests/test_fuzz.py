@@ -107,7 +107,7 @@ def test_one_megabyte_line_is_capped() -> None:
     p.feed(huge)
     assert p.lines_truncated == 1
     (snap,) = p.fleet.snapshot()
-    assert snap.pool["tokens"] == 9
+    assert snap.pool.tokens == 9
 
 
 @settings(max_examples=25, deadline=None)
@@ -126,7 +126,7 @@ def test_replay_reads_bounded_lines_from_invalid_utf8(data: bytes) -> None:
             )
         result = replay([name], engine="vllm", max_line_chars=4096)
         (snap,) = result.snapshots()
-        assert snap.pool["tokens"] == 7
+        assert snap.pool.tokens == 7
     finally:
         os.unlink(name)
 

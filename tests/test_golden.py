@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvwatch.events import Event, event_from_json, event_to_json
-from kvwatch.pipeline import replay, summarize
+from kvwatch.pipeline import replay
+from kvwatch.summary import summarize
 
 SAMPLES = Path(__file__).parent / "log_samples"
 LOGS = sorted(SAMPLES.rglob("*.log"))

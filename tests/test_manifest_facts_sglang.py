@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from kvwatch.events import Event, MemoryBudget, Preemption, UsageSample
-from kvwatch.pipeline import replay, summarize
+from kvwatch.pipeline import replay
 from kvwatch.state import InstanceSnapshot
+from kvwatch.summary import summarize
 
 LOG_SAMPLES = Path(__file__).parent / "log_samples"
 GiB = 1 << 30
@@ -92,12 +93,12 @@ CHECKS: dict[str, Check] = {
     "kv_size_gb": lambda r, f: r.instance["kv_pool_bytes"],
     "model_weights_gb": lambda r, f: r.instance["model_weights_bytes"],
     # settings printed on the max_total_num_tokens line (state)
-    "chunked_prefill_size": lambda r, f: r.snapshot.settings.get("chunked_prefill_size"),
-    "max_running_requests": lambda r, f: r.snapshot.settings.get("max_num_seqs"),
-    "context_len": lambda r, f: r.snapshot.settings.get("max_model_len"),
+    "chunked_prefill_size": lambda r, f: r.snapshot.settings.chunked_prefill_size,
+    "max_running_requests": lambda r, f: r.snapshot.settings.max_num_seqs,
+    "context_len": lambda r, f: r.snapshot.settings.max_model_len,
     # memory budget (state / events)
-    "available_gpu_mem_gb": lambda r, f: r.snapshot.memory.get("avail_after_startup_bytes"),
-    "avail_mem_after_pool_gb": lambda r, f: r.snapshot.memory.get("avail_after_pool_bytes"),
+    "available_gpu_mem_gb": lambda r, f: r.snapshot.memory.avail_after_startup_bytes,
+    "avail_mem_after_pool_gb": lambda r, f: r.snapshot.memory.avail_after_pool_bytes,
     "avail_mem_after_weights_gb_tp0": lambda r, f: _last(
         [
             e.avail_after_weights_bytes
@@ -111,11 +112,11 @@ CHECKS: dict[str, Check] = {
     "last_queue_req": lambda r, f: r.instance["requests_waiting"],
     "last_token_usage": lambda r, f: r.instance["kv_usage_ratio"],
     "token_usage": lambda r, f: r.instance["kv_usage_ratio"],
-    "last_num_tokens": lambda r, f: r.snapshot.usage.get("used_tokens"),
+    "last_num_tokens": lambda r, f: r.snapshot.usage.used_tokens,
     "max_running_req": lambda r, f: max(u.running for u in r.usage if u.running is not None),
     "max_token_usage": lambda r, f: max(u.kv_usage_ratio for u in r.usage if u.kv_usage_ratio is not None),
-    "last_cache_hit_rate_pct": lambda r, f: round(r.snapshot.usage["prefix_cache_hit_ratio"] * 100, 2),
-    "last_swa_token_usage": lambda r, f: r.snapshot.usage.get("swa_usage_ratio"),
+    "last_cache_hit_rate_pct": lambda r, f: round(r.snapshot.usage.prefix_cache_hit_ratio * 100, 2),
+    "last_swa_token_usage": lambda r, f: r.snapshot.usage.swa_usage_ratio,
     "decode_lines": lambda r, f: len(r.decode),
     "prefill_lines": lambda r, f: len(r.prefill),
     "last_running_req_decode": lambda r, f: _last(r.decode).running,

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from kvwatch.events import Event, Preemption, StartupFailure, UsageSample
-from kvwatch.pipeline import replay, summarize
+from kvwatch.pipeline import replay
 from kvwatch.state import InstanceSnapshot
+from kvwatch.summary import summarize
 from kvwatch.units import GiB
 
 SAMPLES = Path(__file__).parent / "log_samples"
@@ -66,24 +67,26 @@ def pct(ratio: float | None) -> float | None:
 # printed with 2 decimals by one line and 4 by another (5.20 vs 5.2032 GiB) is the same fact.
 GETTERS: dict[str, tuple[Callable[[Observed], Any], float]] = {
     "model_weights_gib": (lambda o: gib(o.instance["model_weights_bytes"]), 0.006),
-    "total_gpu_memory_gib": (lambda o: gib(o.snapshot.memory.get("total_bytes")), 0.006),
-    "kv_cache_size_gib": (lambda o: gib(o.snapshot.memory.get("available_kv_bytes")), 0.006),
-    "non_torch_memory_gib": (lambda o: gib(o.snapshot.memory.get("non_torch_bytes")), 0.006),
-    "activation_peak_gib": (lambda o: gib(o.snapshot.memory.get("activation_bytes")), 0.006),
+    "total_gpu_memory_gib": (lambda o: gib(o.snapshot.memory.total_bytes), 0.006),
+    "kv_cache_size_gib": (lambda o: gib(o.snapshot.memory.available_kv_bytes), 0.006),
+    "non_torch_memory_gib": (lambda o: gib(o.snapshot.memory.non_torch_bytes), 0.006),
+    "activation_peak_gib": (lambda o: gib(o.snapshot.memory.activation_bytes), 0.006),
     "gpu_memory_utilization": (
-        lambda o: o.snapshot.memory.get(
-            "gpu_memory_utilization", o.snapshot.settings.get("gpu_memory_utilization")
+        lambda o: (
+            o.snapshot.memory.gpu_memory_utilization
+            if o.snapshot.memory.gpu_memory_utilization is not None
+            else o.snapshot.settings.gpu_memory_utilization
         ),
         1e-9,
     ),
     "gpu_blocks": (lambda o: o.instance["kv_pool_blocks"], 0),
-    "cpu_blocks": (lambda o: o.snapshot.pool.get("cpu_blocks"), 0),
+    "cpu_blocks": (lambda o: o.snapshot.pool.cpu_blocks, 0),
     "max_concurrency": (lambda o: o.instance["max_concurrency"], 1e-9),
     "max_concurrency_tokens": (lambda o: o.instance["max_concurrency_tokens"], 0),
     "kv_cache_tokens": (lambda o: o.instance["kv_pool_tokens"], 0),
     "available_kv_gib": (
         lambda o: gib(
-            o.snapshot.memory.get("available_kv_bytes")
+            o.snapshot.memory.available_kv_bytes
             if o.instance["startup_error"] is None
             else o.failure["available_kv_bytes"]
         ),
@@ -101,20 +104,20 @@ GETTERS: dict[str, tuple[Callable[[Observed], Any], float]] = {
         0,
     ),
     "last_gpu_kv_usage_pct": (lambda o: pct(o.instance["kv_usage_ratio"]), 1e-9),
-    "last_cpu_kv_usage_pct": (lambda o: pct(o.snapshot.usage.get("cpu_kv_usage_ratio")), 1e-9),
+    "last_cpu_kv_usage_pct": (lambda o: pct(o.snapshot.usage.cpu_kv_usage_ratio), 1e-9),
     "last_running": (lambda o: o.instance["requests_running"], 0),
     "last_waiting": (lambda o: o.instance["requests_waiting"], 0),
     # V0 calls the waiting queue 'Pending'; kvwatch reports it as waiting for both generations.
     "last_pending": (lambda o: o.instance["requests_waiting"], 0),
-    "last_swapped": (lambda o: o.snapshot.usage.get("swapped"), 0),
-    "last_prefix_cache_hit_rate_pct": (lambda o: pct(o.snapshot.usage.get("prefix_cache_hit_ratio")), 1e-9),
+    "last_swapped": (lambda o: o.snapshot.usage.swapped, 0),
+    "last_prefix_cache_hit_rate_pct": (lambda o: pct(o.snapshot.usage.prefix_cache_hit_ratio), 1e-9),
     "preemption_warnings": (lambda o: sum(isinstance(e, Preemption) for e in o.events), 0),
     # The cumulative count the (rate-limited) warning carries, not the number of warnings.
     "preemptions": (lambda o: o.instance["preemptions_total"], 0),
     "engine_version_in_log": (lambda o: o.summary["engine_version"], 0),
-    "pipeline_parallel_size": (lambda o: o.snapshot.settings.get("pipeline_parallel_size"), 0),
-    "max_model_len": (lambda o: o.snapshot.settings.get("max_model_len"), 0),
-    "max_num_batched_tokens": (lambda o: o.snapshot.settings.get("max_num_batched_tokens"), 0),
+    "pipeline_parallel_size": (lambda o: o.snapshot.settings.pipeline_parallel_size, 0),
+    "max_model_len": (lambda o: o.snapshot.settings.max_model_len, 0),
+    "max_num_batched_tokens": (lambda o: o.snapshot.settings.max_num_batched_tokens, 0),
 }
 
 SKIPPED: dict[str, str] = {

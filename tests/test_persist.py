@@ -30,8 +30,8 @@ def test_round_trip(tmp_path: Path) -> None:
     fleet = Fleet()
     restore(fleet, saved)
     (snap,) = fleet.snapshot()
-    assert snap.pool["tokens"] == 428560
-    assert snap.settings["max_model_len"] == 8192
+    assert snap.pool.tokens == 428560
+    assert snap.settings.max_model_len == 8192
     assert snap.preemptions_total == 3
     # The cumulative mark survives: the same V0 total re-read is not counted again, a higher one adds.
     fleet.apply("v", Preemption(engine="vllm", total=3))
@@ -80,3 +80,28 @@ def test_write_failure_is_counted(tmp_path: Path) -> None:
     (tmp_path / "s").rename(tmp_path / "gone")
     assert not store.save(_fleet(), {})
     assert store.write_errors == 1
+
+
+def test_a_file_written_before_typed_state_loads_and_is_written_back_unchanged(tmp_path: Path) -> None:
+    """The facts are typed dataclasses now; the file keeps the form kvwatch wrote when they were dicts."""
+    old = (Path(__file__).parent / "state_files" / "format1-before-typed-state.json").read_text()
+    (tmp_path / STATE_FILE).write_text(old)
+    saved = StateStore(tmp_path).load()
+    assert len(saved.instances) == 3
+    fleet = Fleet(clock=lambda: 1000.0)
+    restore(fleet, saved)
+    snaps = fleet.snapshot()
+    assert any(s.last_failure is not None and s.last_failure.reason for s in snaps)
+    assert any(s.last_disagreement is not None for s in snaps)
+    assert all(s.pool.tokens or s.pool.blocks or s.last_failure for s in snaps)
+    assert StateStore.encode(fleet, saved.positions) == old
+
+
+def test_a_fact_this_version_does_not_know_is_ignored(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    text = StateStore.encode(_fleet(), {}).replace(
+        '"max_model_len":8192', '"max_model_len":8192,"retired_fact":1'
+    )
+    (tmp_path / STATE_FILE).write_text(text)
+    (st,) = store.load().instances
+    assert st.settings.max_model_len == 8192

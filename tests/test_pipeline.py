@@ -12,8 +12,9 @@ import pytest
 from kvwatch.engines import registry
 from kvwatch.engines.registry import detect_engine
 from kvwatch.events import PoolSized, StartupFailure
-from kvwatch.pipeline import LinePipeline, replay, summarize
+from kvwatch.pipeline import LinePipeline, replay
 from kvwatch.state import Fleet
+from kvwatch.summary import summarize
 
 SAMPLES = Path(__file__).parent / "log_samples"
 
@@ -42,7 +43,7 @@ def test_engine_detected_from_first_decisive_line() -> None:
     assert p.engine == "vllm"
     assert len(events) == 1
     (snap,) = p.fleet.snapshot()
-    assert (snap.source, snap.engine, snap.usage["running"], snap.usage["kv_usage_ratio"]) == (
+    assert (snap.source, snap.engine, snap.usage.running, snap.usage.kv_usage_ratio) == (
         "src",
         "vllm",
         3,
@@ -89,7 +90,7 @@ def test_long_line_is_capped() -> None:
     p.feed("GPU KV cache size: 5 tokens" + " " * 10_000 + "x")
     assert p.lines_truncated == 1
     (snap,) = p.fleet.snapshot()
-    assert snap.pool["tokens"] == 5
+    assert snap.pool.tokens == 5
 
 
 def test_tp_ranks_repeating_capacity_are_one_fact() -> None:
@@ -105,8 +106,8 @@ def test_tp_ranks_repeating_capacity_are_one_fact() -> None:
         "(EngineCore_DP0 pid=5) INFO 02-01 09:15:22 [kv_cache_utils.py:1305] GPU KV cache size: 434,448 tokens"
     )
     (snap,) = p.fleet.snapshot()
-    assert snap.pool["tokens"] == 434448
-    assert snap.memory["available_kv_bytes"] == int(53.3 * 2**30 + 0.5)
+    assert snap.pool.tokens == 434448
+    assert snap.memory.available_kv_bytes == int(53.3 * 2**30 + 0.5)
 
 
 def test_same_startup_failure_from_every_rank_is_one_failure() -> None:
@@ -128,7 +129,7 @@ def test_same_startup_failure_from_every_rank_is_one_failure() -> None:
     (snap,) = p.fleet.snapshot()
     assert snap.restarts == 1
     assert snap.startup_failures == {"max_model_len_too_large": 2}
-    assert snap.last_failure is not None and snap.last_failure["max_tokens_in_cache"] == 79392
+    assert snap.last_failure is not None and snap.last_failure.max_tokens_in_cache == 79392
 
 
 def test_dp_engines_are_separate_instances() -> None:
@@ -139,10 +140,10 @@ def test_dp_engines_are_separate_instances() -> None:
         )
     p.feed(STATS.format(run=3, extra="", pct="41.2").replace("Engine 000", "Engine 001"))
     snaps = {s.instance: s for s in p.fleet.snapshot()}
-    assert snaps["0"].pool["tokens"] == 100000
-    assert snaps["1"].pool["tokens"] == 90000
-    assert snaps["1"].usage["running"] == 3
-    assert "running" not in snaps["0"].usage
+    assert snaps["0"].pool.tokens == 100000
+    assert snaps["1"].pool.tokens == 90000
+    assert snaps["1"].usage.running == 3
+    assert snaps["0"].usage.running is None
 
 
 def test_v0_cumulative_preemption_count_is_the_fact() -> None:
@@ -176,7 +177,7 @@ def test_restart_replaces_the_pool() -> None:
     p.feed("INFO 10-03 10:14:30 [api_server.py:1839] vLLM API server version 0.11.0")
     p.feed("INFO 10-03 10:15:22 [kv_cache_utils.py:1087] GPU KV cache size: 200,000 tokens")
     (snap,) = p.fleet.snapshot()
-    assert (snap.epoch, snap.restarts, snap.pool["tokens"]) == (2, 1, 200000)
+    assert (snap.epoch, snap.restarts, snap.pool.tokens) == (2, 1, 200000)
 
 
 @pytest.mark.parametrize(
@@ -282,7 +283,7 @@ def test_tqdm_bar_glued_before_a_log_line() -> None:
     )
     assert event.ts == "10-03 09:15:40"
     (snap,) = p.fleet.snapshot()
-    assert snap.memory["cuda_graph_bytes"] == int(0.62 * 2**30 + 0.5)
+    assert snap.memory.cuda_graph_bytes == int(0.62 * 2**30 + 0.5)
 
 
 @pytest.mark.parametrize(

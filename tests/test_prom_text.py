@@ -26,6 +26,7 @@ from kvwatch.events import (
     event_from_json,
     event_to_json,
 )
+from kvwatch.facts import LastDisagreement
 from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prom_text import MetricsReader
 from kvwatch.state import Fleet
@@ -451,7 +452,7 @@ def test_fleet_never_sees_a_negative_rate() -> None:
     snap = fleet.snapshot()[0]
     assert (snap.counter_resets, snap.restarts, snap.epoch) == (1, 1, 2)
     # The new epoch holds the pool again (re-read on every scrape).
-    assert snap.pool["blocks"] == 27895
+    assert snap.pool.blocks == 27895
 
 
 # --- rates from counters -----------------------------------------------------------------------------
@@ -610,7 +611,7 @@ def test_cross_check_agreeing_pool() -> None:
     fleet.apply_all("a", _read("vllm-0.6.6-v0"))
     snap = fleet.snapshot()[0]
     assert snap.disagreements == {}
-    assert snap.pool["blocks"] == 27895
+    assert snap.pool.blocks == 27895
 
 
 def test_cross_check_pool_blocks_disagree() -> None:
@@ -619,7 +620,7 @@ def test_cross_check_pool_blocks_disagree() -> None:
     fleet.apply_all("a", _read("vllm-0.6.6-v0"))
     snap = fleet.snapshot()[0]
     assert snap.disagreements == {"pool_blocks": 1}
-    assert snap.last_disagreement == {"fact": "pool_blocks", "log_value": 27000.0, "metrics_value": 27895.0}
+    assert snap.last_disagreement == LastDisagreement("pool_blocks", 27000.0, 27895.0)
 
 
 def test_cross_check_pool_tokens_from_either_side_first() -> None:
@@ -631,7 +632,7 @@ def test_cross_check_pool_tokens_from_either_side_first() -> None:
     fleet.apply("s", PoolSized(engine="sglang", origin="log", tokens=440000))
     snap = fleet.snapshot()[0]
     assert snap.disagreements == {"pool_tokens": 1}
-    assert snap.last_disagreement == {"fact": "pool_tokens", "log_value": 440000.0, "metrics_value": 442181.0}
+    assert snap.last_disagreement == LastDisagreement("pool_tokens", 440000.0, 442181.0)
 
 
 def test_cross_check_usage_beyond_rounding() -> None:
@@ -643,7 +644,7 @@ def test_cross_check_usage_beyond_rounding() -> None:
     fleet.apply("s", UsageSample(engine="sglang", origin="log", kv_usage_ratio=0.31))
     snap = fleet.snapshot()[0]
     assert snap.disagreements == {"kv_usage_ratio": 1}
-    assert snap.last_disagreement == {"fact": "kv_usage_ratio", "log_value": 0.31, "metrics_value": 0.05}
+    assert snap.last_disagreement == LastDisagreement("kv_usage_ratio", 0.31, 0.05)
 
 
 def test_disagreement_event_from_elsewhere_is_recorded() -> None:
@@ -674,7 +675,7 @@ def test_restart_seen_by_the_log_first_keeps_the_log_pool() -> None:
     fleet.apply_all("a", reader.read(_scrape("0.0")))  # /metrics is back, counters from zero
     snap = fleet.snapshot()[0]
     assert (snap.restarts, snap.epoch, snap.counter_resets) == (1, 2, 1)
-    assert snap.pool["tokens"] == 446320  # printed once, in the log; not dropped by the reset
+    assert snap.pool.tokens == 446320  # printed once, in the log; not dropped by the reset
     assert snap.preemptions_total == 51
 
 
@@ -686,7 +687,7 @@ def test_restart_seen_by_metrics_first_opens_one_epoch() -> None:
     fleet.apply_all("a", [_BANNER, _LOG_POOL])  # the log of the same restart arrives later
     snap = fleet.snapshot()[0]
     assert (snap.restarts, snap.epoch, snap.counter_resets) == (1, 2, 1)
-    assert snap.pool["blocks"] == 27895 and snap.pool["tokens"] == 446320
+    assert snap.pool.blocks == 27895 and snap.pool.tokens == 446320
     assert snap.preemptions_total == 52
 
 
@@ -697,7 +698,7 @@ def test_first_scrape_before_the_log_banner_is_no_restart() -> None:
     fleet.apply_all("a", [_BANNER, _LOG_POOL])
     snap = fleet.snapshot()[0]
     assert (snap.restarts, snap.epoch) == (0, 1)
-    assert snap.usage["kv_usage_ratio"] == 0.6834
+    assert snap.usage.kv_usage_ratio == 0.6834
 
 
 def test_preemptions_reported_by_log_and_metrics_are_counted_once() -> None:

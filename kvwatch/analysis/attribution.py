@@ -11,15 +11,12 @@ The sidecar's gap metric and ``kvwatch explain`` call the same functions on the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
-from kvwatch.capacity.budget import Budget, Contribution, Term, int_fact, putter
+from kvwatch.capacity.budget import Budget, Contribution, Term, putter
 from kvwatch.engines import registry
+from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.state import InstanceSnapshot
-
-# MemoryBudget fields known before the engine starts: the a-priori prediction may use only these.
-APRIORI_MEMORY: frozenset[str] = frozenset({"total_bytes", "gpu_memory_utilization", "mem_fraction_static"})
 
 # Every term attribute_gap can name (a bounded label set for a per-term gap metric), in the order
 # the KV budget subtracts them.
@@ -34,43 +31,47 @@ ATTRIBUTION_TERMS: tuple[str, ...] = (
 )
 
 
-def apriori_inputs(snap: InstanceSnapshot) -> tuple[dict[str, Any], dict[str, Any]]:
+def apriori_inputs(snap: InstanceSnapshot) -> tuple[SettingsFacts, MemoryFacts]:
     """(settings, memory) a prediction may use before the engine starts, as the sidecar uses them.
 
+    Of the memory budget, only what is known before the engine starts: the card and the fraction.
     vLLM's 'Maximum concurrency for N tokens per request' names max_model_len when no settings
     line did.
     """
-    settings = dict(snap.settings)
-    if settings.get("max_model_len") is None and snap.pool.get("max_concurrency_tokens"):
-        settings["max_model_len"] = snap.pool["max_concurrency_tokens"]
-    memory = {k: v for k, v in snap.memory.items() if k in APRIORI_MEMORY}
+    settings = snap.settings
+    if settings.max_model_len is None and snap.pool.max_concurrency_tokens:
+        settings = replace(settings, max_model_len=snap.pool.max_concurrency_tokens)
+    m = snap.memory
+    memory = MemoryFacts(
+        total_bytes=m.total_bytes,
+        gpu_memory_utilization=m.gpu_memory_utilization,
+        mem_fraction_static=m.mem_fraction_static,
+        updated_at=m.updated_at,
+    )
     return settings, memory
 
 
 def observed_budget(
     engine: str,
-    memory: Mapping[str, Any],
-    pool: Mapping[str, Any],
-    settings: Mapping[str, Any],
+    memory: MemoryFacts,
+    pool: PoolFacts,
+    settings: SettingsFacts,
     gpu_memory_bytes: int | None = None,
 ) -> Budget:
     """The engine's budget from its printed terms; a missing term is derived only from the identity."""
     terms: dict[str, Term] = {}
     put = putter(terms)
 
-    total = int_fact(memory.get("total_bytes"))
+    total = memory.total_bytes
     put("total", total, "printed")
     if total is None and gpu_memory_bytes is not None:
         total = gpu_memory_bytes
         put("total", total, "given", "--gpu / --gpu-memory")
-    for key, name in (
-        ("weights_bytes", "weights"),
-        ("non_torch_bytes", "non_torch"),
-        ("cuda_graph_bytes", "cuda_graphs"),
-        ("activation_bytes", "activation"),
-    ):
-        put(name, int_fact(memory.get(key)), "printed")
-    kv = int_fact(memory.get("available_kv_bytes"))
+    put("weights", memory.weights_bytes, "printed")
+    put("non_torch", memory.non_torch_bytes, "printed")
+    put("cuda_graphs", memory.cuda_graph_bytes, "printed")
+    put("activation", memory.activation_bytes, "printed")
+    kv = memory.available_kv_bytes
     put("kv", kv, "printed")
     return registry.get(engine).observed_budget(terms, memory, pool, settings, total, kv)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvwatch.analysis.attribution import (
     Attribution,
@@ -20,13 +19,15 @@ from kvwatch.analysis.attribution import (
 )
 from kvwatch.analysis.levers import Lever, levers, tokens_from_budget
 from kvwatch.analysis.predict import predict
-from kvwatch.capacity.budget import Budget, int_fact, predicted_budget
+from kvwatch.capacity.budget import Budget, predicted_budget
 from kvwatch.capacity.deployment import deployment_from_settings
 from kvwatch.capacity.geometry import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.engines import registry
 from kvwatch.errors import KvwatchError
 from kvwatch.events import Event, MemoryBudget
+from kvwatch.facts import Failure, SettingsFacts
+from kvwatch.jsontypes import JsonObject
 from kvwatch.state import InstanceSnapshot
 
 
@@ -86,12 +87,12 @@ class Explanation:
     attribution: Attribution | None
     levers: tuple[Lever, ...]
     spreads: tuple[RankSpread, ...]
-    failure: Mapping[str, Any] | None
+    failure: Failure | None
     notes: tuple[str, ...] = field(default=())
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self) -> JsonObject:
         """The ``kvwatch explain --json`` object for this instance (bytes as integers)."""
-        attribution = None
+        attribution: JsonObject | None = None
         if self.attribution is not None:
             a = self.attribution
             attribution = {
@@ -150,7 +151,7 @@ class Explanation:
                 }
                 for s in self.spreads
             ],
-            "startup_failure": dict(self.failure) if self.failure is not None else None,
+            "startup_failure": self.failure.to_json() if self.failure is not None else None,
             "assumptions": list(self.prediction.assumptions) if self.prediction is not None else [],
             "notes": list(self.notes),
         }
@@ -160,7 +161,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, 4)
 
 
-def _budget_json(b: Budget) -> dict[str, Any]:
+def _budget_json(b: Budget) -> JsonObject:
     return {
         "fraction": b.fraction,
         "fraction_source": b.fraction_source,
@@ -170,57 +171,86 @@ def _budget_json(b: Budget) -> dict[str, Any]:
     }
 
 
-# Deployment field -> the EngineSettings field a log would have printed it as.
-_SETTING_OF: dict[str, str] = {
-    "tp": "tensor_parallel_size",
-    "pp": "pipeline_parallel_size",
-    "engine_version": "version",
-}
+@dataclass(frozen=True)
+class Overrides:
+    """Deployment fields from the command line: they fill what the log did not print."""
+
+    tp: int | None = None
+    pp: int | None = None
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = None
+    engine_version: str | None = None
+
+    def unprinted(self, settings: SettingsFacts) -> Overrides:
+        """The overrides of what ``settings`` does not say (the log wins over a flag)."""
+        s = settings
+        return Overrides(
+            tp=self.tp if s.tensor_parallel_size is None else None,
+            pp=self.pp if s.pipeline_parallel_size is None else None,
+            kv_cache_dtype=self.kv_cache_dtype if s.kv_cache_dtype is None else None,
+            max_model_len=self.max_model_len if s.max_model_len is None else None,
+            engine_version=self.engine_version if s.version is None else None,
+        )
+
+    def filled(self, settings: SettingsFacts) -> SettingsFacts:
+        """``settings`` with what it does not say taken from the overrides."""
+        return SettingsFacts(
+            tensor_parallel_size=self.tp,
+            pipeline_parallel_size=self.pp,
+            kv_cache_dtype=self.kv_cache_dtype,
+            max_model_len=self.max_model_len,
+            version=self.engine_version,
+        ).overlaid(settings)
 
 
 def explain(
     snap: InstanceSnapshot,
     model: ModelGeometry | None,
     gpu_memory_bytes: int | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Overrides | None = None,
     events: Iterable[Event] = (),
 ) -> Explanation:
     """Rebuild, predict, attribute and list the levers for one instance of a replayed log.
 
-    ``overrides`` are Deployment fields from the command line; they fill what the log did not
-    print and never replace what it did. ``events`` are the replayed events, for the per-rank spread.
+    ``overrides`` fill what the log did not print and never replace what it did. ``events`` are
+    the replayed events, for the per-rank spread.
     """
     engine = registry.get(snap.engine)
     settings, apriori = apriori_inputs(snap)
     # Flags fill what the log did not print (the log wins); the observed budget's engine defaults
     # depend on them too.
-    extra = {
-        k: v
-        for k, v in (overrides or {}).items()
-        if v is not None and settings.get(_SETTING_OF.get(k, k)) is None
-    }
-    given = {_SETTING_OF.get(k, k): v for k, v in extra.items()}
-    observed = observed_budget(snap.engine, snap.memory, snap.pool, {**given, **settings}, gpu_memory_bytes)
+    extra = (overrides or Overrides()).unprinted(settings)
+    observed = observed_budget(snap.engine, snap.memory, snap.pool, extra.filled(settings), gpu_memory_bytes)
     pool = snap.pool
-    observed_tokens = int_fact(pool.get("tokens"))
-    if observed_tokens is None and int_fact(pool.get("blocks")) is not None:
-        block = int_fact(pool.get("block_size")) or int_fact(settings.get("block_size"))
+    observed_tokens = pool.tokens
+    if observed_tokens is None and pool.blocks is not None:
+        block = pool.block_size or settings.block_size
         if block is None:
             block = engine.default_block_size(model)
-        observed_tokens = pool["blocks"] * block if block else None
+        observed_tokens = pool.blocks * block if block else None
     notes: list[str] = []
     prediction = predicted = None
     predicted_tokens = budget_tokens = None
     attribution = None
     lever_list: list[Lever] = []
-    max_model_len = int_fact(extra.get("max_model_len")) or int_fact(settings.get("max_model_len"))
+    max_model_len = extra.max_model_len or settings.max_model_len
     if model is None:
         notes.append(
             "no model config: give --model-config for the prediction, the attribution and the levers"
         )
     else:
         try:
-            a_priori = deployment_from_settings(snap.engine, settings, apriori, gpu_memory_bytes, **extra)
+            a_priori = deployment_from_settings(
+                snap.engine,
+                settings,
+                apriori,
+                gpu_memory_bytes,
+                tp=extra.tp,
+                pp=extra.pp,
+                kv_cache_dtype=extra.kv_cache_dtype,
+                max_model_len=extra.max_model_len,
+                engine_version=extra.engine_version,
+            )
             if a_priori.gpu_memory_bytes is None:
                 notes.append(
                     "the log does not print the card's memory: give --gpu or --gpu-memory to predict"
@@ -261,8 +291,8 @@ def explain(
         source=snap.source,
         instance=snap.instance,
         engine=snap.engine,
-        engine_version=_str(settings.get("version")),
-        model=model.name if model is not None else _str(settings.get("model")),
+        engine_version=settings.version,
+        model=model.name if model is not None else settings.model,
         observed=observed,
         predicted=predicted,
         prediction=prediction,
@@ -276,7 +306,3 @@ def explain(
         failure=snap.last_failure,
         notes=tuple(notes),
     )
-
-
-def _str(value: Any) -> str | None:
-    return str(value) if value is not None else None

@@ -13,16 +13,21 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kvwatch.analysis.attribution import apriori_inputs
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity.deployment import deployment_from_settings
 from kvwatch.capacity.geometry import ModelGeometry, load_model
+from kvwatch.engines.kinds import EngineName
 from kvwatch.errors import KvwatchError
+from kvwatch.facts import MemoryFacts, SettingsFacts
 from kvwatch.state import InstanceSnapshot
 
 log = logging.getLogger(__name__)
+
+
+# (source, instance, epoch, engine, settings, memory): what one prediction depends on.
+_Key = tuple[str, str, int, EngineName, SettingsFacts, MemoryFacts]
 
 
 @dataclass(frozen=True)
@@ -39,11 +44,6 @@ class PredictionResult:
     memory: Mapping[str, int] = field(default_factory=dict)
     # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
     block_size: int | None = None
-
-
-def freeze(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """A hashable view of the scalar facts of a mapping (a cache key part)."""
-    return tuple(sorted((k, v) for k, v in mapping.items() if isinstance(v, str | int | float | bool)))
 
 
 class Predictor:
@@ -66,21 +66,15 @@ class Predictor:
         self._resolve = resolve_model
         self._max = max_entries
         self._lock = threading.Lock()
-        self._cache: dict[tuple[Any, ...], PredictionResult] = {}
+        self._cache: dict[_Key, PredictionResult] = {}
         self._models: dict[Path, ModelGeometry | KvwatchError] = {}
         self._resolved: dict[str, Path | None] = {}
         self.computations = 0
 
     def predict(self, snap: InstanceSnapshot) -> PredictionResult:
         """The prediction for one instance, computed once per (epoch, settings, memory)."""
-        key = (
-            snap.source,
-            snap.instance,
-            snap.epoch,
-            snap.engine,
-            freeze(snap.settings),
-            freeze(snap.memory),
-        )
+        # The fact groups are frozen and compare by their facts (not by when they were updated).
+        key: _Key = (snap.source, snap.instance, snap.epoch, snap.engine, snap.settings, snap.memory)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -91,12 +85,12 @@ class Predictor:
             self._cache[key] = result
             return result
 
-    def _model_path(self, source: str, settings: Mapping[str, Any]) -> Path | None:
+    def _model_path(self, source: str, settings: SettingsFacts) -> Path | None:
         given = self._model_config(source)
         if given is not None:
             return given
-        model = settings.get("model")
-        if not isinstance(model, str) or self._resolve is None:
+        model = settings.model
+        if model is None or self._resolve is None:
             return None
         if model not in self._resolved:
             path = self._resolve(model)
@@ -148,16 +142,16 @@ class Predictor:
                 memory = {k: int(v) for k, v in pred.memory_terms().items() if v is not None}
             # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
             # vLLM prints its budget ('Available KV cache memory'); SGLang prints the pool's bytes.
-            available = snap.memory.get("available_kv_bytes")
+            available = snap.memory.available_kv_bytes
             if available is None:
-                available = snap.pool.get("bytes")
-            if isinstance(available, int) and available > 0:
+                available = snap.pool.bytes
+            if available is not None and available > 0:
                 full = deployment_from_settings(snap.engine, settings, snap.memory, gpu)
                 budget_tokens, _blocks = pool_from_available(model, full, available)
                 tokens["engine_budget"] = budget_tokens
                 pool_bytes["engine_budget"] = available
-                max_len = settings.get("max_model_len")
-                if isinstance(max_len, int) and max_len > 0:
+                max_len = settings.max_model_len
+                if max_len is not None and max_len > 0:
                     concurrency["engine_budget"] = budget_tokens / max_len
         except KvwatchError as exc:
             log.info("no prediction source=%s dp_rank=%s err=%s", snap.source, snap.instance, exc)

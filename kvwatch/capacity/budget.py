@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from kvwatch import names
 from kvwatch.capacity.prediction import Prediction
@@ -59,18 +59,16 @@ def predicted_budget(prediction: Prediction) -> Budget:
     return Budget(prediction.engine, prediction.fraction, "predicted", terms)
 
 
-def int_fact(value: Any) -> int | None:
+def int_fact(value: object) -> int | None:
     """A fact that must be a whole number of bytes (bools and other types are not)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def printed_fraction(
-    key: str, memory: Mapping[str, Any], settings: Mapping[str, Any]
-) -> tuple[float | None, TermSource | None]:
-    """The memory fraction ``key`` as the engine printed it (budget line first, then settings)."""
-    for where in (memory, settings):
-        value = where.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
+def printed_fraction(*printed: float | None) -> tuple[float | None, TermSource | None]:
+    """The memory fraction as the engine printed it: the first of ``printed`` it gave (pass the
+    budget line's before the settings line's)."""
+    for value in printed:
+        if value is not None:
             return float(value), "printed"
     return None, None
 

@@ -2,19 +2,22 @@
 
 Every field is optional except the engine; ``None`` means "the engine's default, or kvwatch's
 documented estimate" and the prediction says which. ``deployment_from_settings`` turns what the
-sidecar read from an engine's log (kvwatch.events EngineSettings / MemoryBudget fields) into a
+sidecar read from an engine's log (kvwatch.facts SettingsFacts / MemoryFacts) into a
 Deployment, so the prediction for a running engine uses every figure the engine printed itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 from kvwatch.capacity.geometry import ModelGeometry
 from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES, EngineName
 from kvwatch.errors import ConfigError
+from kvwatch.facts import MemoryFacts, SettingsFacts
+
+# A value of one Deployment field, for changes by field name (command-line overrides).
+DeploymentValue: TypeAlias = str | int | float | bool | None
 
 # KV cache dtype names both engines accept, and their bytes per element ('auto' = model dtype).
 KV_DTYPE_BYTES: dict[str, int] = {
@@ -65,9 +68,10 @@ class Deployment:
     max_num_batched_tokens: int | None = None
     hybrid_kv_cache_manager: bool = True
 
-    def with_(self, **changes: Any) -> Deployment:
+    def with_(self, **changes: DeploymentValue) -> Deployment:
         """A copy with some fields changed (None values are ignored)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        given: dict[str, Any] = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **given)
 
 
 def kv_elem_bytes(model: ModelGeometry, kv_cache_dtype: str) -> int:
@@ -156,33 +160,6 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
         raise ConfigError(f"pipeline parallel size ({d.pp}) exceeds the model's {model.num_layers} layers")
 
 
-_SETTINGS_MAP: dict[str, str] = {
-    "version": "engine_version",
-    "tensor_parallel_size": "tp",
-    "pipeline_parallel_size": "pp",
-    "decode_context_parallel_size": "dcp",
-    "kv_cache_dtype": "kv_cache_dtype",
-    "block_size": "block_size",
-    "page_size": "page_size",
-    "max_model_len": "max_model_len",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-    "mem_fraction_static": "mem_fraction_static",
-    "chunked_prefill_size": "chunked_prefill_size",
-    "cuda_graph_max_bs": "cuda_graph_max_bs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "quantization": "weights_dtype",
-}
-_MEMORY_MAP: dict[str, str] = {
-    "total_bytes": "gpu_memory_bytes",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-    "mem_fraction_static": "mem_fraction_static",
-    "weights_bytes": "weights_bytes",
-    "activation_bytes": "activation_bytes",
-    "non_torch_bytes": "non_torch_bytes",
-    "cuda_graph_bytes": "cuda_graph_bytes",
-    "available_kv_bytes": "available_kv_bytes",
-    "avail_after_weights_bytes": "free_after_weights_bytes",
-}
 _QUANT_TO_WEIGHTS: dict[str, str] = {
     "fp8": "fp8",
     "fbgemm_fp8": "fp8",
@@ -197,40 +174,58 @@ _QUANT_TO_WEIGHTS: dict[str, str] = {
 
 def deployment_from_settings(
     engine: str,
-    settings: Mapping[str, Any],
-    memory: Mapping[str, Any],
+    settings: SettingsFacts,
+    memory: MemoryFacts,
     gpu_memory_bytes: int | None = None,
-    **overrides: Any,
+    **overrides: DeploymentValue,
 ) -> Deployment:
-    """A Deployment from an engine's printed settings and memory budget (kvwatch.state snapshot dicts).
+    """A Deployment from an engine's printed settings and memory budget (a state snapshot's facts).
 
     ``gpu_memory_bytes`` is used when the log did not print the card's total; ``overrides`` are
     Deployment fields that win over both (None values are ignored).
     """
-    if engine not in ENGINE_NAMES:
+    name = next((n for n in ENGINE_NAMES if n == engine), None)
+    if name is None:
         raise ConfigError(f"unknown engine {engine!r} (use {' or '.join(ENGINE_NAMES)})")
-    values: dict[str, Any] = {"engine": engine}
-    for key, target in _SETTINGS_MAP.items():
-        value = settings.get(key)
-        if value is None:
-            continue
-        if key == "quantization":
-            value = _QUANT_TO_WEIGHTS.get(str(value).lower())
-            if value is None:
-                continue
-        values[target] = value
-    for key, target in _MEMORY_MAP.items():
-        value = memory.get(key)
-        if value is not None:
-            values[target] = value
-    if "gpu_memory_bytes" not in values and gpu_memory_bytes is not None:
-        values["gpu_memory_bytes"] = gpu_memory_bytes
+    s, m = settings, memory
+    weights_dtype = _QUANT_TO_WEIGHTS.get(s.quantization.lower()) if s.quantization is not None else None
+    d = Deployment(
+        engine=name,
+        engine_version=s.version,
+        gpu_memory_bytes=_first(m.total_bytes, gpu_memory_bytes),
+        tp=_first(s.tensor_parallel_size, Deployment.tp),
+        pp=_first(s.pipeline_parallel_size, Deployment.pp),
+        dcp=_first(s.decode_context_parallel_size, Deployment.dcp),
+        kv_cache_dtype=_first(s.kv_cache_dtype, Deployment.kv_cache_dtype),
+        block_size=s.block_size,
+        page_size=s.page_size,
+        max_model_len=s.max_model_len,
+        # The budget line's fraction wins over the settings line's.
+        gpu_memory_utilization=_first(m.gpu_memory_utilization, s.gpu_memory_utilization),
+        mem_fraction_static=_first(m.mem_fraction_static, s.mem_fraction_static),
+        weights_dtype=weights_dtype,
+        weights_bytes=m.weights_bytes,
+        activation_bytes=m.activation_bytes,
+        non_torch_bytes=m.non_torch_bytes,
+        cuda_graph_bytes=m.cuda_graph_bytes,
+        available_kv_bytes=m.available_kv_bytes,
+        free_after_weights_bytes=m.avail_after_weights_bytes,
+        chunked_prefill_size=s.chunked_prefill_size,
+        cuda_graph_max_bs=s.cuda_graph_max_bs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+    )
     known = {f.name for f in fields(Deployment)}
-    for key, value in overrides.items():
+    for key in overrides:
         if key not in known:
             raise ConfigError(f"unknown deployment field {key!r}")
-        if value is not None:
-            values[key] = value
-    if isinstance(values.get("kv_cache_dtype"), str):
-        values["kv_cache_dtype"] = values["kv_cache_dtype"].removeprefix("torch.")
-    return Deployment(**values)
+    d = d.with_(**overrides)
+    if d.kv_cache_dtype.startswith("torch."):
+        d = replace(d, kv_cache_dtype=d.kv_cache_dtype.removeprefix("torch."))
+    return d
+
+
+_T = TypeVar("_T")
+
+
+def _first(value: _T | None, default: _T) -> _T:
+    return default if value is None else value

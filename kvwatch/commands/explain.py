@@ -7,7 +7,7 @@ import json
 import sys
 
 from kvwatch.analysis.attribution import Attribution
-from kvwatch.analysis.explain import Explanation, explain
+from kvwatch.analysis.explain import Explanation, Overrides, explain
 from kvwatch.capacity import gpus
 from kvwatch.capacity.budget import Budget
 from kvwatch.capacity.geometry import ModelGeometry, load_model
@@ -81,13 +81,13 @@ def run(args: argparse.Namespace) -> int:
         result = replay(args.logs, engine=args.engine, on_events=events.extend)
     except OSError as exc:
         raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from None
-    overrides = {
-        "tp": args.tp,
-        "pp": args.pp,
-        "kv_cache_dtype": args.kv_cache_dtype,
-        "max_model_len": args.max_model_len,
-        "engine_version": args.engine_version,
-    }
+    overrides = Overrides(
+        tp=args.tp,
+        pp=args.pp,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=args.max_model_len,
+        engine_version=args.engine_version,
+    )
     explanations = [explain(snap, model, gpu_memory, overrides, events) for snap in result.snapshots()]
     explanations = [e for e in explanations if _has_budget(e)]
     if not explanations:
@@ -237,8 +237,8 @@ def render(e: Explanation) -> str:
             + ", ".join(f"TP{r} {v / GiB:.2f} GiB" for r, v in values)
             + f"; limiting rank TP{s.limiting_rank}"
         )
-    if e.failure:
-        lines.append(f"startup failure: {e.failure.get('reason')}")
+    if e.failure is not None:
+        lines.append(f"startup failure: {e.failure.reason}")
     if e.prediction is not None and e.prediction.assumptions:
         lines += ["", "prediction assumptions:"] + [f"  - {a}" for a in e.prediction.assumptions]
     if e.notes:

@@ -11,12 +11,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
 
 from kvwatch.engines.kinds import ENGINE_CHOICES
 from kvwatch.errors import ConfigError
 from kvwatch.events import Event, event_to_json
-from kvwatch.pipeline import replay, summarize
+from kvwatch.pipeline import replay
+from kvwatch.summary import InstanceSummary, Summary, summary
 from kvwatch.units import format_bytes
 
 HELP = "Read vLLM/SGLang logs ('-' for stdin) and print the KV-cache pool, budget and usage they report."
@@ -59,62 +59,61 @@ class _Progress:
             self.active = False
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _rows(instance: dict[str, Any]) -> list[tuple[str, str]]:
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _rows(instance: InstanceSummary) -> list[tuple[str, str]]:
     """Human rows for one instance of the summary."""
-
-    def num(v: Any) -> str:
-        return "-" if v is None else f"{v:,}"
-
-    conc = instance["max_concurrency"]
+    conc = instance.max_concurrency
     conc_text = "-" if conc is None else f"{conc:.2f}x"
-    if conc is not None and instance["max_concurrency_tokens"] is not None:
-        conc_text += f" at {instance['max_concurrency_tokens']:,} tokens"
-    usage = instance["kv_usage_ratio"]
-    failure = instance["startup_error"]
+    if conc is not None and instance.max_concurrency_tokens is not None:
+        conc_text += f" at {instance.max_concurrency_tokens:,} tokens"
+    usage = instance.kv_usage_ratio
+    failure = instance.startup_error
     if failure is None:
         failure_text = "-"
     else:
         parts = []
-        if failure["max_model_len"] is not None:
-            parts.append(f"max_model_len {failure['max_model_len']:,}")
-        if failure["needed_kv_bytes"] is not None:
-            parts.append(f"needs {format_bytes(failure['needed_kv_bytes'])}")
-        if failure["available_kv_bytes"] is not None:
-            parts.append(f"available {format_bytes(failure['available_kv_bytes'])}")
-        if failure["estimated_max_model_len"] is not None:
-            parts.append(f"fits {failure['estimated_max_model_len']:,}")
+        if failure.max_model_len is not None:
+            parts.append(f"max_model_len {failure.max_model_len:,}")
+        if failure.needed_kv_bytes is not None:
+            parts.append(f"needs {format_bytes(failure.needed_kv_bytes)}")
+        if failure.available_kv_bytes is not None:
+            parts.append(f"available {format_bytes(failure.available_kv_bytes)}")
+        if failure.estimated_max_model_len is not None:
+            parts.append(f"fits {failure.estimated_max_model_len:,}")
         failure_text = ", ".join(parts) or "yes"
     return [
-        ("KV pool tokens", num(instance["kv_pool_tokens"])),
-        ("KV pool blocks", num(instance["kv_pool_blocks"])),
-        ("block size", _cell(instance["block_size"])),
-        ("KV pool memory", format_bytes(instance["kv_pool_bytes"])),
+        ("KV pool tokens", _num(instance.kv_pool_tokens)),
+        ("KV pool blocks", _num(instance.kv_pool_blocks)),
+        ("block size", _cell(instance.block_size)),
+        ("KV pool memory", format_bytes(instance.kv_pool_bytes)),
         ("max concurrency", conc_text),
-        ("model weights", format_bytes(instance["model_weights_bytes"])),
+        ("model weights", format_bytes(instance.model_weights_bytes)),
         ("KV usage", "-" if usage is None else f"{100 * usage:.1f}%"),
-        ("requests running", _cell(instance["requests_running"])),
-        ("requests waiting", _cell(instance["requests_waiting"])),
-        ("preemptions", _cell(instance["preemptions_total"])),
+        ("requests running", _cell(instance.requests_running)),
+        ("requests waiting", _cell(instance.requests_waiting)),
+        ("preemptions", _cell(instance.preemptions_total)),
         ("startup error", failure_text),
     ]
 
 
-def format_table(summary: dict[str, Any]) -> str:
+def format_table(summary: Summary) -> str:
     """The default output: one block of 'fact  value' rows per engine instance."""
-    engine = summary["engine"] or "unknown engine"
-    version = summary["engine_version"]
+    engine = summary.engine or "unknown engine"
+    version = summary.engine_version
     head = f"{engine} {version}" if version else engine
-    instances = summary["instances"]
-    if not instances:
+    if not summary.instances:
         return f"{head}: no KV-cache lines found\n"
     lines: list[str] = []
-    for instance in instances:
-        where = f"{instance['source']}, " if "source" in instance else ""
-        lines.append(f"{head} ({where}instance {instance['instance']})")
+    for instance in summary.instances:
+        where = f"{instance.source}, " if instance.source is not None else ""
+        lines.append(f"{head} ({where}instance {instance.instance})")
         rows = _rows(instance)
         width = max(len(label) for label, _ in rows)
         lines.extend(f"  {label.ljust(width)}  {value}" for label, value in rows)
@@ -147,9 +146,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot read {exc.filename or 'input'}: {exc.strerror or exc}") from exc
     if args.events:
         return 0
-    summary = summarize(result.snapshots(), result.engine)
+    summarized = summary(result.snapshots(), result.engine)
     if args.json:
-        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        sys.stdout.write(json.dumps(summarized.to_json(), indent=2) + "\n")
     else:
-        sys.stdout.write(format_table(summary))
+        sys.stdout.write(format_table(summarized))
     return 0

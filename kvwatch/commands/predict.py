@@ -119,8 +119,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         available_kv_bytes=parse_size(args.available_kv_memory) if args.available_kv_memory else None,
         max_num_batched_tokens=args.max_num_batched_tokens,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-        **engine_flags,
-    )
+    ).with_(**engine_flags)
 
 
 def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:

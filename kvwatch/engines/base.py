@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import regex
 
 from kvwatch.capacity.budget import Budget, Contribution, Term
-from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.deployment import Deployment, DeploymentValue
 from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.kinds import EngineName
 from kvwatch.events import Event
+from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader
 
@@ -136,9 +137,9 @@ class Engine(Protocol):
     def observed_budget(
         self,
         terms: dict[str, Term],
-        memory: Mapping[str, Any],
-        pool: Mapping[str, Any],
-        settings: Mapping[str, Any],
+        memory: MemoryFacts,
+        pool: PoolFacts,
+        settings: SettingsFacts,
         total: int | None,
         kv: int | None,
     ) -> Budget:
@@ -146,7 +147,7 @@ class Engine(Protocol):
         ...
 
     def budget_terms_for_gap(
-        self, observed: Mapping[str, int | None], settings: Mapping[str, Any]
+        self, observed: Mapping[str, int | None], settings: SettingsFacts
     ) -> dict[str, int | None]:
         """The observed terms that are part of the KV budget (printed but not subtracted ones dropped)."""
         ...
@@ -169,6 +170,6 @@ class Engine(Protocol):
 
     def deployment_flags(
         self, utilization: float | None, static_fraction: float | None, block_size: int | None
-    ) -> dict[str, Any]:
+    ) -> dict[str, DeploymentValue]:
         """Deployment fields of ``predict``'s fraction and block flags; ConfigError for another engine's."""
         ...

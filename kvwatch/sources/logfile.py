@@ -52,6 +52,7 @@ from watchdog.events import (
 )
 from watchdog.observers.polling import PollingObserver
 
+from kvwatch.jsontypes import JsonObject, JsonValue
 from kvwatch.sources.lines import LineSplitter
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class FilePosition:
     offset: int
     fingerprint: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """Plain JSON-able form for the state file."""
         return {
             "path": self.path,
@@ -95,15 +96,21 @@ class FilePosition:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FilePosition:
+    def from_dict(cls, data: Mapping[str, JsonValue]) -> FilePosition:
         """Inverse of ``to_dict``; raises KeyError/TypeError/ValueError on a malformed entry."""
         return cls(
             path=str(data["path"]),
-            dev=int(data["dev"]),
-            inode=int(data["inode"]),
-            offset=int(data["offset"]),
+            dev=_as_int(data["dev"]),
+            inode=_as_int(data["inode"]),
+            offset=_as_int(data["offset"]),
             fingerprint=str(data.get("fingerprint", "")),
         )
+
+
+def _as_int(value: JsonValue) -> int:
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")
 
 
 @dataclass(eq=False)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
-from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.deployment import Deployment, DeploymentValue
 from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
@@ -14,6 +13,7 @@ from kvwatch.engines.kinds import EngineName
 from kvwatch.engines.sglang import budget, log, observed, predict
 from kvwatch.engines.sglang.metrics import SglangMetrics
 from kvwatch.errors import ConfigError
+from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 # Phrases that appear in SGLang output of some release and never in vLLM's (engine detection).
 PHRASES: tuple[str, ...] = (
@@ -68,16 +68,16 @@ class Sglang:
     def observed_budget(
         self,
         terms: dict[str, Term],
-        memory: Mapping[str, Any],
-        pool: Mapping[str, Any],
-        settings: Mapping[str, Any],
+        memory: MemoryFacts,
+        pool: PoolFacts,
+        settings: SettingsFacts,
         total: int | None,
         kv: int | None,
     ) -> Budget:
         return observed.observed_budget(terms, memory, pool, settings, total, kv)
 
     def budget_terms_for_gap(
-        self, observed_terms: Mapping[str, int | None], settings: Mapping[str, Any]
+        self, observed_terms: Mapping[str, int | None], settings: SettingsFacts
     ) -> dict[str, int | None]:
         return dict(observed_terms)
 
@@ -118,7 +118,7 @@ class Sglang:
 
     def deployment_flags(
         self, utilization: float | None, static_fraction: float | None, block_size: int | None
-    ) -> dict[str, Any]:
+    ) -> dict[str, DeploymentValue]:
         if utilization is not None:
             raise ConfigError(
                 "--gpu-memory-utilization is a vLLM setting; use --mem-fraction-static with SGLang"

@@ -4,43 +4,40 @@ activations and CUDA graphs (model_runner.py profile_max_num_token)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from kvwatch.capacity.budget import Budget, Term, TermSource, int_fact, printed_fraction, putter
+from kvwatch.capacity.budget import Budget, Term, TermSource, printed_fraction, putter
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.engines.sglang import budget
+from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 
 def observed_budget(
     terms: dict[str, Term],
-    memory: Mapping[str, Any],
-    pool: Mapping[str, Any],
-    settings: Mapping[str, Any],
+    memory: MemoryFacts,
+    pool: PoolFacts,
+    settings: SettingsFacts,
     total: int | None,
     kv: int | None,
 ) -> Budget:
     put = putter(terms)
-    before = int_fact(memory.get("avail_before_weights_bytes"))
-    after_weights = int_fact(memory.get("avail_after_weights_bytes"))
-    after_pool = int_fact(memory.get("avail_after_pool_bytes"))
+    before = memory.avail_before_weights_bytes
+    after_weights = memory.avail_after_weights_bytes
+    after_pool = memory.avail_after_pool_bytes
     if kv is None:
-        kv = int_fact(pool.get("bytes"))
+        kv = pool.bytes
         put("kv", kv, "printed", "K size + V size of the allocated pool")
     if kv is None and after_weights is not None and after_pool is not None:
         kv = after_weights - after_pool
         put("kv", kv, "derived", "free after weights - free after the pool")
     if total is not None and before is not None:
         put("non_torch", total - before, "derived", "total - free before weights (CUDA context, NCCL)")
-    frac, frac_source = printed_fraction("mem_fraction_static", memory, settings)
+    frac, frac_source = printed_fraction(memory.mem_fraction_static, settings.mem_fraction_static)
     if frac is None and total is not None:
-        version = settings.get("version")
         d = Deployment(
             engine="sglang",
-            engine_version=str(version) if version else None,
+            engine_version=settings.version or None,
             gpu_memory_bytes=total,
-            tp=int_fact(settings.get("tensor_parallel_size")) or 1,
-            pp=int_fact(settings.get("pipeline_parallel_size")) or 1,
+            tp=settings.tensor_parallel_size or 1,
+            pp=settings.pipeline_parallel_size or 1,
         )
         default: TermSource = "engine_default"
         frac, frac_source = budget.default_mem_fraction_static(d).value, default

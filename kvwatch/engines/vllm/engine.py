@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
-from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.deployment import Deployment, DeploymentValue
 from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
@@ -14,6 +13,7 @@ from kvwatch.engines.kinds import EngineName
 from kvwatch.engines.vllm import budget, fastpath, log, observed, predict
 from kvwatch.engines.vllm.metrics import VllmMetrics
 from kvwatch.errors import ConfigError
+from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 # Phrases that appear in vLLM output of some release and never in SGLang's (engine detection).
 PHRASES: tuple[str, ...] = (
@@ -88,19 +88,19 @@ class Vllm:
     def observed_budget(
         self,
         terms: dict[str, Term],
-        memory: Mapping[str, Any],
-        pool: Mapping[str, Any],
-        settings: Mapping[str, Any],
+        memory: MemoryFacts,
+        pool: PoolFacts,
+        settings: SettingsFacts,
         total: int | None,
         kv: int | None,
     ) -> Budget:
         return observed.observed_budget(terms, memory, settings, total, kv)
 
     def budget_terms_for_gap(
-        self, observed_terms: Mapping[str, int | None], settings: Mapping[str, Any]
+        self, observed_terms: Mapping[str, int | None], settings: SettingsFacts
     ) -> dict[str, int | None]:
         out = dict(observed_terms)
-        if not observed.graphs_in_budget(settings.get("version")):
+        if not observed.graphs_in_budget(settings.version):
             # Captured after the pool was sized: printed, but not part of this budget.
             out["cuda_graphs"] = None
         return out
@@ -145,7 +145,7 @@ class Vllm:
 
     def deployment_flags(
         self, utilization: float | None, static_fraction: float | None, block_size: int | None
-    ) -> dict[str, Any]:
+    ) -> dict[str, DeploymentValue]:
         if static_fraction is not None:
             raise ConfigError(
                 "--mem-fraction-static is an SGLang setting; use --gpu-memory-utilization with vLLM"

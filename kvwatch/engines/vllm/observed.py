@@ -4,40 +4,35 @@ one term a release did not print (vllm/v1/worker/gpu_worker.py determine_availab
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from kvwatch.capacity.budget import Budget, Term, TermSource, int_fact, printed_fraction, putter
+from kvwatch.capacity.budget import Budget, Term, TermSource, printed_fraction, putter
 from kvwatch.engines.vllm import budget
+from kvwatch.facts import MemoryFacts, SettingsFacts
 
 
-def graphs_in_budget(version: Any) -> bool:
+def graphs_in_budget(version: str | None) -> bool:
     """Whether vLLM takes CUDA-graph memory out of the KV budget (0.21+, or an unknown version)."""
-    return budget.subtracts_cuda_graphs(str(version) if version else None)
+    return budget.subtracts_cuda_graphs(version or None)
 
 
 def observed_budget(
     terms: dict[str, Term],
-    memory: Mapping[str, Any],
-    settings: Mapping[str, Any],
+    memory: MemoryFacts,
+    settings: SettingsFacts,
     total: int | None,
     kv: int | None,
 ) -> Budget:
     put = putter(terms)
-    frac, frac_source = printed_fraction("gpu_memory_utilization", memory, settings)
+    frac, frac_source = printed_fraction(memory.gpu_memory_utilization, settings.gpu_memory_utilization)
     if frac is None and total is not None:
-        version = settings.get("version")
         default: TermSource = "engine_default"
-        frac, frac_source = budget.default_utilization(str(version) if version else None), default
-    put("usable", int_fact(memory.get("requested_bytes")), "printed")
+        frac, frac_source = budget.default_utilization(settings.version or None), default
+    put("usable", memory.requested_bytes, "printed")
     if total is not None and frac is not None:
         put("usable", budget.requested_bytes(total, frac), "derived", "total x gpu_memory_utilization")
     usable, weights = terms.get("usable"), terms.get("weights")
     if "activation" not in terms and usable and weights and usable.bytes is not None and kv is not None:
         assert weights.bytes is not None
-        subtracted = (
-            ("non_torch", "cuda_graphs") if graphs_in_budget(settings.get("version")) else ("non_torch",)
-        )
+        subtracted = ("non_torch", "cuda_graphs") if graphs_in_budget(settings.version) else ("non_torch",)
         others = sum(t.bytes or 0 for n, t in terms.items() if n in subtracted)
         put(
             "activation",
