@@ -274,7 +274,7 @@ def _one_line(exc: ValidationError) -> str:
 
 
 def load_settings(
-    flags: Mapping[str, Any],
+    flags: Mapping[str, object],
     environ: Mapping[str, str] | None = None,
     config_file: Path | None = None,
 ) -> Settings:

@@ -14,13 +14,16 @@ state keeps one pool per instance and replaces it, never sums it.
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from kvwatch.engines.kinds import EngineName
 
 Origin = Literal["log", "metrics"]
+
+# The value of one event field, where a parser gathers fields by name before building the event.
+EventValue = str | int | float | bool | None
 
 
 class _Event(BaseModel):
@@ -34,6 +37,15 @@ class _Event(BaseModel):
     origin: Origin = "log"
     # Timestamp exactly as the line printed it (engines print no year); None when absent.
     ts: str | None = None
+
+
+class EventIdentity(TypedDict):
+    """The identity fields a parser gives every event of one line (``Event(**identity, ...)``)."""
+
+    engine: EngineName
+    instance: str
+    rank: int | None
+    ts: str | None
 
 
 class EngineSettings(_Event):

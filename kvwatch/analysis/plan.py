@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.analysis.workload import Workload
@@ -25,6 +24,7 @@ from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.engines import registry
 from kvwatch.errors import ConfigError
+from kvwatch.jsontypes import JsonObject
 
 # Default utilisation target for the card search: vLLM's own default gpu_memory_utilization and the
 # seeds' "smallest card where the total stays under 92%".
@@ -82,7 +82,7 @@ class Plan:
     prediction: Prediction
     notes: tuple[str, ...]
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self) -> JsonObject:
         """The ``kvwatch plan --json`` object for this deployment (bytes as integers)."""
         return {
             "model": self.model,

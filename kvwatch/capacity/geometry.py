@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvwatch.errors import ModelConfigError, UnsupportedModelError
+from kvwatch.jsontypes import JsonObject, JsonValue
 
 LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "mamba", "none"]
 
@@ -103,7 +104,7 @@ class ModelGeometry:
     vocab_size: int | None
     max_position_embeddings: int | None
     params: Mapping[str, int]
-    quantization: Mapping[str, Any] | None
+    quantization: Mapping[str, JsonValue] | None
     safetensors_total_size: int | None = None
     # rope_scaling that extends the context beyond max_position_embeddings (yarn, dynamic, linear).
     rope_scaled: bool = False
@@ -158,7 +159,7 @@ def find_config(path: str | Path) -> tuple[Path, Path | None]:
     raise ModelConfigError(f"no config.json in {p} (expected a file, a model dir or a hub-cache dir)")
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> JsonObject:
     """Parse a JSON object; a malformed file is a one-line ModelConfigError."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -222,7 +223,7 @@ _LIBRARY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+def text_config(raw: Mapping[str, JsonValue]) -> JsonObject:
     """The language model's config: ``text_config`` of a multimodal wrapper, else the file itself.
 
     Keys only the wrapper carries (dtype, quantization_config, architectures) are inherited, and
@@ -453,7 +454,7 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
 
 
 def geometry_from_config(
-    raw: Mapping[str, Any],
+    raw: Mapping[str, JsonValue],
     *,
     name: str = "model",
     source: str = "",
@@ -482,7 +483,8 @@ def _geometry(
 ) -> ModelGeometry:
     from kvwatch.capacity.weights import count_params  # weights depends on geometry's helpers
 
-    cfg = text_config(raw)
+    # config.json is a document of any shape: read dynamically here, checked by the helpers.
+    cfg: Mapping[str, Any] = text_config(raw)
     layers, notes = _layers(cfg)
     if not layers:
         raise ModelConfigError("config.json describes no decoder layers")
@@ -493,7 +495,8 @@ def _geometry(
     )
     heads = _require_int(cfg, "num_attention_heads")
     hidden = _require_int(cfg, "hidden_size")
-    quant = cfg.get("quantization_config") if isinstance(cfg.get("quantization_config"), dict) else None
+    quant_config = cfg.get("quantization_config")
+    quant: JsonObject | None = quant_config if isinstance(quant_config, dict) else None
     params = count_params(cfg, layers)
     return ModelGeometry(
         name=name,

@@ -8,7 +8,9 @@ read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from kvwatch.jsontypes import JsonObject, JsonValue
 
 InputSource = Literal["given", "engine_default", "estimated", "derived"]
 
@@ -81,7 +83,7 @@ class Prediction:
         """Alias of memory_terms() for the collector."""
         return self.memory_terms()
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self) -> JsonObject:
         """The ``kvwatch predict --json`` object: integers of bytes, floats for ratios."""
         return {
             "engine": self.engine,
@@ -113,7 +115,7 @@ class Prediction:
             "needed_kv_bytes": self.needed_kv_bytes,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "mem_fraction_static": self.mem_fraction_static,
-            "memory": self.memory_terms(),
+            "memory": dict[str, JsonValue](self.memory_terms()),
             "exact": self.exact,
             "failure": self.failure,
             "inputs": dict(self.inputs),

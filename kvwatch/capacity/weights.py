@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvwatch.errors import ConfigError, ModelConfigError
+from kvwatch.jsontypes import JsonValue
 
 if TYPE_CHECKING:
     from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
@@ -114,8 +115,14 @@ def _is_moe_layer(cfg: Mapping[str, Any], i: int, n_experts: int) -> bool:
     return (i + 1) % step == 0
 
 
-def count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[str, int]:
+def count_params(cfg: Mapping[str, JsonValue], layers: Sequence[LayerSpec]) -> dict[str, int]:
     """Itemised parameter count from a (text) config and its layer specs."""
+    return _count_params(cfg, layers)
+
+
+def _count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[str, int]:
+    # config.json is a document of any shape: the counting reads it dynamically (a key of an
+    # unexpected type is a TypeError the geometry reports as an unusable config).
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     vocab = _i(cfg, "vocab_size")

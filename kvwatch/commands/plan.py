@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from kvwatch.analysis.plan import (
     DEFAULT_TARGET,
@@ -22,6 +21,7 @@ from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.commands.predict import _positive_int, build_deployment
 from kvwatch.commands.predict import add_arguments as add_deployment_arguments
 from kvwatch.errors import ConfigError
+from kvwatch.jsontypes import JsonObject
 from kvwatch.render import table
 from kvwatch.units import format_bytes
 
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     grown = workload.grown(args.grow or 0)
     fits = card_fits(model, deployment, grown, target=args.target, cards=cards)
     if args.json:
-        out: dict[str, Any] = {
+        out: JsonObject = {
             "plan": plan.to_json_dict() if plan is not None else None,
             "target": args.target,
             "cards": [_card_json(f) for f in fits],
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _card_json(f: CardFit) -> dict[str, Any]:
+def _card_json(f: CardFit) -> JsonObject:
     return {
         "gpu": f.gpu.name,
         "kv_cache_dtype": f.kv_cache_dtype,

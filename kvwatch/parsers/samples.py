@@ -9,8 +9,11 @@ remembers per-instance figures between scrapes (``remembered``) for rates and pe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvwatch.events import EventValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +33,16 @@ class Sample:
 
 @dataclass
 class InstanceFacts:
-    """Event fields of one instance, by event kind (None values are dropped when events are built)."""
+    """Event fields of one instance, by event kind (None values are dropped when events are built).
 
-    settings: dict[str, Any] = field(default_factory=dict)
-    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
-    usage: dict[str, Any] = field(default_factory=dict)
-    preemption: dict[str, Any] = field(default_factory=dict)
+    Gathered by name from /metrics series and validated when the events are built: a name no event
+    has is a ValidationError there (counted in ``bad_values``), not a type error here.
+    """
+
+    settings: dict[str, EventValue] = field(default_factory=dict)
+    pools: dict[str, dict[str, EventValue]] = field(default_factory=dict)
+    usage: dict[str, EventValue] = field(default_factory=dict)
+    preemption: dict[str, EventValue] = field(default_factory=dict)
 
 
 def finite(value: float) -> bool:
@@ -47,7 +54,7 @@ def label_int(labels: dict[str, str], key: str) -> int:
     return int(text) if text.isascii() and text.isdigit() else 0
 
 
-def present(facts: dict[str, Any]) -> dict[str, Any]:
+def present(facts: Mapping[str, EventValue]) -> dict[str, EventValue]:
     """The facts that have a value."""
     return {k: v for k, v in facts.items() if v is not None}
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
+from kvwatch.events import EventIdentity
 from kvwatch.parsers.base import LineMeta, ParseError
 from kvwatch.units import GiB
 
 
-def ident(meta: LineMeta) -> dict[str, Any]:
+def ident(meta: LineMeta) -> EventIdentity:
     """Identity fields every event of this line carries."""
     return {"engine": "sglang", "instance": meta.instance, "rank": meta.rank, "ts": meta.ts}
 

@@ -5,14 +5,11 @@ Units: vLLM prints GiB values; before 0.8.5 it called them 'GB', so both are rea
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
 import regex
-from pydantic import ValidationError
 
-from kvwatch.events import Event
+from kvwatch.events import EventIdentity
 from kvwatch.parsers.base import LineMeta, ParseError
 from kvwatch.units import GiB, MiB
 
@@ -40,11 +37,7 @@ def ratio(pct: str) -> float:
     return float(pct + "e-2")
 
 
-def make(cls: Callable[..., Event], meta: LineMeta, **fields: Any) -> Event:
-    """Build one event with the line's identity; a value pydantic rejects is a ParseError."""
-    base: dict[str, Any] = {"engine": "vllm", "instance": meta.instance, "rank": meta.rank, "ts": meta.ts}
-    base.update(fields)
-    try:
-        return cls(**base)
-    except ValidationError as exc:
-        raise ParseError(str(exc).splitlines()[0]) from exc
+def ident(meta: LineMeta) -> EventIdentity:
+    """Identity fields every event of this line carries (``Event(**ident(meta), ...)``; the log
+    parser turns a value pydantic rejects into a ParseError)."""
+    return {"engine": "vllm", "instance": meta.instance, "rank": meta.rank, "ts": meta.ts}

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import regex
+from pydantic import ValidationError
 
 from kvwatch.engines.vllm import settings
-from kvwatch.engines.vllm.common import ERROR_HEAD, INT, NUM, gib, make, ratio, to_int
+from kvwatch.engines.vllm.common import ERROR_HEAD, INT, NUM, gib, ident, ratio, to_int
 from kvwatch.events import (
     EngineSettings,
     Event,
@@ -172,8 +173,8 @@ def _pool(body: str, meta: LineMeta) -> tuple[Event, ...]:
         n = int(m.group("n"))
         cpu = m.group("cpu")
         if dev.upper() == "CPU" and cpu is None:
-            return (make(PoolSized, meta, blocks=n),)
-        return (make(PoolSized, meta, blocks=n, cpu_blocks=int(cpu) if cpu is not None else None),)
+            return (PoolSized(**ident(meta), blocks=n),)
+        return (PoolSized(**ident(meta), blocks=n, cpu_blocks=int(cpu) if cpu is not None else None),)
     return NO_EVENTS
 
 
@@ -190,21 +191,20 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
         if c is not None:
             fields["max_concurrency_tokens"] = to_int(c.group("len"))
             fields["max_concurrency"] = float(c.group("x"))
-        return (make(PoolSized, meta, **fields),)
+        return (PoolSized(**ident(meta), **fields),)
     if body.startswith("Auto-fit"):
         a = _AUTO_FIT.match(body)
         if a is not None:
-            return (make(EngineSettings, meta, max_model_len=int(a.group("to") or a.group("full"))),)
+            return (EngineSettings(**ident(meta), max_model_len=int(a.group("to") or a.group("full"))),)
     m = _AVAILABLE.match(body) if body.startswith("Available") else None
     if m is not None:
-        return _budget(meta, available_kv_bytes=gib(m.group("v"), m.group("u")))
+        return _budget(MemoryBudget(**ident(meta), available_kv_bytes=gib(m.group("v"), m.group("u"))), meta)
     if "weights memory" in body:
         d = _PROFILE_DEBUG.search(body)
         if d is not None:
             return (
-                make(
-                    MemoryBudget,
-                    meta,
+                MemoryBudget(
+                    **ident(meta),
                     activation_bytes=gib(d.group("act")),
                     non_torch_bytes=gib(d.group("nt")),
                     weights_bytes=gib(d.group("w")),
@@ -215,7 +215,7 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if "preempted" in body:
         p = _PREEMPTED.search(body)
         if p is not None:
-            return (make(Preemption, meta, mechanism="preempt", total=int(p.group("n"))),)
+            return (Preemption(**ident(meta), mechanism="preempt", total=int(p.group("n"))),)
     return _failure(body, meta)
 
 
@@ -226,9 +226,8 @@ def _failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if m is not None:
         est = m.group("est")
         return (
-            make(
-                StartupFailure,
-                meta,
+            StartupFailure(
+                **ident(meta),
                 reason="max_model_len_too_large",
                 max_model_len=int(m.group("len")),
                 needed_kv_bytes=gib(m.group("need"), m.group("u1")),
@@ -240,18 +239,17 @@ def _failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if m is not None:
         tokens = int(m.group("tokens"))
         return (
-            make(
-                StartupFailure,
-                meta,
+            StartupFailure(
+                **ident(meta),
                 reason="max_model_len_too_large",
                 max_model_len=int(m.group("len")),
                 max_tokens_in_cache=tokens,
             ),
             # block_size x num_gpu_blocks: the pool's token capacity, printed nowhere else by V0.
-            make(PoolSized, meta, tokens=tokens),
+            PoolSized(**ident(meta), tokens=tokens),
         )
     if _NO_MEMORY.match(text) is not None:
-        return (make(StartupFailure, meta, reason="no_memory_for_cache"),)
+        return (StartupFailure(**ident(meta), reason="no_memory_for_cache"),)
     return NO_EVENTS
 
 
@@ -303,9 +301,9 @@ def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ..
     except (ValueError, ArithmeticError) as exc:
         raise ParseError(f"bad stats value in {body[:80]!r}") from exc
     preemptions = usage.pop("preemptions", None)
-    events: list[Event] = [make(UsageSample, meta, **usage)]
+    events: list[Event] = [UsageSample(**ident(meta), **usage)]
     if preemptions is not None:
-        events.append(make(Preemption, meta, mechanism="preempt", count=preemptions))
+        events.append(Preemption(**ident(meta), mechanism="preempt", count=preemptions))
     return tuple(events)
 
 
@@ -314,69 +312,70 @@ def _budget_breakdown(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _BREAKDOWN.search(body)
     if m is None:
         return NO_EVENTS
-    return _budget(
-        meta,
+    budget = MemoryBudget(
+        **ident(meta),
         weights_bytes=gib(m.group("w")),
         non_torch_bytes=gib(m.group("nt")),
         activation_bytes=gib(m.group("act")),
         available_kv_bytes=gib(m.group("kv")),
     )
+    return _budget(budget, meta)
 
 
-def _budget(meta: LineMeta, **fields: Any) -> tuple[Event, ...]:
+def _budget(budget: MemoryBudget, meta: LineMeta) -> tuple[Event, ...]:
     """A memory budget; one whose KV memory is negative is also the startup failure vLLM raises next."""
-    budget = make(MemoryBudget, meta, **fields)
-    kv = fields.get("available_kv_bytes")
+    kv = budget.available_kv_bytes
     if kv is None or kv >= 0:
         return (budget,)
-    return (budget, make(StartupFailure, meta, reason="negative_kv_budget", available_kv_bytes=kv))
+    return (budget, StartupFailure(**ident(meta), reason="negative_kv_budget", available_kv_bytes=kv))
 
 
 def _total_memory(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _CAN_USE.search(body)
     if m is not None:
         return (
-            make(
-                MemoryBudget,
-                meta,
+            MemoryBudget(
+                **ident(meta),
                 total_bytes=gib(m.group("total")),
                 gpu_memory_utilization=float(m.group("util")),
                 requested_bytes=gib(m.group("req")),
             ),
         )
     if body.startswith("Memory profiling results:"):
-        values = {k.group("key"): k for k in _PROFILE_RESULTS.finditer(body)}
-        fields: dict[str, Any] = {}
-        for key, name in (
-            ("total_gpu_memory", "total_bytes"),
-            ("non_torch_memory", "non_torch_bytes"),
-            ("kv_cache_size", "available_kv_bytes"),
-        ):
-            if key in values:
-                fields[name] = gib(values[key].group("v"))
-        if "gpu_memory_utilization" in values:
-            fields["gpu_memory_utilization"] = float(values["gpu_memory_utilization"].group("v"))
-        return _budget(meta, **fields)
+        values = {k.group("key"): k.group("v") for k in _PROFILE_RESULTS.finditer(body)}
+
+        def size(key: str) -> int | None:
+            return gib(values[key]) if key in values else None
+
+        util = values.get("gpu_memory_utilization")
+        budget = MemoryBudget(
+            **ident(meta),
+            total_bytes=size("total_gpu_memory"),
+            non_torch_bytes=size("non_torch_memory"),
+            available_kv_bytes=size("kv_cache_size"),
+            gpu_memory_utilization=float(util) if util is not None else None,
+        )
+        return _budget(budget, meta)
     return NO_EVENTS
 
 
 def _cuda_graph(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _GRAPH_ESTIMATE.match(body)
     if m is not None:
-        return (make(MemoryBudget, meta, cuda_graph_bytes=gib(m.group("v"), m.group("u"))),)
+        return (MemoryBudget(**ident(meta), cuda_graph_bytes=gib(m.group("v"), m.group("u"))),)
     m = _CURRENT_UTIL.search(body)
     if m is not None and body.startswith("CUDA graph memory profiling is enabled"):
-        return (make(EngineSettings, meta, gpu_memory_utilization=float(m.group("u"))),)
+        return (EngineSettings(**ident(meta), gpu_memory_utilization=float(m.group("u"))),)
     return NO_EVENTS
 
 
 def _took(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _WEIGHTS.match(body)
     if m is not None:
-        return (make(MemoryBudget, meta, weights_bytes=gib(m.group("v"), m.group("u"))),)
+        return (MemoryBudget(**ident(meta), weights_bytes=gib(m.group("v"), m.group("u"))),)
     m = _GRAPHS.match(body)
     if m is not None:
-        return (make(MemoryBudget, meta, cuda_graph_bytes=gib(m.group("v"), m.group("u"))),)
+        return (MemoryBudget(**ident(meta), cuda_graph_bytes=gib(m.group("v"), m.group("u"))),)
     return NO_EVENTS
 
 
@@ -389,10 +388,10 @@ def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
         if m is not None:
             if m.group("engine") is not None:
                 meta = LineMeta(instance=str(int(m.group("engine"))), rank=meta.rank, ts=meta.ts)
-            return (make(PoolSized, meta, blocks=int(m.group("n"))),)
+            return (PoolSized(**ident(meta), blocks=int(m.group("n"))),)
         o = _OVERRIDE.search(body)
         if o is not None and body.startswith("Overriding num_gpu_blocks"):
-            return (make(PoolSized, meta, blocks=int(o.group("n"))),)
+            return (PoolSized(**ident(meta), blocks=int(o.group("n"))),)
         return NO_EVENTS
     return _pool(body, meta)
 
@@ -402,9 +401,8 @@ def _concurrency(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if m is None:
         return NO_EVENTS
     return (
-        make(
-            PoolSized,
-            meta,
+        PoolSized(
+            **ident(meta),
             max_concurrency_tokens=to_int(m.group("len")),
             max_concurrency=float(m.group("x")),
         ),
@@ -416,11 +414,10 @@ def _requested(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if m is None:
         return NO_EVENTS
     if m.group("a") is not None:
-        return (make(MemoryBudget, meta, requested_bytes=gib(m.group("a"))),)
+        return (MemoryBudget(**ident(meta), requested_bytes=gib(m.group("a"))),)
     return (
-        make(
-            MemoryBudget,
-            meta,
+        MemoryBudget(
+            **ident(meta),
             requested_bytes=gib(m.group("b")),
             gpu_memory_utilization=float(m.group("util")),
         ),
@@ -431,7 +428,7 @@ def _v0_hit_rate(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     if not body.startswith("Prefix cache hit rate: GPU"):
         return None
     m = _V0_HIT_RATE.match(body)
-    return (make(UsageSample, meta, prefix_cache_hit_ratio=ratio(m.group("gpu"))),) if m else NO_EVENTS
+    return (UsageSample(**ident(meta), prefix_cache_hit_ratio=ratio(m.group("gpu"))),) if m else NO_EVENTS
 
 
 Handler = Callable[[str, LineMeta], "tuple[Event, ...] | None"]
@@ -464,10 +461,15 @@ ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(anchor for anchor, _ in _TABLE))
 
 
 def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:
-    """Events in one vLLM message body (prefixes removed); () for lines about something else."""
-    for anchor, handler in _TABLE:
-        if anchor in body:
-            events = handler(body, meta)
-            if events is not None:
-                return events
+    """Events in one vLLM message body (prefixes removed); () for lines about something else.
+
+    A value pydantic rejects (a negative count, a dtype it does not know) is a ParseError."""
+    try:
+        for anchor, handler in _TABLE:
+            if anchor in body:
+                events = handler(body, meta)
+                if events is not None:
+                    return events
+    except ValidationError as exc:
+        raise ParseError(str(exc).splitlines()[0]) from exc
     return NO_EVENTS

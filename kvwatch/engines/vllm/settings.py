@@ -10,7 +10,7 @@ from typing import Any
 
 import regex
 
-from kvwatch.engines.vllm.common import make
+from kvwatch.engines.vllm.common import ident
 from kvwatch.events import EngineSettings, Event
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
@@ -110,8 +110,8 @@ def logo_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if m is None or not _LOGO_ART.issuperset(body[: m.start()]):
         return NO_EVENTS
     if m.group("key") == "version":
-        return (make(EngineSettings, meta, version=m.group("value"), starts_engine=True),)
-    return (make(EngineSettings, meta, model=m.group("value")),)
+        return (EngineSettings(**ident(meta), version=m.group("value"), starts_engine=True),)
+    return (EngineSettings(**ident(meta), model=m.group("value")),)
 
 
 def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -121,7 +121,7 @@ def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
         fields: dict[str, Any] = {"version": version, "starts_engine": True}
         if m.group("model"):
             fields["model"] = m.group("model")
-        return (make(EngineSettings, meta, **fields),)
+        return (EngineSettings(**ident(meta), **fields),)
     m = _ENGINE_INIT.match(body)
     if m is not None:
         fields = _settings_fields(
@@ -133,7 +133,7 @@ def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
         gen = m.group("gen")
         if gen is not None:
             fields["engine_generation"] = gen.lower()
-        return (make(EngineSettings, meta, **fields),)
+        return (EngineSettings(**ident(meta), **fields),)
     m = _NON_DEFAULT.match(body)
     if m is not None:
         args = m.group("body").strip()
@@ -144,14 +144,14 @@ def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
         else:
             return NO_EVENTS
         fields = _settings_fields(pairs)
-        return (make(EngineSettings, meta, **fields),) if fields else NO_EVENTS
+        return (EngineSettings(**ident(meta), **fields),) if fields else NO_EVENTS
     return NO_EVENTS
 
 
 def max_model_len_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     """'Using max model len 32768'."""
     m = _MAX_MODEL_LEN.match(body)
-    return (make(EngineSettings, meta, max_model_len=int(m.group("n"))),) if m else NO_EVENTS
+    return (EngineSettings(**ident(meta), max_model_len=int(m.group("n"))),) if m else NO_EVENTS
 
 
 def chunked_prefill_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
@@ -159,10 +159,10 @@ def chunked_prefill_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     if not body.startswith("Chunked prefill is enabled"):
         return None
     m = _CHUNKED.search(body)
-    return (make(EngineSettings, meta, max_num_batched_tokens=int(m.group("n"))),) if m else NO_EVENTS
+    return (EngineSettings(**ident(meta), max_num_batched_tokens=int(m.group("n"))),) if m else NO_EVENTS
 
 
 def forced_block_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     """'Forcing kv cache block size to 64 for FlashMLA backend.'"""
     m = _FORCED_BLOCK.match(body)
-    return (make(EngineSettings, meta, block_size=int(m.group("n"))),) if m else NO_EVENTS
+    return (EngineSettings(**ident(meta), block_size=int(m.group("n"))),) if m else NO_EVENTS
