@@ -338,7 +338,7 @@ class Sidecar:
         from kvwatch.capacity import gpus
 
         try:
-            return int(gpus.lookup(self.settings.gpu).memory_bytes)
+            return int(gpus.lookup(self.settings.gpu).total_bytes)
         except KeyError:
             raise ConfigError(f"unknown GPU {self.settings.gpu!r} (give --gpu-memory SIZE instead)") from None
 

@@ -280,7 +280,7 @@ def card_fits(
         for w in weights:
             for card in chosen:
                 d = base.with_(
-                    gpu_memory_bytes=card.memory_bytes,
+                    gpu_memory_bytes=card.total_bytes,
                     gpu_name=card.name,
                     kv_cache_dtype=kv,
                     weights_dtype=w,

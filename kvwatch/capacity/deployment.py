@@ -64,6 +64,12 @@ class Deployment:
     cuda_graph_max_bs: int | None = None
     max_num_batched_tokens: int | None = None
     hybrid_kv_cache_manager: bool = True
+    # The engine's own flags that move the non-KV terms (None = the release's default):
+    # --max-num-seqs, --enforce-eager, --dtype (activation dtype), --quantization (runtime).
+    max_num_seqs: int | None = None
+    enforce_eager: bool | None = None
+    dtype: str | None = None
+    quantization: str | None = None
 
     def with_(self, **changes: Any) -> Deployment:
         """A copy with some fields changed (None values are ignored)."""
@@ -116,6 +122,7 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
         "chunked_prefill_size",
         "cuda_graph_max_bs",
         "max_num_batched_tokens",
+        "max_num_seqs",
     ):
         value = getattr(d, name)
         if value is not None and value < 1:
@@ -170,6 +177,9 @@ _SETTINGS_MAP: dict[str, str] = {
     "chunked_prefill_size": "chunked_prefill_size",
     "cuda_graph_max_bs": "cuda_graph_max_bs",
     "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_num_seqs": "max_num_seqs",
+    "enforce_eager": "enforce_eager",
+    "dtype": "dtype",
     "quantization": "weights_dtype",
 }
 _MEMORY_MAP: dict[str, str] = {
@@ -215,6 +225,7 @@ def deployment_from_settings(
         if value is None:
             continue
         if key == "quantization":
+            values["quantization"] = str(value)
             value = _QUANT_TO_WEIGHTS.get(str(value).lower())
             if value is None:
                 continue

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from kvwatch.capacity.dims import ModelDims, dims_from_config
 from kvwatch.errors import ModelConfigError, UnsupportedModelError
 
 LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "mamba", "none"]
@@ -109,6 +110,8 @@ class ModelGeometry:
     rope_scaled: bool = False
     source: str = ""
     notes: tuple[str, ...] = field(default=())
+    # The shapes that set the non-KV memory (engines' memory models); None only for hand-built geometries.
+    dims: ModelDims | None = None
 
     @property
     def num_layers(self) -> int:
@@ -495,7 +498,15 @@ def _geometry(
     hidden = _require_int(cfg, "hidden_size")
     quant = cfg.get("quantization_config") if isinstance(cfg.get("quantization_config"), dict) else None
     params = count_params(cfg, layers)
+    dims = dims_from_config(
+        cfg,
+        params,
+        num_layers=len(layers),
+        dtype_bytes=dtype_bytes,
+        has_vision_tower=isinstance(raw.get("vision_config"), dict),
+    )
     return ModelGeometry(
+        dims=dims,
         name=name,
         architecture=architecture,
         model_type=str(cfg.get("model_type") or ""),

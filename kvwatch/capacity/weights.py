@@ -13,21 +13,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvwatch.capacity.dims import (
+    ATTENTION,
+    DENSE_MLP,
+    EMBED,
+    EXPERTS,
+    LM_HEAD,
+    MIXER,
+    NORMS,
+    ROUTER,
+    SHARED,
+)
 from kvwatch.errors import ConfigError, ModelConfigError
 
 if TYPE_CHECKING:
     from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
 
 # Itemised parameter groups.
-EMBED = "embeddings"
-LM_HEAD = "lm_head"
-ATTENTION = "attention"
-DENSE_MLP = "dense_mlp"
-EXPERTS = "routed_experts"
-SHARED = "shared_experts"
-ROUTER = "router"
-MIXER = "mamba_linear_mixers"
-NORMS = "norms"
 
 
 def _i(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
@@ -114,6 +116,11 @@ def _is_moe_layer(cfg: Mapping[str, Any], i: int, n_experts: int) -> bool:
     return (i + 1) % step == 0
 
 
+_UNGATED = frozenset(
+    {"phi", "gpt_neox", "falcon", "starcoder2", "gpt_bigcode", "bloom", "mpt", "gptj", "codegen"}
+)
+
+
 def count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[str, int]:
     """Itemised parameter count from a (text) config and its layer specs."""
     hidden = int(cfg["hidden_size"])
@@ -124,8 +131,9 @@ def count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[st
     n_experts = _i(cfg, "n_routed_experts", "num_experts", "num_local_experts")
     moe_inter = _i(cfg, "moe_intermediate_size", "intermediate_size")
     inter = _i(cfg, "intermediate_size", "ffn_dim")
-    # relu2 (Nemotron-H) and OPT/GPT-2-style MLPs have no gate projection.
-    gated = 2 if model_type.startswith(("nemotron_h", "opt", "gpt2")) else 3
+    # relu2 (Nemotron-H) and OPT/GPT-2-style MLPs have no gate projection: two matrices (fc1/fc2,
+    # dense_h_to_4h/4h_to_h, c_fc/c_proj), as vLLM's model files load them (models/phi.py PhiMLP).
+    gated = 2 if model_type.startswith(("nemotron_h", "opt", "gpt2")) or model_type in _UNGATED else 3
     out = dict.fromkeys((EMBED, LM_HEAD, ATTENTION, DENSE_MLP, EXPERTS, SHARED, ROUTER, MIXER, NORMS), 0)
     out[EMBED] = vocab * hidden
     out[LM_HEAD] = 0 if tied else vocab * hidden

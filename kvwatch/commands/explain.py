@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     model: ModelGeometry | None = load_model(args.model_config) if args.model_config else None
     gpu_memory = None
     if args.gpu:
-        gpu_memory = gpus.lookup(args.gpu).memory_bytes
+        gpu_memory = gpus.lookup(args.gpu).total_bytes
     elif args.gpu_memory:
         gpu_memory = parse_size(args.gpu_memory)
     events: list[Event] = []

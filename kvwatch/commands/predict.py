@@ -95,7 +95,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
     gpu_memory = None
     if args.gpu:
         spec = gpus.lookup(args.gpu)
-        gpu_name, gpu_memory = spec.name, spec.memory_bytes
+        gpu_name, gpu_memory = spec.name, spec.total_bytes
     elif args.gpu_memory:
         gpu_memory = parse_size(args.gpu_memory)
     engine_flags = registry.get(args.engine).deployment_flags(
@@ -162,15 +162,18 @@ def render(p: Prediction) -> str:
     if p.weights_bytes is not None:
         rows.append(("weights", f"{format_bytes(p.weights_bytes)} per GPU ({p.weights_scheme})"))
     if p.activation_bytes is not None:
-        rows.append(
-            (
-                registry.get(p.engine).overhead_label,
-                format_bytes((p.activation_bytes or 0) + (p.cuda_graph_bytes or 0)),
-            )
-        )
+        rows.append((registry.get(p.engine).overhead_label, format_bytes(p.activation_bytes)))
+    if p.cuda_graph_bytes:
+        graphs = format_bytes(p.cuda_graph_bytes)
+        if p.cuda_graphs_subtracted is False:
+            graphs += " (estimated; this release does not subtract it)"
+        rows.append(("CUDA graphs", graphs))
     if p.non_torch_bytes:
         rows.append(("non-torch", format_bytes(p.non_torch_bytes)))
-    rows.append(("available KV", format_bytes(p.available_kv_bytes)))
+    kv = format_bytes(p.available_kv_bytes)
+    if p.available_kv_band_bytes is not None:
+        kv += f" ± {format_bytes(p.available_kv_band_bytes)} (modelled before launch)"
+    rows.append(("available KV", kv))
     if p.kv_pool_blocks is not None:
         rows.append(
             (

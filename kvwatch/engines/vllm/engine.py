@@ -11,7 +11,7 @@ from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName
-from kvwatch.engines.vllm import budget, fastpath, log, observed, predict
+from kvwatch.engines.vllm import budget, fastpath, log, memory, observed, predict
 from kvwatch.engines.vllm.metrics import VllmMetrics
 from kvwatch.errors import ConfigError
 
@@ -57,7 +57,7 @@ class Vllm:
     metrics = VllmMetrics()
     fraction_setting = "gpu_memory_utilization"
     fraction_label = "requested (util)"
-    overhead_label = "activation+graphs"
+    overhead_label = "activation peak"
 
     def default_block_size(self, model: ModelGeometry | None) -> int | None:
         return budget.DEFAULT_BLOCK_SIZE
@@ -79,8 +79,9 @@ class Vllm:
         max_model_len = d.max_model_len or model.max_position_embeddings
         if max_model_len is None:
             raise ConfigError("config.json has no max_position_embeddings; pass --max-model-len")
-        mnbt = d.max_num_batched_tokens or budget.default_max_num_batched_tokens(
-            d.gpu_memory_bytes, d.gpu_name
+        mnbt = (
+            d.max_num_batched_tokens
+            or memory.default_batch_limits(d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len)[1]
         )
         p = budget.plan(model, d, elem_bytes, available, max_model_len, mnbt)
         return p.tokens, p.num_blocks

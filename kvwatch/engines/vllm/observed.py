@@ -9,11 +9,12 @@ from typing import Any
 
 from kvwatch.capacity.budget import Budget, Term, TermSource, int_fact, printed_fraction, putter
 from kvwatch.engines.vllm import budget
+from kvwatch.engines.vllm import memory as terms_model
 
 
 def graphs_in_budget(version: Any) -> bool:
     """Whether vLLM takes CUDA-graph memory out of the KV budget (0.21+, or an unknown version)."""
-    return budget.subtracts_cuda_graphs(str(version) if version else None)
+    return terms_model.subtracts_cuda_graphs(str(version) if version else None)
 
 
 def observed_budget(
@@ -28,7 +29,7 @@ def observed_budget(
     if frac is None and total is not None:
         version = settings.get("version")
         default: TermSource = "engine_default"
-        frac, frac_source = budget.default_utilization(str(version) if version else None), default
+        frac, frac_source = terms_model.default_utilization(str(version) if version else None), default
     put("usable", int_fact(memory.get("requested_bytes")), "printed")
     if total is not None and frac is not None:
         put("usable", budget.requested_bytes(total, frac), "derived", "total x gpu_memory_utilization")
