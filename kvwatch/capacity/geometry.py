@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from kvwatch.capacity.dtypes import served_dtype
 from kvwatch.errors import ModelConfigError, UnsupportedModelError
 
 LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "mamba", "none"]
@@ -35,16 +36,6 @@ _MAX_LAYERS = 100_000
 
 # DeepSeek sparse-attention indexer key: fp8 values plus one fp32 scale per 128 (both engines).
 _DSA_QUANT_BLOCK = 128
-
-_DTYPE_BYTES: dict[str, int] = {
-    "float32": 4,
-    "float": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp16": 2,
-    "bf16": 2,
-}
 
 
 @dataclass(frozen=True)
@@ -266,15 +257,13 @@ def _opt_int(cfg: Mapping[str, Any], key: str) -> int | None:
 
 def _dtype(cfg: Mapping[str, Any]) -> tuple[str, int]:
     value = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-    name = str(value).removeprefix("torch.")
-    if name not in _DTYPE_BYTES:
+    # Engines serve float32 checkpoints in half precision by default (vLLM/SGLang dtype='auto').
+    served = served_dtype(str(value).removeprefix("torch."))
+    if served is None:
         raise UnsupportedModelError(
             f"config.json torch_dtype {value!r} is not one kvwatch knows (bfloat16, float16, float32)"
         )
-    # Engines serve float32 checkpoints in half precision by default (vLLM/SGLang dtype='auto').
-    if name in ("float32", "float"):
-        return "bfloat16", 2
-    return name, _DTYPE_BYTES[name]
+    return served
 
 
 def _attention_dims(cfg: Mapping[str, Any]) -> tuple[int, int, int]:

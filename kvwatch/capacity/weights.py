@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvwatch.capacity.dtypes import WEIGHT_DTYPES
 from kvwatch.errors import ConfigError, ModelConfigError
 
 if TYPE_CHECKING:
@@ -234,23 +235,6 @@ def _quant_scheme(quant: Mapping[str, Any] | None) -> tuple[str, float, frozense
         group = int(w.get("group_size") or _INT4_DEFAULT_GROUP)
         return f"int{bits} compressed-tensors", bits + 16 / group, frozenset(groups)
     return None
-
-
-# Bytes per weight for a ``--weights-dtype`` what-if: every parameter at this width, as the seed
-# chapters size weights (parameter count x bytes per weight; scales and unquantised embeddings ignored).
-WEIGHT_DTYPES: dict[str, float] = {
-    "bf16": 2,
-    "bfloat16": 2,
-    "fp16": 2,
-    "float16": 2,
-    "fp8": 1,
-    "int8": 1,
-    "int4": 0.5,
-    "awq": 0.5,
-    "gptq": 0.5,
-    "mxfp4": 0.5,
-    "nvfp4": 0.5,
-}
 
 
 def _family(name: str) -> str:
