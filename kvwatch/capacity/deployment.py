@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from kvwatch.capacity.dtypes import KV_DTYPE_BYTES
-from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES, EngineName
 from kvwatch.errors import ConfigError
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvwatch.capacity.dtypes import WEIGHT_DTYPES
+from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.errors import ConfigError, ModelConfigError
-
-if TYPE_CHECKING:
-    from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
 
 # Itemised parameter groups.
 EMBED = "embeddings"

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from kvwatch.capacity.deployment import Deployment, version_tuple
-from kvwatch.capacity.geometry import LayerSpec, ModelGeometry, ceil_div, stage_layers
+from kvwatch.capacity.model import LayerSpec, ModelGeometry, ceil_div, stage_layers
 from kvwatch.units import GiB
 
 DEFAULT_BLOCK_SIZE = 16

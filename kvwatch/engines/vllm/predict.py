@@ -8,7 +8,7 @@ records which, then builds the Prediction.
 from __future__ import annotations
 
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.vllm import budget
 from kvwatch.units import GiB, format_bytes
