@@ -16,15 +16,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvwatch.capacity.architectures import (
+    HYBRID_PATTERN_KINDS,
+    layer_kinds,
+    normalise,
+    sliding_window,
+    wrapper_text_model_type,
+)
 from kvwatch.capacity.dtypes import served_dtype
 from kvwatch.capacity.model import LayerKind, LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import count_params
 from kvwatch.errors import ModelConfigError, UnsupportedModelError
-
-# transformers' defaults for Gemma-family configs that omit them (Gemma3TextConfig).
-_GEMMA3_SLIDING_WINDOW_PATTERN = 6
-_GEMMA3_SLIDING_WINDOW = 4096
-_GEMMA2_SLIDING_WINDOW = 4096
 
 # Far above any real model; guards against a corrupt file asking for billions of layer records.
 _MAX_LAYERS = 100_000
@@ -111,18 +113,6 @@ def _model_name(config_path: Path, raw: Mapping[str, Any]) -> str:
     return config_path.stem.replace("--", "/", 1)
 
 
-# transformers' class defaults for fields minimal hub files omit (Gemma3TextConfig).
-_LIBRARY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {
-        "vocab_size": 262208,
-        "max_position_embeddings": 131072,
-        "tie_word_embeddings": True,
-        "sliding_window": _GEMMA3_SLIDING_WINDOW,
-        "sliding_window_pattern": _GEMMA3_SLIDING_WINDOW_PATTERN,
-    },
-}
-
-
 def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The language model's config: ``text_config`` of a multimodal wrapper, else the file itself.
 
@@ -132,17 +122,16 @@ def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     inner = raw.get("text_config")
     if isinstance(inner, dict):
         merged = dict(inner)
-        if raw.get("model_type") == "gemma3" and "model_type" not in merged:
-            merged["model_type"] = "gemma3_text"
+        implied = wrapper_text_model_type(str(raw.get("model_type") or ""))
+        if implied is not None and "model_type" not in merged:
+            merged["model_type"] = implied
         for key in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings"):
             if key not in merged and key in raw:
                 merged[key] = raw[key]
         merged["_wrapper_architectures"] = raw.get("architectures")
     else:
         merged = dict(raw)
-    for key, value in _LIBRARY_DEFAULTS.get(str(merged.get("model_type")), {}).items():
-        merged.setdefault(key, value)
-    return merged
+    return normalise(merged)
 
 
 def _require_int(cfg: Mapping[str, Any], key: str, *, positive: bool = True) -> int:
@@ -196,69 +185,6 @@ def _attention_dims(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
     return kv_heads, head_dim, v_dim
 
 
-def _layer_kinds(cfg: Mapping[str, Any], n_layers: int) -> list[str]:
-    """The attention kind of every layer, from whichever convention the config uses."""
-    model_type = str(cfg.get("model_type") or "")
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
-        if len(types) != n_layers:
-            raise ModelConfigError(
-                f"config.json layer_types has {len(types)} entries but num_hidden_layers is {n_layers}"
-            )
-        mapping = {
-            "full_attention": "full",
-            "attention": "full",
-            "global": "full",
-            "sliding_attention": "sliding",
-            "local": "sliding",
-            "chunked_attention": "chunked",
-            "linear_attention": "linear",
-            "mamba": "mamba",
-        }
-        kinds = []
-        for t in types:
-            if t not in mapping:
-                raise UnsupportedModelError(
-                    f"config.json layer_types has {t!r}, a layer kind kvwatch cannot size"
-                )
-            kinds.append(mapping[t])
-        return kinds
-    interval = cfg.get("full_attention_interval")
-    if isinstance(interval, int) and interval > 0 and model_type.startswith("qwen3"):
-        # Qwen3-Next: every interval-th layer is full attention, the rest Gated DeltaNet.
-        return ["full" if (i + 1) % interval == 0 else "linear" for i in range(n_layers)]
-    if model_type.startswith("gemma3"):
-        pattern = cfg.get("sliding_window_pattern") or _GEMMA3_SLIDING_WINDOW_PATTERN
-        return ["full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(n_layers)]
-    if model_type.startswith("gemma2"):
-        return ["sliding" if i % 2 == 0 else "full" for i in range(n_layers)]
-    window = cfg.get("sliding_window")
-    if window is not None and cfg.get("use_sliding_window") is not False:
-        max_window_layers = cfg.get("max_window_layers")
-        if model_type.startswith("qwen2") and isinstance(max_window_layers, int):
-            # Qwen2-style: layers from max_window_layers on use the window.
-            return ["sliding" if i >= max_window_layers else "full" for i in range(n_layers)]
-        # Mistral-style: one global window on every layer.
-        return ["sliding"] * n_layers
-    return ["full"] * n_layers
-
-
-def _window(cfg: Mapping[str, Any]) -> int:
-    model_type = str(cfg.get("model_type") or "")
-    window = cfg.get("sliding_window")
-    if window is None:
-        if model_type.startswith("gemma3"):
-            return _GEMMA3_SLIDING_WINDOW
-        if model_type.startswith("gemma2"):
-            return _GEMMA2_SLIDING_WINDOW
-        raise ModelConfigError("config.json has sliding-window layers but no 'sliding_window'")
-    if not isinstance(window, int) or window <= 0:
-        raise ModelConfigError(
-            f"config.json field 'sliding_window' must be a positive integer, got {window!r}"
-        )
-    return window
-
-
 def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
     """One LayerSpec per decoder layer, plus notes on conventions applied."""
     notes: list[str] = []
@@ -270,11 +196,12 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
         kv_heads, hk, hv = _attention_dims(cfg)
         layers = []
         for ch in pattern:
-            if ch == "*":
+            kind = HYBRID_PATTERN_KINDS.get(ch)
+            if kind == "full":
                 layers.append(LayerSpec("full", kv_heads, hk, hv))
-            elif ch == "M":
+            elif kind == "mamba":
                 layers.append(LayerSpec("mamba"))
-            elif ch in "-E":
+            elif kind == "none":
                 layers.append(LayerSpec("none"))
             else:
                 raise UnsupportedModelError(
@@ -326,9 +253,9 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
             LayerSpec("mla", 1, rank + rope, 0, extra_bytes_per_token=extra) for _ in range(n_layers)
         ], notes
 
-    kinds = _layer_kinds(cfg, n_layers)
+    kinds = layer_kinds(cfg, n_layers)
     kv_heads, hk, hv = _attention_dims(cfg)
-    window = _window(cfg) if any(k == "sliding" for k in kinds) else None
+    window = sliding_window(cfg) if any(k == "sliding" for k in kinds) else None
     chunk = cfg.get("attention_chunk_size") if any(k == "chunked" for k in kinds) else None
     # Gemma-4 style: global layers have their own head settings.
     g_heads = _opt_int(cfg, "num_global_key_value_heads")
