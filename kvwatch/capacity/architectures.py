@@ -109,6 +109,15 @@ class Architecture:
 
 GENERIC = Architecture()
 
+# GPT2Config / GPTBigCodeConfig attribute_map, plus n_inner for the feed-forward width.
+_GPT2_ALIASES: dict[str, str] = {
+    "num_hidden_layers": "n_layer",
+    "num_attention_heads": "n_head",
+    "hidden_size": "n_embd",
+    "max_position_embeddings": "n_positions",
+    "intermediate_size": "n_inner",
+}
+
 ARCHITECTURES: dict[str, Architecture] = {
     "qwen2": Architecture(layer_pattern=_qwen2_window_layers, qkv_bias=True),
     "qwen3": Architecture(layer_pattern=_every_nth_full, qk_norm=True),
@@ -136,7 +145,25 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gemma4": Architecture(qk_norm=True),
     "nemotron_h": Architecture(mlp_matrices=2),  # relu2
     "opt": Architecture(mlp_matrices=2),
-    "gpt2": Architecture(mlp_matrices=2),
+    # GPT-2 and GPTBigCode (StarCoder, SantaCoder; multi_query: true = one KV head): transformers'
+    # attribute_map names, n_inner null = 4 x n_embd, Conv1D/Linear biases everywhere, LayerNorm,
+    # a learned position table (modeling_gpt2.py, modeling_gpt_bigcode.py).
+    "gpt2": Architecture(
+        aliases=_GPT2_ALIASES,
+        inner_size_multiple=4,
+        mlp_matrices=2,
+        linear_bias=True,
+        norm_bias=True,
+        learned_positions=True,
+    ),
+    "gpt_bigcode": Architecture(
+        aliases=_GPT2_ALIASES,
+        inner_size_multiple=4,
+        mlp_matrices=2,
+        linear_bias=True,
+        norm_bias=True,
+        learned_positions=True,
+    ),
 }
 
 
