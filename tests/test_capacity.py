@@ -77,6 +77,10 @@ BYTES_PER_TOKEN = [
     ("nvidia--Nemotron-H-56B-Base-8K", 2 * 10 * 8 * 128 * 2),
     # layer_types: 18 full_attention of 36, 8 KV heads x head_dim 64 (2880/64=45 would be wrong)
     ("openai--gpt-oss-120b", 2 * 18 * 8 * 64 * 2),
+    # GPT-2 field names: n_layer 12 x n_head 12 x n_embd 768/12=64, MHA; no torch_dtype = 2 bytes
+    ("openai-community--gpt2", 2 * 12 * 12 * 64 * 2),
+    # GPTBigCode multi_query: n_layer 40 x 1 KV head x n_embd 6144/n_head 48=128; float32 served at 2 bytes
+    ("bigcode--starcoder", 2 * 40 * 1 * 128 * 2),
 ]
 
 
@@ -179,6 +183,8 @@ def test_opt_13b_800_kb_per_token() -> None:
         ("deepseek-ai--DeepSeek-V3", 671.0),
         ("openai--gpt-oss-120b", 116.8),
         ("microsoft--phi-4", 14.7),
+        # model card: "15.5B parameter models"
+        ("bigcode--starcoder", 15.5),
     ],
 )
 def test_param_count_lands_on_published_figure(stem: str, billions: float) -> None:
@@ -190,6 +196,39 @@ def test_llama3_8b_param_count_exact() -> None:
     embed = 128256 * 4096
     layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
     assert model("meta-llama--Meta-Llama-3.1-8B").param_count == 2 * embed + 32 * layer + 4096
+
+
+def test_gpt2_param_count_exact() -> None:
+    # 124,439,808, what transformers counts for GPT2LMHeadModel: token and position tables (the
+    # head is tied), Conv1D weights and biases, two LayerNorms per block and a final one.
+    embed = 50257 * 768 + 1024 * 768
+    attention = 768 * 3 * 768 + 3 * 768 + 768 * 768 + 768
+    mlp = 768 * 3072 + 3072 + 3072 * 768 + 768
+    layer = attention + mlp + 2 * 2 * 768
+    assert model("openai-community--gpt2").param_count == embed + 12 * layer + 2 * 768 == 124_439_808
+
+
+def test_starcoder_param_count_within_half_a_percent() -> None:
+    # The model card's 15.5B is rounded to 0.1B (0.3%); the shapes give 15.517B.
+    layer = 6144 * (6144 + 2 * 128) + 6400 + 6144 * 6144 + 6144 + 2 * 6144 * 24576 + 24576 + 6144 + 4 * 6144
+    exact = 49152 * 6144 + 8192 * 6144 + 40 * layer + 2 * 6144
+    m = model("bigcode--starcoder")
+    assert m.param_count == exact
+    assert abs(m.param_count / 15.5e9 - 1) < 0.005
+
+
+def test_gpt2_style_fields_read_as_their_transformers_names() -> None:
+    m = model("bigcode--starcoder")
+    assert (m.num_layers, m.num_attention_heads, m.hidden_size) == (40, 48, 6144)
+    assert m.max_position_embeddings == 8192
+    # multi_query: one KV head, replicated across tensor-parallel ranks rather than split.
+    assert {layer.num_kv_heads for layer in m.layers} == {1}
+    assert m.bytes_per_token(tp=8) == m.bytes_per_token() == 20_480
+    cfg = raw("bigcode--starcoder")
+    cfg["multi_query"] = False  # SantaCoder-style MHA variant of the same config
+    assert geometry_from_config(cfg).bytes_per_token() == 2 * 40 * 48 * 128 * 2
+    del cfg["n_inner"]  # null/absent n_inner is 4 x n_embd, the same 24576 here
+    assert geometry_from_config(cfg).params["dense_mlp"] == model("bigcode--starcoder").params["dense_mlp"]
 
 
 def test_vllm_page_size_llama3_8b() -> None:

@@ -20,8 +20,8 @@ from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.analysis.workload import Workload
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import ModelGeometry
 from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.engines import registry
 from kvwatch.errors import ConfigError

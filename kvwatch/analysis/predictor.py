@@ -18,7 +18,8 @@ from typing import Any
 from kvwatch.analysis.attribution import apriori_inputs
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity.deployment import deployment_from_settings
-from kvwatch.capacity.geometry import ModelGeometry, load_model
+from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.errors import KvwatchError
 from kvwatch.state import InstanceSnapshot
 

@@ -12,25 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.dtypes import KV_DTYPE_BYTES
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES, EngineName
 from kvwatch.errors import ConfigError
-
-# KV cache dtype names both engines accept, and their bytes per element ('auto' = model dtype).
-KV_DTYPE_BYTES: dict[str, int] = {
-    "bf16": 2,
-    "bfloat16": 2,
-    "fp16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "fp8_inc": 1,
-    "fp8_ds_mla": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
 
 
 @dataclass(frozen=True)

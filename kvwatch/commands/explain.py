@@ -10,7 +10,8 @@ from kvwatch.analysis.attribution import Attribution
 from kvwatch.analysis.explain import Explanation, explain
 from kvwatch.capacity import gpus
 from kvwatch.capacity.budget import Budget
-from kvwatch.capacity.geometry import ModelGeometry, load_model
+from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.commands.predict import _positive_int
 from kvwatch.engines.kinds import ENGINE_CHOICES
 from kvwatch.errors import ConfigError

@@ -18,7 +18,7 @@ import regex
 
 from kvwatch.capacity.budget import Budget, Contribution, Term
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
+from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.kinds import EngineName
 from kvwatch.events import Event

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
+from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.engines.vllm import budget, memory, weights
 from kvwatch.units import GiB, format_bytes
