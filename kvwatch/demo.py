@@ -21,8 +21,8 @@ from types import FrameType
 from typing import TextIO
 
 from kvwatch import names
-from kvwatch.app import Sidecar
 from kvwatch.config import load_settings
+from kvwatch.sidecar.app import Sidecar
 
 # Lines at the top of each bundled log that an engine prints once, at startup.
 STARTUP_LINES = {"vllm": 4, "sglang": 2}

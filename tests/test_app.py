@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.app import Sidecar, find_model_config
 from kvwatch.cli import main
 from kvwatch.config import load_settings
+from kvwatch.sidecar.app import Sidecar
+from kvwatch.sidecar.discovery import find_model_config
 
 TESTS = Path(__file__).parent
 LOG_SAMPLES = TESTS / "log_samples"
@@ -113,7 +114,7 @@ def test_a_scrape_shows_a_line_appended_just_before_it(
 ) -> None:
     """/metrics reads what the engine appended before rendering: the next scrape is current even
     though the tailer's own timed read is rare (here: never within the test)."""
-    monkeypatch.setattr("kvwatch.app.TAIL_INTERVAL", 3600.0)
+    monkeypatch.setattr("kvwatch.sidecar.app.TAIL_INTERVAL", 3600.0)
     log = tmp_path / "vllm.log"
     _append(log, *VLLM_STARTUP)
     car = sidecar_factory(log=[f"v={log}"], model_config=[str(LLAMA_8B)])
