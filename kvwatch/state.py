@@ -345,13 +345,29 @@ class Fleet:
         with self._lock:
             return [replace(st) for st in self._instances.values()]
 
-    def restore(self, states: Iterable[InstanceState], source_settings: dict[str, dict[str, Any]]) -> None:
-        """Load records saved by a previous kvwatch process (state file)."""
+    def restore(self, states: Iterable[InstanceState], source_settings: dict[str, dict[str, Any]]) -> int:
+        """Load records saved by a previous kvwatch process (state file), within the instance cap.
+
+        Beyond the cap the least recently updated records are left out (a cap lowered between runs,
+        or a file someone else wrote); returns how many.
+        """
+        records = list(states)
+        total = len(records)
         with self._lock:
-            for st in states:
+            room = max(0, self._max - len(self._instances))
+            if len(records) > room:
+                newest = sorted(
+                    range(len(records)),
+                    key=lambda i: max(records[i].last_update.values(), default=records[i].epoch_started),
+                    reverse=True,
+                )
+                keep = set(newest[:room])
+                records = [st for i, st in enumerate(records) if i in keep]
+            for st in records:
                 self._instances[(st.source, st.instance)] = st
             for source, settings in source_settings.items():
                 self._source_settings.setdefault(source, {}).update(settings)
+        return total - len(records)
 
     def source_settings(self) -> dict[str, dict[str, Any]]:
         """Settings printed by a source's non-instance processes, for persistence."""
