@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from kvwatch import __version__, names
-from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
+from kvwatch.collector import KvwatchCollector, Predictor, SelfStats, SourceStatus
 from kvwatch.config import Settings, WebConfig, load_web_config
 from kvwatch.errors import ConfigError
 from kvwatch.parsers.base import ParseError
@@ -32,8 +32,9 @@ from kvwatch.scrape import Scraper, ScrapeResult
 from kvwatch.sidecar import messages as msg
 from kvwatch.sidecar.auth import BasicAuth
 from kvwatch.sidecar.discovery import find_model_config
-from kvwatch.sidecar.http import MetricsServer, tls_context
+from kvwatch.sidecar.http import Endpoints, tls_context
 from kvwatch.sidecar.saving import SaveSchedule
+from kvwatch.sidecar.server import BoundedHTTPServer
 from kvwatch.sidecar.sources import LogSource, ScrapeSource
 from kvwatch.sources.logfile import FilePosition, LogTailer
 from kvwatch.state import Fleet
@@ -93,10 +94,14 @@ class Sidecar:
         ]
         self.saves = SaveSchedule(self.store, self.fleet, self._logs, lambda: self._queue.put(msg.Dirty()))
         self.collector = KvwatchCollector(
-            self.fleet.snapshot, self.predictor, self.source_statuses, lambda: self.fleet.dropped_events
+            self.fleet.snapshot,
+            self.predictor,
+            self.source_statuses,
+            lambda: self.fleet.dropped_events,
+            self.self_stats,
         )
         self.registry.register(self.collector)
-        self._server: MetricsServer | None = None
+        self._server: BoundedHTTPServer | None = None
 
     def _gpu_memory(self) -> int | None:
         if self.settings.gpu_memory is not None:
@@ -120,15 +125,26 @@ class Sidecar:
             configured = {s.name for s in self.settings.log} | {s.name for s in self.settings.metrics_url}
             saved.instances = [st for st in saved.instances if st.source in configured]
             saved.source_settings = {k: v for k, v in saved.source_settings.items() if k in configured}
-            restore(self.fleet, saved)
+            left_out = restore(self.fleet, saved)
             positions = saved.positions
+            if left_out:
+                log.warning(
+                    "state file holds %d instances, over --max-instances %d: restored the %d most "
+                    "recently updated",
+                    len(saved.instances),
+                    self.settings.max_instances,
+                    len(saved.instances) - left_out,
+                )
             if saved.instances:
                 log.info("state restored path=%s instances=%d", self.store.path, len(saved.instances))
         addr = self.settings.listen
         try:
-            self._server = MetricsServer((addr.host, addr.port), self.render_metrics, self.auth, self._tls)
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {addr}: {exc.strerror or exc}") from None
+            self._server = BoundedHTTPServer(
+                (addr.host, addr.port), Endpoints(self.render_metrics, self.auth), self._tls
+            )
+        except (OSError, ValueError, OverflowError) as exc:  # ValueError: e.g. a host IDNA cannot encode
+            reason = getattr(exc, "strerror", None) or exc
+            raise ConfigError(f"cannot listen on {addr}: {reason}") from None
         self._spawn("kvwatch-http", self._server.serve)
         self._spawn("kvwatch-consumer", self._consume)
         for src in self._logs:
@@ -301,7 +317,7 @@ class Sidecar:
 
     def refresh(self) -> None:
         """Read what the engines appended since the tailers last looked (called at every scrape of
-        /metrics, in the HTTP thread): a line appended just before a scrape is in that scrape."""
+        /metrics, in an HTTP worker): a line appended just before a scrape is in that scrape."""
         for src in self._logs:
             if src.tailer is not None:
                 try:
@@ -322,9 +338,16 @@ class Sidecar:
             return self.collector.render(), content_type
         return encoder(self.registry), content_type
 
-    def authorized(self, header: str | None) -> bool:
-        """Basic-auth check of an Authorization header (see BasicAuth)."""
-        return self.auth.authorized(header)
+    def self_stats(self) -> SelfStats:
+        """The HTTP server's, the authentication's and the state file's counters, for the collector."""
+        server = self._server
+        return SelfStats(
+            http_connections_open=server.stats.open if server is not None else 0,
+            http_connections_refused=server.stats.refused if server is not None else 0,
+            http_connection_timeouts=server.stats.timed_out if server is not None else 0,
+            http_auth_throttled=self.auth.throttled,
+            state_files_invalid=self.store.invalid_files if self.store is not None else 0,
+        )
 
 
 def _release_startup_memory() -> None:
@@ -347,7 +370,10 @@ def _load_positions(raw: Any) -> dict[str, FilePosition] | None:
     out: dict[str, FilePosition] = {}
     for path, pos in raw.items():
         try:
-            out[path] = FilePosition.from_dict(pos)
+            position = FilePosition.from_dict(pos)
         except (TypeError, KeyError, ValueError, AttributeError):
             return None
+        if min(position.dev, position.inode, position.offset) < 0:
+            return None
+        out[path] = position
     return out
