@@ -145,13 +145,16 @@ class BoundedHTTPServer:
         handler: Handler,
         tls: ssl.SSLContext | None = None,
         *,
-        max_connections: int = MAX_CONNECTIONS,
-        header_timeout: float = HEADER_TIMEOUT,
-        idle_timeout: float = IDLE_TIMEOUT,
-        write_timeout: float = WRITE_TIMEOUT,
-        workers: int = WORKERS,
+        max_connections: int | None = None,
+        header_timeout: float | None = None,
+        idle_timeout: float | None = None,
+        write_timeout: float | None = None,
+        workers: int | None = None,
     ) -> None:
-        """Bind and listen at once; an OSError here leaves nothing open behind it."""
+        """Bind and listen at once; an OSError here leaves nothing open behind it.
+
+        Limits left None take the module's constants as they are at the call (tests change them).
+        """
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -165,13 +168,14 @@ class BoundedHTTPServer:
         self._sock = sock
         self.handler = handler
         self.tls = tls
-        limit = raise_fd_limit(max_connections + FD_RESERVE)
-        self.max_connections = max(1, min(max_connections, limit - FD_RESERVE))
-        self.header_timeout = header_timeout
-        self.idle_timeout = idle_timeout
-        self.write_timeout = write_timeout
+        cap = MAX_CONNECTIONS if max_connections is None else max_connections
+        limit = raise_fd_limit(cap + FD_RESERVE)
+        self.max_connections = max(1, min(cap, limit - FD_RESERVE))
+        self.header_timeout = HEADER_TIMEOUT if header_timeout is None else header_timeout
+        self.idle_timeout = IDLE_TIMEOUT if idle_timeout is None else idle_timeout
+        self.write_timeout = WRITE_TIMEOUT if write_timeout is None else write_timeout
         self.stats = ServerStats()
-        self._workers = workers
+        self._workers = WORKERS if workers is None else workers
         self._closing = False
         self._bell_r, self._bell_w = socket.socketpair()
         self._bell_r.setblocking(False)
