@@ -12,7 +12,7 @@ are removed at start.
 The file is read as untrusted input: anyone who can write the state folder can write it, and a
 value kvwatch would not produce itself (a string for a counter, -5 or 1e308 preemptions, bytes that
 are not UTF-8, nesting thousands deep) must not break /metrics or startup. It is validated against
-``_SavedFile`` (types and ranges of every field of ``InstanceState``); a file that fails -- or is
+``_schema()`` (types and ranges of every field of ``InstanceState``); a file that fails -- or is
 of another format version -- is moved aside as ``kvwatch-state.json.corrupt-<time>`` for a person
 to look at, one warning is logged and counted, and kvwatch starts fresh: always safe, only less
 informed. The instance cap is applied when the records are restored (``Fleet.restore``).
@@ -45,6 +45,8 @@ MAX_STATE_BYTES = 32 * 1024 * 1024
 _TMP_GLOB = ".kvwatch-state.*.tmp"
 
 # --- What a valid state file holds ----------------------------------------------------------------
+# The pydantic models are built inside _schema(), at each load, and dropped after it: their
+# validators cost a few hundred KiB that a running sidecar (RSS budget 40 MiB) does not need again.
 # Every number must survive float() in the collector: ints within 64 bits, floats finite.
 _Int = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 _Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -58,51 +60,54 @@ _Time = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)]
 _Counts = Annotated[dict[_Key, _Counter], Field(max_length=256)]
 
 
-class _Strict(BaseModel):
-    # Keys a newer kvwatch added are ignored, as before validation existed.
-    model_config = ConfigDict(extra="ignore", frozen=True)
+def _schema() -> type[BaseModel]:
+    """The model of a valid state file, built at each call (see above: not kept between loads)."""
 
+    class _Strict(BaseModel):
+        # Keys a newer kvwatch added are ignored, as before validation existed.
+        model_config = ConfigDict(extra="ignore", frozen=True)
 
-class _SavedInstance(_Strict):
-    """One ``InstanceState`` as saved; the field set is checked against the dataclass below."""
+    class _SavedInstance(_Strict):
+        """One ``InstanceState`` as saved; the field set is checked against the dataclass below."""
 
-    source: Annotated[str, Field(min_length=1, max_length=256)]
-    engine: Literal["vllm", "sglang"]
-    instance: Annotated[str, Field(max_length=256)]
-    epoch: Annotated[StrictInt, Field(ge=1, le=2**63 - 1)] = 1
-    epoch_started: _Time = 0.0
-    restarts: _Counter = 0
-    settings: _Facts = {}
-    memory: _Facts = {}
-    pools: Annotated[dict[_Key, _Facts], Field(max_length=64)] = {}
-    pools_by_origin: Annotated[dict[_Key, _Facts], Field(max_length=64)] = {}
-    usage: _Facts = {}
-    usage_by_origin: Annotated[dict[_Key, _Facts], Field(max_length=16)] = {}
-    usage_seen: Annotated[dict[_Key, _Time], Field(max_length=16)] = {}
-    preemptions_total: _Counter = 0
-    preemption_marks: _Counts = {}
-    preemption_epoch: _Counts = {}
-    retractions: StrictBool = False
-    startup_failures: _Counts = {}
-    last_failure: _Facts | None = None
-    disagreements: _Counts = {}
-    last_disagreement: _Facts | None = None
-    counter_resets: _Counter = 0
-    last_update: Annotated[dict[_Key, _Time], Field(max_length=16)] = {}
-    events: _Counter = 0
+        source: Annotated[str, Field(min_length=1, max_length=256)]
+        engine: Literal["vllm", "sglang"]
+        instance: Annotated[str, Field(max_length=256)]
+        epoch: Annotated[StrictInt, Field(ge=1, le=2**63 - 1)] = 1
+        epoch_started: _Time = 0.0
+        restarts: _Counter = 0
+        settings: _Facts = {}
+        memory: _Facts = {}
+        pools: Annotated[dict[_Key, _Facts], Field(max_length=64)] = {}
+        pools_by_origin: Annotated[dict[_Key, _Facts], Field(max_length=64)] = {}
+        usage: _Facts = {}
+        usage_by_origin: Annotated[dict[_Key, _Facts], Field(max_length=16)] = {}
+        usage_seen: Annotated[dict[_Key, _Time], Field(max_length=16)] = {}
+        preemptions_total: _Counter = 0
+        preemption_marks: _Counts = {}
+        preemption_epoch: _Counts = {}
+        retractions: StrictBool = False
+        startup_failures: _Counts = {}
+        last_failure: _Facts | None = None
+        disagreements: _Counts = {}
+        last_disagreement: _Facts | None = None
+        counter_resets: _Counter = 0
+        last_update: Annotated[dict[_Key, _Time], Field(max_length=16)] = {}
+        events: _Counter = 0
 
+    class _SavedFile(_Strict):
+        version: Literal[1]
+        instances: list[_SavedInstance]
+        source_settings: dict[_Key, _Facts] = {}
+        # Source -> path -> the tailer's own JSON form of a position (FilePosition checks its content).
+        positions: dict[_Key, dict[_Text, _Facts]] = {}
 
-class _SavedFile(_Strict):
-    version: Literal[1]
-    instances: list[_SavedInstance]
-    source_settings: dict[_Key, _Facts] = {}
-    # Source -> path -> the tailer's own JSON form of a position (FilePosition checks its content).
-    positions: dict[_Key, dict[_Text, _Facts]] = {}
+    if set(_SavedInstance.model_fields) != _FIELDS:
+        raise RuntimeError("persist._SavedInstance no longer matches state.InstanceState")
+    return _SavedFile
 
 
 _FIELDS = {f.name for f in dataclasses.fields(InstanceState)}
-if set(_SavedInstance.model_fields) != _FIELDS:  # pragma: no cover - caught by the tests at once
-    raise RuntimeError("persist._SavedInstance no longer matches state.InstanceState")
 
 
 class _Unusable(ValueError):
@@ -181,7 +186,7 @@ class StateStore:
             version = data.get("version") if isinstance(data, dict) else None
             raise _Unusable(f"format version {version!r}, not {FORMAT_VERSION}")
         try:
-            saved = _SavedFile.model_validate(data)
+            saved: Any = _schema().model_validate(data)
         except (ValidationError, RecursionError) as exc:
             errors = exc.errors() if isinstance(exc, ValidationError) else []
             where = ".".join(str(p) for p in errors[0]["loc"]) if errors else "?"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from kvwatch.errors import ConfigError
 from kvwatch.events import EngineSettings, PoolSized, Preemption
 from kvwatch.persist import STATE_FILE, StateStore, restore
-from kvwatch.state import Fleet
+from kvwatch.state import Fleet, InstanceState
 
 
 def _fleet() -> Fleet:
@@ -173,12 +174,10 @@ def test_valid_file_passes_validation_unchanged(tmp_path: Path) -> None:
 
 
 def test_saved_schema_covers_every_instance_field() -> None:
-    import dataclasses
+    from kvwatch.persist import _schema
 
-    from kvwatch.persist import _SavedInstance
-    from kvwatch.state import InstanceState
-
-    assert set(_SavedInstance.model_fields) == {f.name for f in dataclasses.fields(InstanceState)}
+    instance = _schema().model_fields["instances"].annotation.__args__[0]  # type: ignore[union-attr]
+    assert set(instance.model_fields) == {f.name for f in dataclasses.fields(InstanceState)}
 
 
 def test_restore_keeps_at_most_the_cap_most_recent_first() -> None:

@@ -9,7 +9,7 @@ idle or slow clients (slow loris) could hold threads and file descriptors until 
   non-blocking and each under a deadline (``HEADER_TIMEOUT`` from accept or from the first byte of
   a request to the end of its head, ``IDLE_TIMEOUT`` between keep-alive requests, ``WRITE_TIMEOUT``
   for the client to take a response); a client that misses one is disconnected and counted;
-* a complete request head goes to one of ``WORKERS`` threads, which only compute (the handler never
+* a complete request head goes to one of ``WORKERS`` threads (started as needed), which only compute (the handler never
   touches the socket), so a client that does not read cannot hold a worker;
 * at most ``MAX_CONNECTIONS`` connections are open; one more is refused (503 on plain HTTP, closed
   on TLS) and counted; heads over ``MAX_HEAD_BYTES`` get 431; request bodies are never read (a
@@ -187,6 +187,7 @@ class BoundedHTTPServer:
         self._jobs: queue.SimpleQueue[tuple[_Conn, Request] | None] = queue.SimpleQueue()
         self._done: deque[tuple[_Conn, bytes, bool]] = deque()
         self._threads: list[threading.Thread] = []
+        self._in_flight = 0
         self._accept_paused_until = 0.0
 
     @property
@@ -197,10 +198,6 @@ class BoundedHTTPServer:
     # --- loop ------------------------------------------------------------------------------------
     def serve(self) -> None:
         """Run until ``stop_serving()``; then every client connection is closed."""
-        for n in range(self._workers):
-            thread = threading.Thread(target=self._work, name=f"kvwatch-http-worker-{n}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
         sel = self._selector
         sel.register(self._sock, selectors.EVENT_READ, "listen")
         sel.register(self._bell_r, selectors.EVENT_READ, "bell")
@@ -398,6 +395,14 @@ class BoundedHTTPServer:
         conn.state = "busy"
         self._watch(conn, 0)
         self._jobs.put((conn, request))
+        self._in_flight += 1
+        if self._in_flight > len(self._threads) and len(self._threads) < self._workers:
+            # Workers start when first needed: one scraper at a time keeps one thread (and one
+            # malloc arena) instead of WORKERS of them, which shows in an idle sidecar's RSS.
+            n = len(self._threads)
+            thread = threading.Thread(target=self._work, name=f"kvwatch-http-worker-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def _reply_error(self, conn: _Conn, status: int) -> None:
         self.stats.bad_requests += 1
@@ -463,6 +468,7 @@ class BoundedHTTPServer:
     def _finish_jobs(self) -> None:
         while self._done:
             conn, data, keep = self._done.popleft()
+            self._in_flight -= 1
             if conn in self._conns:
                 self._respond(conn, data, keep)
 
