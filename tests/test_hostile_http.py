@@ -23,7 +23,8 @@ from kvwatch.sidecar import auth as auth_mod
 from kvwatch.sidecar import server as server_mod
 from kvwatch.sidecar.app import Sidecar
 from kvwatch.sidecar.auth import BasicAuth, FailureLimiter, Verdict
-from kvwatch.sidecar.server import BoundedHTTPServer, Request, Response
+from kvwatch.sidecar.server import BoundedHTTPServer
+from kvwatch.sidecar.wire import Request, Response
 
 LOG_SAMPLES = Path(__file__).parent / "log_samples"
 VLLM_STARTUP = (LOG_SAMPLES / "vllm/001-llama31-8b-rtx3090-profiling-20k.log").read_text().splitlines()
@@ -512,3 +513,36 @@ def test_bind_failure_as_a_process_prints_no_traceback(tmp_path: Path) -> None:
         )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_failing_handler_answers_500_and_the_worker_survives(served: Callable[..., _Served]) -> None:
+    def handler(request: Request) -> Response:
+        if request.path == "/boom":
+            raise RuntimeError("a bug")
+        if request.path == "/bad-header":
+            return Response(200, b"x", [("X-Bad", "\u2603")])  # cannot be encoded as latin-1
+        return Response(200, b"fine\n")
+
+    srv = served(handler, workers=1)
+    assert _get(srv.port, "/boom")[0] == 500
+    assert _get(srv.port, "/bad-header")[0] == 500
+    assert _get(srv.port, "/") == (200, b"fine\n")
+
+
+def test_pipelined_requests_over_tls(served: Callable[..., _Served], tls_files: tuple[Path, Path]) -> None:
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*tls_files)
+    srv = served()
+    srv.server.tls = ctx
+    client = ssl.create_default_context(cafile=str(tls_files[0]))
+    client.check_hostname = False
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as raw:
+        with client.wrap_socket(raw) as s:
+            s.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+            data = b""
+            deadline = time.monotonic() + 5
+            while data.count(b"hello\n") < 3 and time.monotonic() < deadline:
+                data += s.recv(65536)
+    assert data.count(b"HTTP/1.1 200 OK") == 3

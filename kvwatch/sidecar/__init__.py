@@ -1,7 +1,7 @@
 """`kvwatch run`, the sidecar: tail engine logs, scrape engine /metrics, serve kvwatch's /metrics.
 
 Modules, by concern: ``app`` (the Sidecar: wiring and lifecycle, the consumer), ``server`` (the
-bounded HTTP server: sockets, timeouts, connection cap), ``http`` (endpoints, TLS context), ``auth``
+bounded HTTP server: sockets, timeouts, connection cap), ``wire`` (HTTP/1.1 message format), ``http`` (endpoints, TLS context), ``auth``
 (basic auth, failure limiter), ``saving`` (when the state file is written, and its
 consistent cut), ``discovery`` (a logged model name -> its config.json), ``sources`` (per-source
 readers and counters), ``messages`` (what goes on the consumer's queue).

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from kvwatch.config import WebConfig
 from kvwatch.errors import ConfigError
 from kvwatch.sidecar.auth import BasicAuth, Verdict
-from kvwatch.sidecar.server import Request, Response
+from kvwatch.sidecar.wire import Request, Response
 
 if TYPE_CHECKING:
     import ssl

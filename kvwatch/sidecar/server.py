@@ -34,10 +34,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from email.utils import formatdate
 from typing import TYPE_CHECKING
 
-from kvwatch import __version__
+from kvwatch.sidecar.wire import REASONS, Request, Response, parse_head, serialize
 
 if TYPE_CHECKING:
     import ssl
@@ -60,41 +59,6 @@ _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
     b"Content-Length: 22\r\nConnection: close\r\n\r\ntoo many connections\r\n"
 )
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """One parsed request head; header names are lower case."""
-
-    method: str
-    target: str
-    headers: dict[str, str]
-    client: str
-
-    @property
-    def path(self) -> str:
-        """The target without its query string."""
-        return self.target.split("?", 1)[0]
-
-
-@dataclasses.dataclass
-class Response:
-    """What a handler answers; the server adds Content-Length, Date, Server and Connection."""
-
-    status: int
-    body: bytes = b""
-    headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 Handler = Callable[[Request], Response]
@@ -387,7 +351,7 @@ class BoundedHTTPServer:
             return
         head = bytes(buf[:end])
         del buf[: end + 4]
-        request, keep_alive = _parse_head(head, conn.client)
+        request, keep_alive = parse_head(head, conn.client)
         if request is None:
             self._reply_error(conn, 400)
             return
@@ -407,7 +371,7 @@ class BoundedHTTPServer:
     def _reply_error(self, conn: _Conn, status: int) -> None:
         self.stats.bad_requests += 1
         conn.buf.clear()
-        self._respond(conn, _serialize(Response(status, f"{_REASONS[status].lower()}\n".encode()), False))
+        self._respond(conn, serialize(Response(status, f"{REASONS[status].lower()}\n".encode()), False))
 
     def _respond(self, conn: _Conn, data: bytes, keep_alive: bool = False) -> None:
         conn.keep_alive = keep_alive
@@ -442,7 +406,11 @@ class BoundedHTTPServer:
         conn.state = "read"
         self._set_deadline(conn, time.monotonic() + self.idle_timeout)
         self._watch(conn, selectors.EVENT_READ)
-        if conn.buf:  # a pipelined request already read
+        # A pipelined request may be read already: in our buffer, or decrypted inside the TLS
+        # layer, where the selector cannot see it.
+        if self.tls is not None and conn.sock.pending():  # type: ignore[attr-defined]
+            self._read(conn)
+        elif conn.buf:
             self._parse(conn)
 
     # --- workers ---------------------------------------------------------------------------------
@@ -454,14 +422,12 @@ class BoundedHTTPServer:
             conn, request = job
             try:
                 response = self.handler(request)
+                keep = conn.keep_alive and response.status < 500
+                data = serialize(response, keep, with_body=request.method != "HEAD")
             except Exception:  # a bug in a handler answers 500, it does not end the worker
                 log.exception("http handler failed path=%s", request.path)
-                response = Response(500, b"internal error\n")
-            keep = conn.keep_alive and response.status < 500
-            if request.method == "HEAD":
-                data = _serialize(response, keep, with_body=False)
-            else:
-                data = _serialize(response, keep)
+                keep = False
+                data = serialize(Response(500, b"internal error\n"), keep)
             self._done.append((conn, data, keep))
             self._ring()
 
@@ -471,44 +437,3 @@ class BoundedHTTPServer:
             self._in_flight -= 1
             if conn in self._conns:
                 self._respond(conn, data, keep)
-
-
-def _parse_head(head: bytes, client: str) -> tuple[Request | None, bool]:
-    """(request, keep-alive) of one request head; (None, False) when it is not HTTP/1.x."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        return None, False
-    line, *lines = text.split("\r\n")
-    parts = line.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1]:
-        return None, False
-    method, target, version = parts
-    headers: dict[str, str] = {}
-    for raw in lines:
-        name, sep, value = raw.partition(":")
-        if not sep or not name or name != name.strip():
-            return None, False
-        key = name.lower()
-        value = value.strip()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    connection = headers.get("connection", "").lower()
-    keep_alive = "keep-alive" in connection if version == "HTTP/1.0" else "close" not in connection
-    # A body is never read: a request announcing one is answered, then its connection closed.
-    if headers.get("content-length", "0").strip() not in ("", "0") or "transfer-encoding" in headers:
-        keep_alive = False
-    return Request(method, target, headers, client), keep_alive
-
-
-def _serialize(response: Response, keep_alive: bool, *, with_body: bool = True) -> bytes:
-    """Status line, headers and (unless HEAD) body of one response, as one buffer."""
-    lines = [
-        f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Unknown')}",
-        f"Server: kvwatch/{__version__}",
-        f"Date: {formatdate(usegmt=True)}",
-        *(f"{name}: {value}" for name, value in response.headers),
-        f"Content-Length: {len(response.body)}",
-        f"Connection: {'keep-alive' if keep_alive else 'close'}",
-    ]
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + response.body if with_body else head
