@@ -198,6 +198,17 @@ def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+@dataclass(frozen=True)
+class SelfStats:
+    """Counters of the sidecar itself that no source owns (its HTTP server, auth, state file)."""
+
+    http_connections_open: int = 0
+    http_connections_refused: int = 0
+    http_connection_timeouts: int = 0
+    http_auth_throttled: int = 0
+    state_files_invalid: int = 0
+
+
 class KvwatchCollector(Collector):
     """Yields every kvwatch metric family from a fleet snapshot and the sources' self-metrics."""
 
@@ -207,11 +218,13 @@ class KvwatchCollector(Collector):
         predictor: Predictor,
         sources: Callable[[], Iterable[SourceStatus]] = tuple,
         dropped_events: Callable[[], int] = lambda: 0,
+        self_stats: Callable[[], SelfStats] = SelfStats,
     ) -> None:
         self._snapshot = snapshot
         self._predictor = predictor
         self._sources = sources
         self._dropped = dropped_events
+        self._self_stats = self_stats
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._cache_lock = threading.Lock()
 
@@ -399,4 +412,10 @@ class KvwatchCollector(Collector):
                     fam.add(names.SCRAPE_ERRORS, (name, reason), float(part.scrape_errors.get(reason, 0)))
         fam.add(names.INSTANCES, (), float(instances))
         fam.add(names.INSTANCES_DROPPED, (), float(self._dropped()))
+        stats = self._self_stats()
+        fam.add(names.HTTP_CONNECTIONS_OPEN, (), float(stats.http_connections_open))
+        fam.add(names.HTTP_CONNECTIONS_REFUSED, (), float(stats.http_connections_refused))
+        fam.add(names.HTTP_CONNECTION_TIMEOUTS, (), float(stats.http_connection_timeouts))
+        fam.add(names.HTTP_AUTH_THROTTLED, (), float(stats.http_auth_throttled))
+        fam.add(names.STATE_FILE_INVALID, (), float(stats.state_files_invalid))
         fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)

@@ -22,8 +22,8 @@ from types import FrameType
 from typing import TextIO
 
 from kvwatch import names
-from kvwatch.app import Sidecar
 from kvwatch.config import load_settings
+from kvwatch.sidecar.app import Sidecar
 
 
 @dataclass

@@ -225,6 +225,33 @@ INSTANCES = _m("kvwatch_instances", "gauge", "Engine instances tracked.", base=(
 INSTANCES_DROPPED = _m(
     "kvwatch_dropped_events", "counter", "Events dropped because the instance cap was reached.", base=()
 )
+HTTP_CONNECTIONS_OPEN = _m(
+    "kvwatch_http_open_connections", "gauge", "Client connections open to kvwatch's HTTP port.", base=()
+)
+HTTP_CONNECTIONS_REFUSED = _m(
+    "kvwatch_http_connections_refused",
+    "counter",
+    "Connections to kvwatch's HTTP port refused because the cap on open connections was reached.",
+    base=(),
+)
+HTTP_CONNECTION_TIMEOUTS = _m(
+    "kvwatch_http_connection_timeouts",
+    "counter",
+    "Connections to kvwatch's HTTP port closed because a request or response did not complete in time.",
+    base=(),
+)
+HTTP_AUTH_THROTTLED = _m(
+    "kvwatch_http_auth_throttled",
+    "counter",
+    "Requests answered 429 without a password check: too many failed logins from that client just now.",
+    base=(),
+)
+STATE_FILE_INVALID = _m(
+    "kvwatch_state_file_invalid",
+    "counter",
+    "State files found unusable at start and moved aside (kvwatch then started fresh).",
+    base=(),
+)
 BUILD_INFO = _m(
     "kvwatch_build", "info", "kvwatch version and Python version.", "version", "python_version", base=()
 )

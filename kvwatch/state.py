@@ -1,8 +1,9 @@
 """State: one record per engine instance (source x DP rank), fed by events, read at scrape time.
 
-This is the only mutable object in the pipeline. ``Fleet.apply`` is called by a single consumer
-(the sidecar's pipeline thread, or the replay loop of the offline commands); ``Fleet.snapshot``
-may be called from any thread (the /metrics handler) and returns frozen copies.
+This is the only mutable object in the pipeline. ``Fleet.apply`` may be called from several threads
+(in the sidecar: tailers, HTTP workers and the consumer, see kvwatch/sidecar/__init__.py; offline:
+the replay loop alone); the fleet's lock makes each call atomic, and the callers keep each source's
+events in order. ``Fleet.snapshot`` may be called from any thread and returns frozen copies.
 
 Epochs: an engine prints its settings, memory budget and pool once per start. A new start in the
 log (an event with ``starts_engine``) or a counter reset on /metrics opens a new epoch: the facts of
@@ -340,17 +341,33 @@ class Fleet:
             return out
 
     def instances(self) -> list[InstanceState]:
-        """The live records (for persistence by the single writer; do not mutate from elsewhere)."""
+        """Shallow copies of the records, for persistence (taken under the lock: a consistent set)."""
         with self._lock:
             return [replace(st) for st in self._instances.values()]
 
-    def restore(self, states: Iterable[InstanceState], source_settings: dict[str, dict[str, Any]]) -> None:
-        """Load records saved by a previous kvwatch process (state file)."""
+    def restore(self, states: Iterable[InstanceState], source_settings: dict[str, dict[str, Any]]) -> int:
+        """Load records saved by a previous kvwatch process (state file), within the instance cap.
+
+        Beyond the cap the least recently updated records are left out (a cap lowered between runs,
+        or a file someone else wrote); returns how many.
+        """
+        records = list(states)
+        total = len(records)
         with self._lock:
-            for st in states:
+            room = max(0, self._max - len(self._instances))
+            if len(records) > room:
+                newest = sorted(
+                    range(len(records)),
+                    key=lambda i: max(records[i].last_update.values(), default=records[i].epoch_started),
+                    reverse=True,
+                )
+                keep = set(newest[:room])
+                records = [st for i, st in enumerate(records) if i in keep]
+            for st in records:
                 self._instances[(st.source, st.instance)] = st
             for source, settings in source_settings.items():
                 self._source_settings.setdefault(source, {}).update(settings)
+        return total - len(records)
 
     def source_settings(self) -> dict[str, dict[str, Any]]:
         """Settings printed by a source's non-instance processes, for persistence."""

@@ -1,4 +1,4 @@
-"""`kvwatch run`: the sidecar. Flags map onto kvwatch.config.Settings; the work is in kvwatch.app."""
+"""`kvwatch run`: the sidecar. Flags map onto kvwatch.config.Settings; the work is in kvwatch.sidecar."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from kvwatch.app import Sidecar
+    from kvwatch.sidecar.app import Sidecar
 
     sidecar = Sidecar(settings)
 
