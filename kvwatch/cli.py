@@ -22,7 +22,7 @@ from kvwatch.errors import KvwatchError
 # kvwatch.commands.<name>; its HELP is the same text (tests/test_cli_startup.py keeps them equal), held here
 # so that `kvwatch --help` lists every command without importing any of them.
 COMMAND_HELP: dict[str, str] = {
-    "predict": "predict the KV-cache pool vLLM or SGLang will allocate for a model config.json",
+    "predict": "predict the KV-cache pool vLLM or SGLang will allocate for a model (config.json or Hub name)",
     "plan": "check a workload of retained lengths against every rank, and find the smallest card it fits",
     "parse": "Read vLLM/SGLang logs ('-' for stdin) and print the KV-cache pool, budget and usage they report.",
     "explain": "rebuild an engine's memory budget from its startup log and explain the gap to the prediction",

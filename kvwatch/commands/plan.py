@@ -19,6 +19,7 @@ from kvwatch.analysis.workload import load_workload, parse_rank_budgets
 from kvwatch.capacity import gpus
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.commands.predict import _positive_int, build_deployment
 from kvwatch.commands.predict import add_arguments as add_deployment_arguments
 from kvwatch.errors import ConfigError
@@ -59,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.model_config)
+    model = load_model(resolve_model_config(args.model_config))
     workload = load_workload(args.workload)
     budgets = parse_rank_budgets(args.available_kv_memory) if args.available_kv_memory else None
     args.available_kv_memory = None
