@@ -73,7 +73,7 @@ class LinePipeline:
         self.parse_errors = 0
         self.lines_truncated = 0
         self.engine: EngineName | None = None
-        self._anchors: tuple[str, ...] = registry.ALL_ANCHORS
+        self._anchors: tuple[str, ...] = registry.all_anchors()
         self._parser: ParseFn | None = None
         self._line_parser: LineParseFn | None = None
         self._block_parser: BlockParseFn | None = None

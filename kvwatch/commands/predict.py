@@ -11,11 +11,12 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.prediction import Prediction
+from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.engines import registry
 from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES
 from kvwatch.units import format_bytes, parse_size
 
-HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model config.json"
+HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model (config.json or Hub name)"
 
 BAR_WIDTH = 60
 
@@ -42,7 +43,9 @@ def _fraction(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model_config", metavar="MODEL_CONFIG", help="config.json, a model dir or a hub-cache dir"
+        "model_config",
+        metavar="MODEL_CONFIG",
+        help="config.json, a model dir, a hub-cache dir, or a Hub name ORG/NAME[@REVISION]",
     )
     parser.add_argument(
         "--engine",
@@ -208,7 +211,7 @@ def render(p: Prediction) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.model_config)
+    model = load_model(resolve_model_config(args.model_config))
     prediction = predict(model, build_deployment(args))
     if args.json:
         json.dump(prediction.to_json_dict(), sys.stdout, indent=2)

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-config",
         action="append",
         metavar="[NAME=]PATH",
-        help="model config.json or folder, for all sources or source NAME (default: found from the model the log names)",
+        help="model config.json, folder or Hub name ORG/NAME[@REV], for all sources or source NAME (default: found from the model the log names)",
     )
     add("--engine", choices=ENGINE_CHOICES, help="engine of every source (default: auto)")
     gpu = parser.add_mutually_exclusive_group()

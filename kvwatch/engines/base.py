@@ -12,18 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import regex
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvwatch.capacity.budget import Budget, Contribution, Term
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.kinds import EngineName
-from kvwatch.events import Event
-from kvwatch.parsers.base import LineMeta
-from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader
+
+if TYPE_CHECKING:
+    # Types only: a prediction (``kvwatch predict``) needs no log or /metrics parsing, and these
+    # modules import regex and pydantic.
+    import regex
+
+    from kvwatch.events import Event
+    from kvwatch.parsers.base import LineMeta
+    from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader
 
 # Whole-line fast path: the events of a raw line in the engine's most frequent shape (prefixes
 # included), or None for any other line, which then goes through prefix peeling and ``parse``.

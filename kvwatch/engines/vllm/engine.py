@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
 from kvwatch.capacity.deployment import Deployment
@@ -11,9 +12,11 @@ from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName
-from kvwatch.engines.vllm import budget, fastpath, log, memory, observed, predict
-from kvwatch.engines.vllm.metrics import VllmMetrics
+from kvwatch.engines.vllm import budget, memory, observed, predict
 from kvwatch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvwatch.engines.vllm.metrics import VllmMetrics
 
 # Phrases that appear in vLLM output of some release and never in SGLang's (engine detection).
 PHRASES: tuple[str, ...] = (
@@ -47,17 +50,18 @@ class Vllm:
     """The vLLM engine."""
 
     name: EngineName = "vllm"
-    log = LogDialect(
-        parse=log.parse,
-        anchors=log.ANCHORS,
-        phrases=PHRASES,
-        line_parser=fastpath.parse_line,
-        block_parser=fastpath.parse_lines,
-    )
-    metrics = VllmMetrics()
     fraction_setting = "gpu_memory_utilization"
     fraction_label = "requested (util)"
     overhead_label = "activation peak"
+
+    # Built on first use (see _log_dialect); cached on the instance, so tests may replace them.
+    @functools.cached_property
+    def log(self) -> LogDialect:
+        return _log_dialect()
+
+    @functools.cached_property
+    def metrics(self) -> VllmMetrics:
+        return _metrics()
 
     def default_block_size(self, model: ModelGeometry | None) -> int | None:
         return budget.DEFAULT_BLOCK_SIZE
@@ -152,6 +156,28 @@ class Vllm:
                 "--mem-fraction-static is an SGLang setting; use --gpu-memory-utilization with vLLM"
             )
         return {"gpu_memory_utilization": utilization, "block_size": block_size}
+
+
+# The log and /metrics dialects are built on first use: their line tables import regex and the
+# event models (pydantic), which a prediction never needs.
+@functools.cache
+def _log_dialect() -> LogDialect:
+    from kvwatch.engines.vllm import fastpath, log
+
+    return LogDialect(
+        parse=log.parse,
+        anchors=log.ANCHORS,
+        phrases=PHRASES,
+        line_parser=fastpath.parse_line,
+        block_parser=fastpath.parse_lines,
+    )
+
+
+@functools.cache
+def _metrics() -> VllmMetrics:
+    from kvwatch.engines.vllm.metrics import VllmMetrics
+
+    return VllmMetrics()
 
 
 ENGINE = Vllm()
