@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import gen_busy_log
-from kvwatch.parsers import ANCHORS
+from kvwatch.engines import registry
 from kvwatch.pipeline import replay, summarize
 
 HERE = Path(__file__).resolve().parent
@@ -181,7 +181,7 @@ def main() -> int:
     size_mb = facts["bytes"] / 1e6
     ok = True
 
-    pattern = grep_pattern(ANCHORS["vllm"])
+    pattern = grep_pattern(registry.get("vllm").log.anchors)
     _warm(path)
     kv, grep = Timing(), Timing()
     # Alternate the two so a burst of load on this shared machine does not favour either side.
@@ -191,7 +191,9 @@ def main() -> int:
     summary = kv.result
     grep_count = int(grep.result.strip())
 
-    print(f"grep -cE (the {len(ANCHORS['vllm'])} vLLM anchor phrases): {_rates(grep, lines, size_mb)}")
+    print(
+        f"grep -cE (the {len(registry.get('vllm').log.anchors)} vLLM anchor phrases): {_rates(grep, lines, size_mb)}"
+    )
     print(f"kvwatch replay (kvwatch parse --json, in-process): {_rates(kv, lines, size_mb)}")
     grep_ratio = kv.wall / grep.wall
     grep_ok = grep_ratio <= GREP_RATIO_MAX
@@ -254,7 +256,7 @@ def main() -> int:
 def _anchored_startup() -> int:
     """Startup lines grep should count: those of the generator's templates carrying an anchor."""
     startup, _, _, _ = gen_busy_log.templates()
-    return sum(1 for line in startup if any(a in line for a in ANCHORS["vllm"]))
+    return sum(1 for line in startup if any(a in line for a in registry.get("vllm").log.anchors))
 
 
 if __name__ == "__main__":

@@ -205,7 +205,8 @@ def bench_render() -> bool:
     """Render /metrics (the sidecar's text path) for 64 instances that all logged since the last scrape."""
     from prometheus_client import CollectorRegistry
 
-    from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
+    from kvwatch.analysis.predictor import Predictor
+    from kvwatch.collector import KvwatchCollector, SourceStatus
     from kvwatch.events import UsageSample
     from kvwatch.pipeline import LinePipeline
     from kvwatch.state import Fleet

@@ -34,7 +34,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from kvwatch import __version__, names
-from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
+from kvwatch.analysis.predictor import Predictor
+from kvwatch.collector import KvwatchCollector, SourceStatus
 from kvwatch.config import Settings, WebConfig, load_web_config
 from kvwatch.errors import ConfigError
 from kvwatch.events import Event, UsageSample

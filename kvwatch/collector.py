@@ -15,7 +15,6 @@ import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 from prometheus_client import utils as _prom_utils
@@ -27,8 +26,9 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from kvwatch import __version__, capacity, explain, names
-from kvwatch.errors import KvwatchError, ModelConfigError
+from kvwatch import __version__, names
+from kvwatch.analysis.attribution import gap_ratio
+from kvwatch.analysis.predictor import Predictor, freeze
 from kvwatch.state import InstanceSnapshot
 
 log = logging.getLogger(__name__)
@@ -62,164 +62,6 @@ class SourceStatus:
     read_errors: int = 0
     scrape_duration_seconds: float | None = None
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PredictionResult:
-    """What kvwatch predicts for one instance, per basis; ``state`` is one of names.PREDICTION_STATES."""
-
-    state: str
-    reason: str = ""
-    # basis -> predicted pool tokens / bytes / max concurrency
-    tokens: Mapping[str, int] = field(default_factory=dict)
-    bytes: Mapping[str, int] = field(default_factory=dict)
-    max_concurrency: Mapping[str, float] = field(default_factory=dict)
-    bytes_per_token: int | None = None
-    memory: Mapping[str, int] = field(default_factory=dict)
-    # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
-    block_size: int | None = None
-
-
-def _freeze(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted((k, v) for k, v in mapping.items() if isinstance(v, str | int | float | bool)))
-
-
-class Predictor:
-    """Predicts the pool of each instance from the model config, its logged settings and the GPU.
-
-    Basis 'config' uses only what is known before the engine starts (model, settings, GPU memory);
-    basis 'engine_budget' divides the KV memory the engine itself logged, with the engine's own
-    arithmetic, so its gap isolates the bytes-per-token model from the memory-budget model.
-    """
-
-    def __init__(
-        self,
-        model_config: Callable[[str], Path | None] = lambda source: None,
-        gpu_memory_bytes: int | None = None,
-        resolve_model: Callable[[str], Path | None] | None = None,
-        max_entries: int = 1024,
-    ) -> None:
-        self._model_config = model_config
-        self._gpu_memory = gpu_memory_bytes
-        self._resolve = resolve_model
-        self._max = max_entries
-        self._lock = threading.Lock()
-        self._cache: dict[tuple[Any, ...], PredictionResult] = {}
-        self._models: dict[Path, capacity.ModelGeometry | KvwatchError] = {}
-        self._resolved: dict[str, Path | None] = {}
-        self.computations = 0
-
-    def predict(self, snap: InstanceSnapshot) -> PredictionResult:
-        """The prediction for one instance, computed once per (epoch, settings, memory)."""
-        key = (
-            snap.source,
-            snap.instance,
-            snap.epoch,
-            snap.engine,
-            _freeze(snap.settings),
-            _freeze(snap.memory),
-        )
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                return hit
-            result = self._compute(snap)
-            if len(self._cache) >= self._max:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = result
-            return result
-
-    def _model_path(self, source: str, settings: Mapping[str, Any]) -> Path | None:
-        given = self._model_config(source)
-        if given is not None:
-            return given
-        model = settings.get("model")
-        if not isinstance(model, str) or self._resolve is None:
-            return None
-        if model not in self._resolved:
-            path = self._resolve(model)
-            self._resolved[model] = path
-            if path is None:
-                log.info("no model config found for model=%s (give --model-config)", model)
-            else:
-                log.info("model config discovered model=%s path=%s", model, path)
-        return self._resolved[model]
-
-    def _load(self, path: Path) -> capacity.ModelGeometry | KvwatchError:
-        if path not in self._models:
-            try:
-                self._models[path] = capacity.load_model(path)
-            except KvwatchError as exc:
-                log.warning("model config unusable path=%s err=%s", path, exc)
-                self._models[path] = exc
-        return self._models[path]
-
-    def _compute(self, snap: InstanceSnapshot) -> PredictionResult:
-        self.computations += 1
-        path = self._model_path(snap.source, snap.settings)
-        if path is None:
-            return PredictionResult(state="no_model_config")
-        model = self._load(path)
-        if isinstance(model, KvwatchError):
-            return PredictionResult(state=_failure_state(model), reason=str(model))
-        # The same a-priori inputs `kvwatch explain` predicts from (settings, card, fraction).
-        settings, apriori = explain.apriori_inputs(snap)
-        gpu = self._gpu_memory
-        tokens: dict[str, int] = {}
-        pool_bytes: dict[str, int] = {}
-        concurrency: dict[str, float] = {}
-        memory: dict[str, int] = {}
-        bytes_per_token = block_size = None
-        state = "ok"
-        try:
-            # Basis 'config': only what is known before the engine starts (the card, the settings).
-            deployment = capacity.deployment_from_settings(snap.engine, settings, apriori, gpu)
-            block_size = deployment.block_size or deployment.page_size
-            if deployment.gpu_memory_bytes is None:
-                state = "no_gpu_memory"
-            else:
-                pred = capacity.predict(model, deployment)
-                bytes_per_token, block_size = pred.bytes_per_token, pred.block_size
-                tokens["config"] = pred.kv_pool_tokens
-                pool_bytes["config"] = pred.kv_pool_bytes
-                concurrency["config"] = float(pred.max_concurrency)
-                memory = {k: int(v) for k, v in pred.memory_terms().items() if v is not None}
-            # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
-            available = snap.memory.get("available_kv_bytes")
-            if available is None and snap.engine == "sglang":
-                available = snap.pool.get("bytes")
-            if isinstance(available, int) and available > 0:
-                full = capacity.deployment_from_settings(snap.engine, settings, snap.memory, gpu)
-                budget_tokens, _blocks = capacity.pool_from_available(model, full, available)
-                tokens["engine_budget"] = budget_tokens
-                pool_bytes["engine_budget"] = available
-                max_len = settings.get("max_model_len")
-                if isinstance(max_len, int) and max_len > 0:
-                    concurrency["engine_budget"] = budget_tokens / max_len
-        except KvwatchError as exc:
-            log.info("no prediction source=%s dp_rank=%s err=%s", snap.source, snap.instance, exc)
-            return PredictionResult(state=_failure_state(exc), reason=str(exc), block_size=block_size)
-        return PredictionResult(
-            state=state,
-            tokens=tokens,
-            bytes=pool_bytes,
-            max_concurrency=concurrency,
-            bytes_per_token=bytes_per_token,
-            memory=memory,
-            block_size=block_size,
-        )
-
-
-def _failure_state(exc: KvwatchError) -> str:
-    """Which names.PREDICTION_STATES a capacity error means."""
-    text = str(exc).lower()
-    # A layer kind or dtype kvwatch does not model, as opposed to a missing or malformed field.
-    unsupported = ("a layer", "kind kvwatch cannot size", "not one kvwatch knows", "unsupported")
-    if isinstance(exc, ModelConfigError) and any(u in text for u in unsupported):
-        return "unsupported_model"
-    if "gpu" in text and "memory" in text:
-        return "no_gpu_memory"
-    return "bad_model_config"
 
 
 def _label(value: Any) -> str:
@@ -411,9 +253,9 @@ class KvwatchCollector(Collector):
             snap.epoch,
             snap.epoch_started,
             model,
-            _freeze(settings),
-            _freeze(snap.memory),
-            tuple((kind, _freeze(facts)) for kind, facts in sorted(snap.pools.items())),
+            freeze(settings),
+            freeze(snap.memory),
+            tuple((kind, freeze(facts)) for kind, facts in sorted(snap.pools.items())),
             tuple(sorted(snap.startup_failures.items())),
         )
         if cached is None or cached.static_key != static_key:
@@ -464,7 +306,7 @@ class KvwatchCollector(Collector):
             predicted = pred.tokens.get(basis)
             gauge(names.KV_POOL_PREDICTED_TOKENS, predicted, basis)
             gauge(names.KV_POOL_PREDICTED_BYTES, pred.bytes.get(basis), basis)
-            gauge(names.KV_POOL_GAP_RATIO, explain.gap_ratio(pool_tokens, predicted), basis)
+            gauge(names.KV_POOL_GAP_RATIO, gap_ratio(pool_tokens, predicted), basis)
         bpt = pred.bytes_per_token
         if bpt is None and pool_tokens and _int(pool.get("bytes")):
             bpt = int(pool["bytes"]) // pool_tokens

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvwatch.engines.kinds import EngineChoice
 from kvwatch.errors import ConfigError
 from kvwatch.units import parse_size
 
@@ -29,8 +30,6 @@ ENV_PREFIX = "KVWATCH_"
 _NAME = regex.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,62}$")
 _NAME_PREFIX = regex.compile(r"^(?P<name>[A-Za-z0-9_][A-Za-z0-9_.:-]{0,62})=(?P<rest>.+)$")
 _SANITIZE = regex.compile(r"[^A-Za-z0-9_.:-]+")
-
-EngineChoice = Literal["auto", "vllm", "sglang"]
 
 
 class LogSource(BaseModel):

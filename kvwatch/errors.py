@@ -1,11 +1,14 @@
 """Errors that stop a command before it does anything.
 
 KvwatchError
- ├── ConfigError       bad flags, environment or YAML settings
- └── ModelConfigError  a config.json kvwatch cannot size (names the missing field)
+ ├── ConfigError             bad flags, environment or YAML settings
+ │    └── NoGpuMemoryError   a prediction that needs the card's memory, and none was given or printed
+ └── ModelConfigError        a config.json kvwatch cannot size (names the missing field)
+      └── UnsupportedModelError  a layer kind or dtype kvwatch does not model
 
-The CLI prints ``str(error)`` on one line and exits with code 2; nothing else is caught there, so a
-real bug still shows its traceback.
+Each class names the ``kvwatch_prediction_available{state}`` it means (names.PREDICTION_STATES), so
+the sidecar reports why it has no prediction without reading messages. The CLI prints
+``str(error)`` on one line and exits with code 2.
 """
 
 from __future__ import annotations
@@ -14,10 +17,24 @@ from __future__ import annotations
 class KvwatchError(Exception):
     """A user-facing error: one line, exit code 2."""
 
+    prediction_state = "bad_model_config"
+
 
 class ConfigError(KvwatchError):
     """Invalid kvwatch configuration (flags, environment, settings file)."""
 
 
+class NoGpuMemoryError(ConfigError):
+    """The card's memory is needed and unknown."""
+
+    prediction_state = "no_gpu_memory"
+
+
 class ModelConfigError(KvwatchError):
     """A model config.json that cannot be read or sized."""
+
+
+class UnsupportedModelError(ModelConfigError):
+    """A config.json whose layer kinds or dtype kvwatch does not model."""
+
+    prediction_state = "unsupported_model"

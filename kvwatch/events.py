@@ -18,7 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-Engine = Literal["vllm", "sglang"]
+from kvwatch.engines.kinds import EngineName
+
 Origin = Literal["log", "metrics"]
 
 
@@ -27,7 +28,7 @@ class _Event(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    engine: Engine
+    engine: EngineName
     instance: str = "0"
     rank: int | None = None
     origin: Origin = "log"

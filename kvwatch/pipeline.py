@@ -16,24 +16,15 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, cast
 
-from kvwatch.events import Engine, EngineSettings, Event, Preemption, StartupFailure, UsageSample
-from kvwatch.parsers import (
-    ALL_ANCHORS,
-    ANCHORS,
-    BLOCK_PARSERS,
-    LINE_PARSERS,
-    PARSERS,
-    BlockParseFn,
-    LineParseFn,
-)
+from kvwatch.engines import registry
+from kvwatch.engines.base import BlockParseFn, LineParseFn
+from kvwatch.engines.kinds import EngineChoice, EngineName
+from kvwatch.events import EngineSettings, Event, Preemption, StartupFailure, UsageSample
 from kvwatch.parsers.base import ParseFn
-from kvwatch.parsers.detect import detect_engine
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
 from kvwatch.state import Fleet, InstanceSnapshot
-
-EngineChoice = Literal["auto", "vllm", "sglang"]
 
 DEFAULT_MAX_LINE_CHARS = 65536
 
@@ -81,8 +72,8 @@ class LinePipeline:
         self.lines_matched = 0
         self.parse_errors = 0
         self.lines_truncated = 0
-        self.engine: Engine | None = None
-        self._anchors: tuple[str, ...] = ALL_ANCHORS
+        self.engine: EngineName | None = None
+        self._anchors: tuple[str, ...] = registry.ALL_ANCHORS
         self._parser: ParseFn | None = None
         self._line_parser: LineParseFn | None = None
         self._block_parser: BlockParseFn | None = None
@@ -95,12 +86,13 @@ class LinePipeline:
         if engine != "auto":
             self._set_engine(engine)
 
-    def _set_engine(self, engine: Engine) -> None:
+    def _set_engine(self, engine: EngineName) -> None:
+        dialect = registry.get(engine).log
         self.engine = engine
-        self._anchors = ANCHORS.get(engine, ())
-        self._parser = PARSERS.get(engine)
-        self._line_parser = LINE_PARSERS.get(engine)
-        self._block_parser = BLOCK_PARSERS.get(engine)
+        self._anchors = dialect.anchors
+        self._parser = dialect.parse
+        self._line_parser = dialect.line_parser
+        self._block_parser = dialect.block_parser
 
     def feed(self, line: str) -> tuple[Event, ...]:
         """Process one physical line (its terminator may be attached); returns the events applied."""
@@ -247,7 +239,7 @@ class LinePipeline:
 
     def _parse(self, line: str) -> tuple[Event, ...]:
         if self.engine is None:
-            engine = detect_engine(line)
+            engine = registry.detect_engine(line)
             if engine is None:
                 return ()
             self._set_engine(engine)
@@ -317,7 +309,7 @@ class ReplayResult:
     pipelines: list[LinePipeline] = field(default_factory=list)
 
     @property
-    def engine(self) -> Engine | None:
+    def engine(self) -> EngineName | None:
         """The first engine detected (or forced) across the sources."""
         for p in self.pipelines:
             if p.engine is not None:
@@ -448,7 +440,7 @@ def _instance_summary(snap: InstanceSnapshot, with_source: bool) -> dict[str, An
     return out
 
 
-def summarize(snapshots: Sequence[InstanceSnapshot], engine: Engine | None = None) -> dict[str, Any]:
+def summarize(snapshots: Sequence[InstanceSnapshot], engine: EngineName | None = None) -> dict[str, Any]:
     """The ``kvwatch parse --json`` object: per instance the last known pool, budget and usage.
 
     ``source`` is added to each instance only when the snapshots come from several sources.

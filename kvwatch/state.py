@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kvwatch.engines.kinds import EngineName
 from kvwatch.events import (
     CounterReset,
     Disagreement,
-    Engine,
     EngineSettings,
     Event,
     MemoryBudget,
@@ -63,7 +63,7 @@ class InstanceState:
     """Everything kvwatch knows about one engine instance. Mutated only through Fleet.apply."""
 
     source: str
-    engine: Engine
+    engine: EngineName
     instance: str
     epoch: int = 1
     epoch_started: float = 0.0
@@ -132,7 +132,7 @@ class InstanceSnapshot:
     """A read-only copy of one InstanceState, with source-level settings folded in."""
 
     source: str
-    engine: Engine
+    engine: EngineName
     instance: str
     epoch: int
     epoch_started: float

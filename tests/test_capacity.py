@@ -15,16 +15,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kvwatch.capacity import (
-    Deployment,
-    deployment_from_settings,
-    geometry_from_config,
-    gpus,
-    load_model,
-    pool_from_available,
-    predict,
-)
-from kvwatch.capacity.sglang_budget import default_mem_fraction_static
+from kvwatch.analysis.predict import pool_from_available, predict
+from kvwatch.capacity import gpus
+from kvwatch.capacity.deployment import Deployment, deployment_from_settings
+from kvwatch.capacity.geometry import geometry_from_config, load_model
+from kvwatch.engines.sglang.budget import default_mem_fraction_static
 from kvwatch.errors import ConfigError, ModelConfigError
 from kvwatch.units import GiB, KiB, MiB, parse_size
 

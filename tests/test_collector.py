@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import kvwatch
 from kvwatch import names
-from kvwatch.collector import KvwatchCollector, Predictor, SourceStatus
+from kvwatch.analysis.predictor import Predictor
+from kvwatch.collector import KvwatchCollector, SourceStatus
 from kvwatch.events import EngineSettings, PoolSized
 from kvwatch.pipeline import LinePipeline
 from kvwatch.state import Fleet

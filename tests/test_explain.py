@@ -11,18 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.capacity import load_model, vllm_budget
-from kvwatch.cli import main
-from kvwatch.collector import Predictor
-from kvwatch.events import EngineSettings, MemoryBudget, PoolSized
-from kvwatch.explain import (
+from kvwatch.analysis.attribution import (
     ATTRIBUTION_TERMS,
     attribute_gap,
-    explain,
     gap_ratio,
     observed_budget,
-    rank_spreads,
 )
+from kvwatch.analysis.explain import explain, rank_spreads
+from kvwatch.analysis.predictor import Predictor
+from kvwatch.capacity.geometry import load_model
+from kvwatch.cli import main
+from kvwatch.engines.vllm import budget as vllm_budget
+from kvwatch.events import EngineSettings, MemoryBudget, PoolSized
 from kvwatch.pipeline import replay
 from kvwatch.state import Fleet
 from kvwatch.units import GiB

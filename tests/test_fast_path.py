@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvwatch.engines.vllm import fastpath, log
 from kvwatch.events import Event, Preemption, UsageSample, event_to_json
-from kvwatch.parsers import vllm
 from kvwatch.parsers.prefix import strip_prefixes
 from kvwatch.pipeline import LinePipeline, _read_blocks
 from kvwatch.state import Fleet
@@ -31,7 +31,7 @@ PROPS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthC
 
 
 def _general(line: str) -> tuple[Event, ...]:
-    return vllm.parse(*strip_prefixes(line))
+    return log.parse(*strip_prefixes(line))
 
 
 def _identical(fast: tuple[Event, ...], general: tuple[Event, ...]) -> None:
@@ -51,24 +51,24 @@ def _identical(fast: tuple[Event, ...], general: tuple[Event, ...]) -> None:
 
 def test_block_parser_equals_line_parser() -> None:
     lines = [x.rstrip("\r\n") if "\n" in x else x for x in SAMPLE_LINES]
-    assert vllm.parse_lines([x.encode() for x in lines]) == [vllm.parse_line(x) for x in lines]
-    assert vllm.parse_lines([]) == []
-    assert vllm.parse_lines([b""]) == [None]
+    assert fastpath.parse_lines([x.encode() for x in lines]) == [fastpath.parse_line(x) for x in lines]
+    assert fastpath.parse_lines([]) == []
+    assert fastpath.parse_lines([b""]) == [None]
     # A line with a newline in it is not the block parser's input; it still answers line by line.
-    stats = next(x for x in SAMPLE_LINES if vllm.parse_line(x) is not None)
-    assert vllm.parse_lines([(stats + "\nx").encode(), stats.encode()]) == [
-        vllm.parse_line(stats + "\nx"),
-        vllm.parse_line(stats),
+    stats = next(x for x in SAMPLE_LINES if fastpath.parse_line(x) is not None)
+    assert fastpath.parse_lines([(stats + "\nx").encode(), stats.encode()]) == [
+        fastpath.parse_line(stats + "\nx"),
+        fastpath.parse_line(stats),
     ]
     # Raw lines: what their decoded form (invalid bytes replaced) gives.
     for raw in (b"\xff" + stats.encode(), stats.encode()[:-3] + b"\xe2\x82", stats.encode() + b"\xc3\xa9"):
-        assert vllm.parse_lines([raw]) == [vllm.parse_line(raw.decode("utf-8", "replace"))]
+        assert fastpath.parse_lines([raw]) == [fastpath.parse_line(raw.decode("utf-8", "replace"))]
 
 
 def test_fast_path_equals_general_path_on_every_sample_line() -> None:
     answered = 0
     for line in SAMPLE_LINES:
-        fast = vllm.parse_line(line)
+        fast = fastpath.parse_line(line)
         if fast is not None:
             answered += 1
             _identical(fast, _general(line))
@@ -86,7 +86,7 @@ def test_builder_matches_model_construct() -> None:
         "ts": "01-02 03:04:05",
         "running": 4,
     }
-    built = vllm._usage_sample(dict(values))
+    built = fastpath._usage_sample(dict(values))
     constructed = UsageSample.model_construct(**values)
     assert list(built.__dict__.items()) == list(constructed.__dict__.items())
     assert built.model_fields_set == constructed.model_fields_set
@@ -167,9 +167,9 @@ def stats_line(draw: st.DrawFn) -> str:
 @PROPS
 @given(stats_line())
 def test_fast_path_equals_general_path_on_generated_lines(line: str) -> None:
-    fast = vllm.parse_line(line)
+    fast = fastpath.parse_line(line)
     if "\n" not in line:
-        assert vllm.parse_lines([line.encode(), b"x", line.encode()]) == [fast, None, fast]
+        assert fastpath.parse_lines([line.encode(), b"x", line.encode()]) == [fast, None, fast]
     if fast is None:
         return
     _identical(fast, _general(line))
@@ -189,7 +189,7 @@ def test_fast_path_answers_the_common_shapes() -> None:
         "GPU KV cache usage: 6.0%, Prefix cache hit rate: 7.0%, MM cache hit rate: 1.0%\r\n",
     ]
     for line in lines:
-        fast = vllm.parse_line(line)
+        fast = fastpath.parse_line(line)
         assert fast is not None, line
         _identical(fast, _general(line))
 

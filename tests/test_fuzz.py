@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvwatch.parsers import PARSERS
+from kvwatch.engines import registry
 from kvwatch.parsers.base import LineMeta, ParseError
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
 from kvwatch.pipeline import READ_BLOCK_BYTES, LinePipeline, _read_blocks, replay
@@ -50,7 +50,7 @@ any_text = st.one_of(st.text(), damaged_line(), real_line)
 
 
 def _parse_all(body: str, meta: LineMeta) -> None:
-    for parse in PARSERS.values():
+    for parse in (e.log.parse for e in registry.ENGINES.values()):
         try:
             parse(body, meta)
         except ParseError:
@@ -146,7 +146,7 @@ def test_instances_are_capped(ranks: list[int]) -> None:
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_real_lines_never_raise_through_parsers(engine: str) -> None:
-    parse = PARSERS[engine]  # type: ignore[index]
+    parse = registry.get(engine).log.parse
     for line in REAL_LINES:
         parse(*strip_prefixes(line))
 

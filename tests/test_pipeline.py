@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import sys
 from pathlib import Path
 
 import pytest
 
+from kvwatch.engines import registry
+from kvwatch.engines.registry import detect_engine
 from kvwatch.events import PoolSized, StartupFailure
-from kvwatch.parsers.detect import detect_engine
 from kvwatch.pipeline import LinePipeline, replay, summarize
 from kvwatch.state import Fleet
 
@@ -75,7 +77,8 @@ def test_unexpected_parser_exception_never_escapes(monkeypatch: pytest.MonkeyPat
     def broken(body: str, meta: object) -> tuple[()]:
         raise IndexError("parser bug")
 
-    monkeypatch.setitem(__import__("kvwatch.pipeline").pipeline.PARSERS, "vllm", broken)
+    engine = registry.get("vllm")
+    monkeypatch.setattr(engine, "log", dataclasses.replace(engine.log, parse=broken))
     p = pipeline("vllm")
     assert p.feed("GPU KV cache size: 1 tokens") == ()
     assert p.parse_errors == 1

@@ -1,4 +1,4 @@
-"""kvwatch.plan and ``kvwatch plan``: workload specs, block rounding, shared prefixes, ranks, cards."""
+"""kvwatch.analysis.plan and ``kvwatch plan``: workload specs, block rounding, shared prefixes, ranks, cards."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.capacity import Deployment, gpus, load_model
-from kvwatch.cli import main
-from kvwatch.errors import ConfigError
-from kvwatch.plan import (
+from kvwatch.analysis.plan import card_fits, make_plan, smallest_cards
+from kvwatch.analysis.workload import (
     Row,
     Workload,
-    card_fits,
     load_workload,
-    make_plan,
     parse_csv,
     parse_inline,
     parse_json,
     parse_rank_budgets,
-    smallest_cards,
 )
+from kvwatch.capacity import gpus
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import load_model
+from kvwatch.cli import main
+from kvwatch.errors import ConfigError
 from kvwatch.units import GiB, KiB
 
 CONFIGS = Path(__file__).parent / "model_configs"

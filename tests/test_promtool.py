@@ -90,7 +90,8 @@ def test_rules_on_the_sidecars_own_exposition(promtool: str, tmp_path: Path) -> 
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from kvwatch.collector import KvwatchCollector, Predictor
+    from kvwatch.analysis.predictor import Predictor
+    from kvwatch.collector import KvwatchCollector
     from kvwatch.mixin import config
     from kvwatch.pipeline import replay
     from kvwatch.units import MiB

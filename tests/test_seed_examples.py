@@ -18,9 +18,12 @@ from typing import Any
 
 import pytest
 
-from kvwatch.capacity import Deployment, gpus, load_model
+from kvwatch.analysis.plan import card_fits, make_plan, smallest_cards
+from kvwatch.analysis.workload import parse_inline, parse_rank_budgets
+from kvwatch.capacity import gpus
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import load_model
 from kvwatch.cli import main
-from kvwatch.plan import card_fits, make_plan, parse_inline, parse_rank_budgets, smallest_cards
 from kvwatch.units import GiB, KiB, MiB
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -33,7 +36,7 @@ def seed000_h100(**kw: Any) -> Deployment:
     """Seed 000's box: an H100 SXM reporting 81,559 MiB, vLLM at its default 0.92, 8k requests.
 
     Activations + CUDA graphs + non-torch: the seed's 6.0 GiB, which is kvwatch's default allowance
-    when nothing was measured (kvwatch.capacity.vllm_budget.DEFAULT_OVERHEAD_BYTES).
+    when nothing was measured (kvwatch.engines.vllm.budget.DEFAULT_OVERHEAD_BYTES).
     """
     return Deployment(
         engine="vllm",

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvwatch.engines.sglang.log import ANCHORS, parse
 from kvwatch.events import (
     EngineSettings,
     Event,
@@ -24,7 +25,6 @@ from kvwatch.events import (
     UsageSample,
 )
 from kvwatch.parsers.base import LineMeta, ParseError
-from kvwatch.parsers.sglang import ANCHORS, parse
 
 META = LineMeta(instance="3", rank=1, ts="2025-06-01 10:00:13")
 

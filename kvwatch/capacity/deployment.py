@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES, EngineName
 from kvwatch.errors import ConfigError
-
-EngineName = Literal["vllm", "sglang"]
 
 # KV cache dtype names both engines accept, and their bytes per element ('auto' = model dtype).
 KV_DTYPE_BYTES: dict[str, int] = {
@@ -38,7 +37,7 @@ KV_DTYPE_BYTES: dict[str, int] = {
 class Deployment:
     """One serving configuration. Sizes are bytes per GPU (rank); None = default or estimate."""
 
-    engine: EngineName = "vllm"
+    engine: EngineName = DEFAULT_ENGINE
     engine_version: str | None = None
     gpu_memory_bytes: int | None = None
     gpu_name: str | None = None
@@ -65,10 +64,6 @@ class Deployment:
     cuda_graph_max_bs: int | None = None
     max_num_batched_tokens: int | None = None
     hybrid_kv_cache_manager: bool = True
-
-    @property
-    def tokens_per_block(self) -> int | None:
-        return self.block_size if self.engine == "vllm" else (self.page_size or self.block_size)
 
     def with_(self, **changes: Any) -> Deployment:
         """A copy with some fields changed (None values are ignored)."""
@@ -108,8 +103,8 @@ def version_tuple(version: str | None) -> tuple[int, ...] | None:
 
 def validate(model: ModelGeometry, d: Deployment) -> None:
     """Refuse what the engine itself would refuse, and sizes that make no sense, as ConfigError."""
-    if d.engine not in ("vllm", "sglang"):
-        raise ConfigError(f"unknown engine {d.engine!r} (use vllm or sglang)")
+    if d.engine not in ENGINE_NAMES:
+        raise ConfigError(f"unknown engine {d.engine!r} (use {' or '.join(ENGINE_NAMES)})")
     for name in ("tp", "pp", "dcp"):
         value = getattr(d, name)
         if not isinstance(value, int) or value < 1:
@@ -212,8 +207,8 @@ def deployment_from_settings(
     ``gpu_memory_bytes`` is used when the log did not print the card's total; ``overrides`` are
     Deployment fields that win over both (None values are ignored).
     """
-    if engine not in ("vllm", "sglang"):
-        raise ConfigError(f"unknown engine {engine!r} (use vllm or sglang)")
+    if engine not in ENGINE_NAMES:
+        raise ConfigError(f"unknown engine {engine!r} (use {' or '.join(ENGINE_NAMES)})")
     values: dict[str, Any] = {"engine": engine}
     for key, target in _SETTINGS_MAP.items():
         value = settings.get(key)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from kvwatch.errors import ModelConfigError
+from kvwatch.errors import ModelConfigError, UnsupportedModelError
 
 LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "mamba", "none"]
 
@@ -268,7 +268,7 @@ def _dtype(cfg: Mapping[str, Any]) -> tuple[str, int]:
     value = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
     name = str(value).removeprefix("torch.")
     if name not in _DTYPE_BYTES:
-        raise ModelConfigError(
+        raise UnsupportedModelError(
             f"config.json torch_dtype {value!r} is not one kvwatch knows (bfloat16, float16, float32)"
         )
     # Engines serve float32 checkpoints in half precision by default (vLLM/SGLang dtype='auto').
@@ -319,7 +319,9 @@ def _layer_kinds(cfg: Mapping[str, Any], n_layers: int) -> list[str]:
         kinds = []
         for t in types:
             if t not in mapping:
-                raise ModelConfigError(f"config.json layer_types has {t!r}, a layer kind kvwatch cannot size")
+                raise UnsupportedModelError(
+                    f"config.json layer_types has {t!r}, a layer kind kvwatch cannot size"
+                )
             kinds.append(mapping[t])
         return kinds
     interval = cfg.get("full_attention_interval")
@@ -376,7 +378,7 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
             elif ch in "-E":
                 layers.append(LayerSpec("none"))
             else:
-                raise ModelConfigError(
+                raise UnsupportedModelError(
                     f"config.json hybrid_override_pattern has {ch!r}, a layer kvwatch cannot size"
                 )
         notes.append("hybrid_override_pattern: only '*' layers hold a KV cache; 'M' layers keep Mamba state")

@@ -6,11 +6,15 @@ import argparse
 import json
 import sys
 
-from kvwatch.capacity import ModelGeometry, gpus, load_model
+from kvwatch.analysis.attribution import Attribution
+from kvwatch.analysis.explain import Explanation, explain
+from kvwatch.capacity import gpus
+from kvwatch.capacity.budget import Budget
+from kvwatch.capacity.geometry import ModelGeometry, load_model
 from kvwatch.commands.predict import _positive_int
+from kvwatch.engines.kinds import ENGINE_CHOICES
 from kvwatch.errors import ConfigError
 from kvwatch.events import Event
-from kvwatch.explain import Attribution, Budget, Explanation, explain
 from kvwatch.pipeline import replay
 from kvwatch.render import pair_bars, table
 from kvwatch.units import GiB, format_bytes, parse_size
@@ -40,9 +44,7 @@ _CONTRIBUTION_LABELS: dict[str, str] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", metavar="LOG", nargs="+", help="engine log file(s); '-' reads stdin")
-    parser.add_argument(
-        "--engine", choices=("auto", "vllm", "sglang"), default="auto", help="engine (default: detect)"
-    )
+    parser.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="engine (default: detect)")
     parser.add_argument(
         "--model-config", metavar="PATH", help="the model's config.json (for the prediction and the levers)"
     )

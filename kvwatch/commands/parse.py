@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from kvwatch.engines.kinds import ENGINE_CHOICES
 from kvwatch.errors import ConfigError
 from kvwatch.events import Event, event_to_json
 from kvwatch.pipeline import replay, summarize
@@ -28,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", nargs="+", metavar="LOG", help="log file, or '-' for stdin")
     parser.add_argument(
         "--engine",
-        choices=("auto", "vllm", "sglang"),
+        choices=ENGINE_CHOICES,
         default="auto",
         help="engine that wrote the logs (default: detected per file)",
     )

@@ -7,20 +7,21 @@ import json
 import sys
 from typing import Any
 
-from kvwatch.capacity import GpuSpec, gpus, load_model
-from kvwatch.commands.predict import _positive_int, build_deployment
-from kvwatch.commands.predict import add_arguments as add_deployment_arguments
-from kvwatch.errors import ConfigError
-from kvwatch.plan import (
+from kvwatch.analysis.plan import (
     DEFAULT_TARGET,
     CardFit,
     Plan,
     card_fits,
-    load_workload,
     make_plan,
-    parse_rank_budgets,
     smallest_cards,
 )
+from kvwatch.analysis.workload import load_workload, parse_rank_budgets
+from kvwatch.capacity import gpus
+from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.commands.predict import _positive_int, build_deployment
+from kvwatch.commands.predict import add_arguments as add_deployment_arguments
+from kvwatch.errors import ConfigError
 from kvwatch.render import table
 from kvwatch.units import format_bytes
 

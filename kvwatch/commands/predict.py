@@ -6,8 +6,13 @@ import argparse
 import json
 import sys
 
-from kvwatch.capacity import Deployment, Prediction, gpus, load_model, predict
-from kvwatch.errors import ConfigError
+from kvwatch.analysis.predict import predict
+from kvwatch.capacity import gpus
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.prediction import Prediction
+from kvwatch.engines import registry
+from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES
 from kvwatch.units import format_bytes, parse_size
 
 HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model config.json"
@@ -40,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model_config", metavar="MODEL_CONFIG", help="config.json, a model dir or a hub-cache dir"
     )
     parser.add_argument(
-        "--engine", choices=("vllm", "sglang"), default="vllm", help="serving engine (default vllm)"
+        "--engine",
+        choices=ENGINE_NAMES,
+        default=DEFAULT_ENGINE,
+        help=f"serving engine (default {DEFAULT_ENGINE})",
     )
     parser.add_argument("--engine-version", help="engine version whose defaults apply (default: newest)")
     gpu = parser.add_mutually_exclusive_group()
@@ -90,12 +98,9 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         gpu_name, gpu_memory = spec.name, spec.memory_bytes
     elif args.gpu_memory:
         gpu_memory = parse_size(args.gpu_memory)
-    if args.engine == "vllm" and args.mem_fraction_static is not None:
-        raise ConfigError(
-            "--mem-fraction-static is an SGLang setting; use --gpu-memory-utilization with vLLM"
-        )
-    if args.engine == "sglang" and args.gpu_memory_utilization is not None:
-        raise ConfigError("--gpu-memory-utilization is a vLLM setting; use --mem-fraction-static with SGLang")
+    engine_flags = registry.get(args.engine).deployment_flags(
+        args.gpu_memory_utilization, args.mem_fraction_static, args.block_size
+    )
     return Deployment(
         engine=args.engine,
         engine_version=args.engine_version,
@@ -105,11 +110,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         pp=args.pp,
         dcp=args.dcp,
         kv_cache_dtype=args.kv_cache_dtype,
-        block_size=args.block_size if args.engine == "vllm" else None,
-        page_size=args.block_size if args.engine == "sglang" else None,
         max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        mem_fraction_static=args.mem_fraction_static,
         weights_dtype=args.weights_dtype,
         weights_bytes=parse_size(args.weights_memory) if args.weights_memory else None,
         activation_bytes=(
@@ -118,6 +119,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         available_kv_bytes=parse_size(args.available_kv_memory) if args.available_kv_memory else None,
         max_num_batched_tokens=args.max_num_batched_tokens,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
+        **engine_flags,
     )
 
 
@@ -155,14 +157,17 @@ def render(p: Prediction) -> str:
         ),
     ]
     if p.usable_bytes is not None:
-        label = "requested (util)" if p.engine == "vllm" else "static (mem_fraction)"
-        frac = p.gpu_memory_utilization if p.engine == "vllm" else p.mem_fraction_static
-        rows.append((label, f"{format_bytes(p.usable_bytes)} ({frac})"))
+        engine = registry.get(p.engine)
+        rows.append((engine.fraction_label, f"{format_bytes(p.usable_bytes)} ({p.fraction})"))
     if p.weights_bytes is not None:
         rows.append(("weights", f"{format_bytes(p.weights_bytes)} per GPU ({p.weights_scheme})"))
     if p.activation_bytes is not None:
-        label = "activation+graphs" if p.engine == "vllm" else "reserved (1 - fraction)"
-        rows.append((label, format_bytes((p.activation_bytes or 0) + (p.cuda_graph_bytes or 0))))
+        rows.append(
+            (
+                registry.get(p.engine).overhead_label,
+                format_bytes((p.activation_bytes or 0) + (p.cuda_graph_bytes or 0)),
+            )
+        )
     if p.non_torch_bytes:
         rows.append(("non-torch", format_bytes(p.non_torch_bytes)))
     rows.append(("available KV", format_bytes(p.available_kv_bytes)))

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from kvwatch.config import DEFAULT_PORT, load_settings
+from kvwatch.engines.kinds import ENGINE_CHOICES
 
 HELP = "Run the sidecar: tail engine logs, scrape engine /metrics, export KV-cache metrics for Prometheus."
 
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="[NAME=]PATH",
         help="model config.json or folder, for all sources or source NAME (default: found from the model the log names)",
     )
-    add("--engine", choices=("auto", "vllm", "sglang"), help="engine of every source (default: auto)")
+    add("--engine", choices=ENGINE_CHOICES, help="engine of every source (default: auto)")
     gpu = parser.add_mutually_exclusive_group()
     gpu.add_argument(
         "--gpu", metavar="NAME", help="GPU model, e.g. H100-SXM-80GB (else the log's total memory)"

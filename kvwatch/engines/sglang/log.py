@@ -13,191 +13,29 @@ than guessed, so a terminal-damaged field ('#cached-tounning-req: 45') never bec
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Callable, Iterator
-from decimal import Decimal, InvalidOperation
-from typing import Any
+from collections.abc import Callable
 
 import regex
 from pydantic import ValidationError
 
+from kvwatch.engines.sglang import settings, stats
+from kvwatch.engines.sglang.common import gib as _gib
+from kvwatch.engines.sglang.common import ident as _ident
+from kvwatch.engines.sglang.common import opt_gib as _opt_gib
+from kvwatch.engines.sglang.common import opt_int as _opt_int
 from kvwatch.events import (
     EngineSettings,
     Event,
     MemoryBudget,
     PoolSized,
-    Preemption,
     StartupFailure,
-    UsageSample,
 )
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
-from kvwatch.units import GiB
 
 Handler = Callable[[str, LineMeta], tuple[Event, ...]]
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def _ident(meta: LineMeta) -> dict[str, Any]:
-    """Identity fields every event of this line carries."""
-    return {"engine": "sglang", "instance": meta.instance, "rank": meta.rank, "ts": meta.ts}
-
-
-def _gib(text: str) -> int:
-    """SGLang's 'GB' figure (GiB, 2 decimals) as integer bytes, exact decimal arithmetic."""
-    try:
-        return int((Decimal(text) * GiB).to_integral_value())
-    except InvalidOperation as exc:
-        raise ParseError(f"not a size in GB: {text!r}") from exc
-
-
-def _opt_gib(text: str | None) -> int | None:
-    return None if text is None else _gib(text)
-
-
-def _opt_int(text: str | None) -> int | None:
-    return None if text is None else int(text)
-
-
-def _opt_float(text: str | None) -> float | None:
-    return None if text is None else float(text)
-
-
-# --- periodic batch lines ------------------------------------------------------------------------
-
-# Head of every Prefill/Decode batch line; the key/value list follows. One sample per variant:
-# 0.3.x        "[16:43:29 TP0] Prefill batch. #new-seq: 1, #new-token: 2062, ..."   (sglang/015, Oct 2024)
-# 0.2-0.3.4    "Prefill batch(mixed #running-req: 3). #new-seq: 1, #new-token: 512, ..."
-# 0.5.4        "[2025-10-01 10:00:41 TP0] Decode batch [1240], #running-req: 12, #token: 23110, ..."
-# 0.5.5+       "[2026-07-21 15:00:13 TP0 EP0] Decode batch, #running-req: 24, #token: 233600, ..."
-_BATCH_HEAD = regex.compile(
-    r"""
-    (?P<phase>Prefill|Decode)\ batch
-    (?:
-        \ ?\[\d+\]\ *,?                                  # ' [1240],' (0.5.4, SGLANG_LOG_FORWARD_ITERS)
-      | \(mixed\ \#running-req:\ (?P<mixed>\d+)\)\.?     # mixed chunked prefill (0.2.x-0.3.4)
-      | [.,]
-    )?
-    \ *(?=\#)                                            # the key/value list starts with '#new-seq' or '#running-req'
-    """,
-    regex.VERBOSE,
-)
-
-# A clean value: the whole item after ': ' must be this, else the field was damaged and is skipped.
-_INT = regex.compile(r"\d+")
-_DECIMAL = regex.compile(r"\d+(?:\.\d+)?")
-_PERCENT = regex.compile(r"(?P<num>\d+(?:\.\d+)?)%")
-# 0.4.9 hybrid SWA writes two pools in one item: '#token: full=1024, swa=512' (split on ',' here).
-_SUBPOOL = regex.compile(r"(?P<pool>full|swa)=(?P<num>\d+(?:\.\d+)?)")
-
-# Batch-line key -> (UsageSample field, kind). Keys as printed across 0.2.15-0.5.23 (section 2).
-_USAGE_KEYS: dict[str, tuple[str, str]] = {
-    "#running-req": ("running", "int"),
-    "#queue-req": ("waiting", "int"),
-    "#token": ("used_tokens", "int"),
-    "#full token": ("used_tokens", "int"),
-    "#swa token": ("swa_used_tokens", "int"),
-    "mamba num": ("mamba_used_slots", "int"),
-    "#retracted-req": ("retracted", "int"),
-    "token usage": ("kv_usage_ratio", "ratio"),
-    "full token usage": ("kv_usage_ratio", "ratio"),
-    "swa token usage": ("swa_usage_ratio", "ratio"),
-    "mamba usage": ("mamba_usage_ratio", "ratio"),
-    "cpu token usage": ("cpu_kv_usage_ratio", "ratio"),
-    "cache hit rate": ("prefix_cache_hit_ratio", "percent"),
-    "gen throughput (token/s)": ("generation_throughput", "float"),
-    "input throughput (token/s)": ("prompt_throughput", "float"),
-}
-# 0.4.9 hybrid '#token: full=.., swa=..' / 'token usage: full=.., swa=..': the swa half's field.
-_SWA_TWIN = {"used_tokens": "swa_used_tokens", "kv_usage_ratio": "swa_usage_ratio"}
-
-
-def _convert(kind: str, value: str) -> int | float | None:
-    """A batch-line value, or None when it is not a clean number (damaged column)."""
-    if kind == "int":
-        return int(value) if _INT.fullmatch(value) else None
-    if kind == "percent":
-        m = _PERCENT.fullmatch(value)
-        return float(Decimal(m.group("num")) / 100) if m else None
-    return float(value) if _DECIMAL.fullmatch(value) else None
-
-
-def _batch_fields(items: Iterator[str]) -> dict[str, Any]:
-    """Fold 'key: value' items into UsageSample fields; unknown keys and damaged values are skipped."""
-    fields: dict[str, Any] = {}
-    last: tuple[str, str] | None = None
-    for item in items:
-        key, sep, raw = item.partition(":")
-        if not sep:
-            # The ', swa=..' half of a 0.4.9 hybrid item belongs to the key before it.
-            sub = _SUBPOOL.fullmatch(item.strip())
-            if last is not None and sub is not None and sub.group("pool") == "swa":
-                twin = _SWA_TWIN.get(last[0])
-                value = _convert(last[1], sub.group("num"))
-                if twin is not None and value is not None:
-                    fields[twin] = value
-            last = None
-            continue
-        spec = _USAGE_KEYS.get(key.strip())
-        last = spec
-        if spec is None:
-            continue
-        value_text = raw.strip()
-        sub = _SUBPOOL.fullmatch(value_text)
-        if sub is not None and sub.group("pool") == "full":
-            value_text = sub.group("num")
-        value = _convert(spec[1], value_text)
-        if value is not None:
-            fields[spec[0]] = value
-    return fields
-
-
-def _parse_batch(body: str, meta: LineMeta) -> tuple[Event, ...]:
-    m = _BATCH_HEAD.search(body)
-    if m is None:
-        return NO_EVENTS
-    fields = _batch_fields(iter(body[m.end() :].split(",")))
-    if m.group("mixed") is not None and "running" not in fields:
-        fields["running"] = int(m.group("mixed"))
-    if not fields:
-        raise ParseError(f"{m.group('phase')} batch line without a readable field")
-    return (UsageSample(**_ident(meta), **fields),)
-
-
-# --- retraction (SGLang's preemption) ------------------------------------------------------------
-
-# <=0.4.6  "[2025-05-28 08:25:50] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.8024 -> 0.9085"
-# 0.4.7+   "KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.3317 -> 0.5012"
-# 0.5.3-4  "... #retracted_reqs: 3, #aborted_retracted_reqs: 0, #new_token_ratio: 0.3317 -> 0.5012"
-# 0.5.7+   "... #retracted_reqs: 3, #new_tokens_gained: 12288, #new_token_ratio: 0.3317 -> 0.5012"
-# 0.5.12+  "... #new_tokens_gained: 8192, #mamba_num_gained: 2, #new_token_ratio: ..." ('Testing retraction.' too)
-# The wording before '#retracted_reqs' is not required: every wording carries that key.
-_RETRACT = regex.compile(
-    r"""
-    \#retracted_reqs:\ (?P<count>\d+)
-    (?:,\ \#aborted_retracted_reqs:\ \d+)?
-    (?:,\ \#new_tokens_gained:\ (?P<gained>-?\d+))?
-    (?:,\ \#mamba_num_gained:\ -?\d+)?
-    (?:,\ \#new_token_ratio:\ (?P<before>\d+(?:\.\d+)?)\ ->\ (?P<after>\d+(?:\.\d+)?))?
-    """,
-    regex.VERBOSE,
-)
-
-
-def _parse_retract(body: str, meta: LineMeta) -> tuple[Event, ...]:
-    m = _RETRACT.search(body)
-    if m is None:
-        return NO_EVENTS
-    return (
-        Preemption(
-            **_ident(meta),
-            mechanism="retract",
-            count=int(m.group("count")),
-            new_token_ratio=_opt_float(m.group("after")),
-            new_tokens_gained=_opt_int(m.group("gained")),
-        ),
-    )
 
 
 # --- pool sizing ---------------------------------------------------------------------------------
@@ -512,129 +350,14 @@ def _parse_too_small(body: str, meta: LineMeta) -> tuple[Event, ...]:
     )
 
 
-# --- settings ------------------------------------------------------------------------------------
-
-# <=0.5.15 "[2025-10-01 10:00:00] server_args=ServerArgs(model_path='meta-llama/Llama-3.1-8B-Instruct', ...,
-#           mem_fraction_static=0.835, ..., tp_size=1, ...)"                  (dataclass repr)
-# 0.5.19+  "[2026-03-01 10:00:00] server_args={'model_path': 'meta-llama/Llama-3.1-8B-Instruct', ...}"
-_SERVER_ARGS = regex.compile(r"server_args=(?:(?P<cls>\w+)\(|\{)", regex.VERBOSE)
-# Tokens of a Python repr: quoted strings (escapes allowed), brackets, commas, runs of anything else.
-_REPR_TOKEN = regex.compile(
-    r"""
-    '(?:[^'\\]|\\.)*' | "(?:[^"\\]|\\.)*" | [()\[\]{},] | [^'"()\[\]{},]+ | .
-    """,
-    regex.VERBOSE | regex.DOTALL,
-)
-_REPR_KEY = regex.compile(r"""\s*(?:(?P<bare>\w+)=|'(?P<quoted>\w+)':\s*)(?P<value>.*)""", regex.DOTALL)
-_REPR_INT = regex.compile(r"-?\d+")
-_REPR_FLOAT = regex.compile(r"-?\d+\.\d*(?:[eE][+-]?\d+)?|-?\d+[eE][+-]?\d+")
-
-# server_args key -> EngineSettings field (first key present wins for a field).
-_SETTINGS_KEYS: dict[str, str] = {
-    "model_path": "model",
-    "served_model_name": "served_model_name",
-    "tp_size": "tensor_parallel_size",
-    "pp_size": "pipeline_parallel_size",
-    "dp_size": "data_parallel_size",
-    "dtype": "dtype",
-    "kv_cache_dtype": "kv_cache_dtype",
-    "quantization": "quantization",
-    "page_size": "page_size",
-    "context_length": "max_model_len",
-    "chunked_prefill_size": "chunked_prefill_size",
-    "cuda_graph_max_bs": "cuda_graph_max_bs",
-    "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
-    "mem_fraction_static": "mem_fraction_static",
-    "max_running_requests": "max_num_seqs",
-}
-
-
-_OPEN = frozenset("([{")
-_CLOSE = frozenset(")]}")
-
-
-def _top_level_items(text: str, start: int) -> Iterator[str]:
-    """Comma-separated items at depth 0 of a repr that opens just before ``start`` (truncation tolerated)."""
-    depth = 0
-    item: list[str] = []
-    for tok in _REPR_TOKEN.finditer(text, start):
-        t = tok.group()
-        if t in _OPEN:
-            depth += 1
-        elif t in _CLOSE:
-            if depth == 0:
-                break
-            depth -= 1
-        elif t == "," and depth == 0:
-            yield "".join(item)
-            item = []
-            continue
-        item.append(t)
-    yield "".join(item)
-
-
-def _repr_value(text: str) -> object:
-    """A scalar from a Python repr; containers and objects stay as their text."""
-    text = text.strip()
-    if text in ("None", ""):
-        return None
-    if text in ("True", "False"):
-        return text == "True"
-    if _REPR_INT.fullmatch(text):
-        return int(text)
-    if _REPR_FLOAT.fullmatch(text):
-        return float(text)
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return text[1:-1]
-        return value if isinstance(value, str) else text[1:-1]
-    return text
-
-
-def _parse_server_args(body: str, meta: LineMeta) -> tuple[Event, ...]:
-    m = _SERVER_ARGS.search(body)
-    if m is None:
-        return NO_EVENTS
-    fields: dict[str, Any] = {}
-    for item in _top_level_items(body, m.end()):
-        kv = _REPR_KEY.fullmatch(item)
-        if kv is None:
-            continue
-        key = kv.group("bare") or kv.group("quoted")
-        value = _repr_value(kv.group("value"))
-        if value is None:
-            continue
-        if key == "disable_radix_cache" and isinstance(value, bool):
-            fields.setdefault("enable_prefix_caching", not value)
-        elif key == "disable_cuda_graph" and isinstance(value, bool):
-            fields.setdefault("enforce_eager", value)
-        elif key in _SETTINGS_KEYS:
-            fields.setdefault(_SETTINGS_KEYS[key], value)
-    return (EngineSettings(**_ident(meta), starts_engine=True, **fields),)
-
-
-# `python -m sglang.check_env`, pasted with the log (SGLang never logs its own version):
-# "sglang: 0.4.6.post1"
-_VERSION = regex.compile(r"\s*sglang:\ *(?P<version>\d+\.\d+[\w.+\-]*)\s*", regex.VERBOSE)
-
-
-def _parse_version(body: str, meta: LineMeta) -> tuple[Event, ...]:
-    m = _VERSION.fullmatch(body)
-    if m is None:
-        return NO_EVENTS
-    return (EngineSettings(**_ident(meta), version=m.group("version")),)
-
-
 # --- dispatch ------------------------------------------------------------------------------------
 
 # (anchor, handlers) in order of frequency on a busy server; the first handler that returns events
 # wins. Few, distinctive anchors: the pipeline tests every line of the log against all of them.
 _HANDLERS: tuple[tuple[str, tuple[Handler, ...]], ...] = (
-    ("Decode batch", (_parse_batch,)),
-    ("Prefill batch", (_parse_batch,)),
-    ("#retracted_reqs", (_parse_retract,)),
+    ("Decode batch", (stats.parse_batch,)),
+    ("Prefill batch", (stats.parse_batch,)),
+    ("#retracted_reqs", (stats.parse_retract,)),
     ("Cache is allocated", (_parse_cache_allocated,)),
     ("KV cache allocated", (_parse_post_capture,)),
     ("swa_layer_tokens=", (_parse_swa_split,)),
@@ -642,12 +365,12 @@ _HANDLERS: tuple[tuple[str, tuple[Handler, ...]], ...] = (
     ("Load weight ", (_parse_load_weight,)),
     ("Memory pool end", (_parse_pool_end,)),
     ("graph end", (_parse_graph_end,)),
-    ("server_args=", (_parse_server_args,)),
+    ("server_args=", (settings.parse_server_args,)),
     ("Not enough ", (_parse_not_enough,)),
     ("is too small", (_parse_too_small,)),
     ("cannot hold even one request", (_parse_too_small,)),
     ("reduce --mem-fraction-static", (_parse_mfs_reduced,)),
-    ("sglang: ", (_parse_version,)),
+    ("sglang: ", (settings.parse_version,)),
 )
 
 ANCHORS: tuple[str, ...] = tuple(anchor for anchor, _ in _HANDLERS)

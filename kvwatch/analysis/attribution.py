@@ -1,0 +1,143 @@
+"""Why the pool differs from the prediction: the KV-budget gap split into the terms that caused it.
+
+An engine sizes its KV pool by subtraction (vLLM: total x gpu_memory_utilization - weights -
+activation peak - non-torch - CUDA graphs; SGLang: (free before weights) x mem_fraction_static -
+weights). ``observed_budget`` rebuilds that subtraction from what the engine printed (each engine's
+own identity, kvwatch/engines/*/observed.py); ``attribute_gap`` splits the difference between the
+observed and the predicted KV budget into its terms (bytes, and percent of the predicted budget).
+The sidecar's gap metric and ``kvwatch explain`` call the same functions on the same snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvwatch.capacity.budget import Budget, Contribution, Term, int_fact, putter
+from kvwatch.engines import registry
+from kvwatch.state import InstanceSnapshot
+
+# MemoryBudget fields known before the engine starts: the a-priori prediction may use only these.
+APRIORI_MEMORY: frozenset[str] = frozenset({"total_bytes", "gpu_memory_utilization", "mem_fraction_static"})
+
+# Every term attribute_gap can name (a bounded label set for a per-term gap metric), in the order
+# the KV budget subtracts them.
+ATTRIBUTION_TERMS: tuple[str, ...] = (
+    "total",
+    "utilisation",
+    "usable",
+    "non_torch",
+    "weights",
+    "activation",
+    "unattributed",
+)
+
+
+def apriori_inputs(snap: InstanceSnapshot) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(settings, memory) a prediction may use before the engine starts, as the sidecar uses them.
+
+    vLLM's 'Maximum concurrency for N tokens per request' names max_model_len when no settings
+    line did.
+    """
+    settings = dict(snap.settings)
+    if settings.get("max_model_len") is None and snap.pool.get("max_concurrency_tokens"):
+        settings["max_model_len"] = snap.pool["max_concurrency_tokens"]
+    memory = {k: v for k, v in snap.memory.items() if k in APRIORI_MEMORY}
+    return settings, memory
+
+
+def observed_budget(
+    engine: str,
+    memory: Mapping[str, Any],
+    pool: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    gpu_memory_bytes: int | None = None,
+) -> Budget:
+    """The engine's budget from its printed terms; a missing term is derived only from the identity."""
+    terms: dict[str, Term] = {}
+    put = putter(terms)
+
+    total = int_fact(memory.get("total_bytes"))
+    put("total", total, "printed")
+    if total is None and gpu_memory_bytes is not None:
+        total = gpu_memory_bytes
+        put("total", total, "given", "--gpu / --gpu-memory")
+    for key, name in (
+        ("weights_bytes", "weights"),
+        ("non_torch_bytes", "non_torch"),
+        ("cuda_graph_bytes", "cuda_graphs"),
+        ("activation_bytes", "activation"),
+    ):
+        put(name, int_fact(memory.get(key)), "printed")
+    kv = int_fact(memory.get("available_kv_bytes"))
+    put("kv", kv, "printed")
+    return registry.get(engine).observed_budget(terms, memory, pool, settings, total, kv)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The KV-budget gap (observed - predicted) split into the terms that make it up."""
+
+    observed_kv: int
+    predicted_kv: int
+    contributions: tuple[Contribution, ...]
+
+    @property
+    def gap_bytes(self) -> int:
+        return self.observed_kv - self.predicted_kv
+
+    @property
+    def gap_ratio(self) -> float | None:
+        """observed / predicted - 1, the same ratio as the sidecar's gap gauge."""
+        return gap_ratio(self.observed_kv, self.predicted_kv)
+
+    def percent(self, c: Contribution) -> float | None:
+        """A contribution in percent of the predicted KV budget."""
+        return 100.0 * c.bytes / self.predicted_kv if self.predicted_kv > 0 else None
+
+    def share(self, c: Contribution) -> float | None:
+        """A contribution as a share of the gap (the shares sum to 1)."""
+        gap = self.gap_bytes
+        return c.bytes / gap if gap else None
+
+    def main_terms(self, share: float = 0.1) -> list[Contribution]:
+        """The terms that make up at least ``share`` of the gross gap, largest first."""
+        gross = sum(abs(c.bytes) for c in self.contributions)
+        if gross == 0:
+            return []
+        return sorted(
+            (c for c in self.contributions if abs(c.bytes) >= share * gross),
+            key=lambda c: -abs(c.bytes),
+        )
+
+
+def gap_ratio(observed: float | None, predicted: float | None) -> float | None:
+    """observed / predicted - 1 (negative: smaller than predicted); None when undefined."""
+    if observed is None or predicted is None or predicted <= 0:
+        return None
+    return observed / predicted - 1.0
+
+
+def attribute_gap(
+    engine: str,
+    observed: Mapping[str, int | None],
+    predicted: Mapping[str, int | None],
+    observed_fraction: float | None = None,
+    predicted_fraction: float | None = None,
+) -> Attribution | None:
+    """Split observed KV - predicted KV (names.MEMORY_TERMS mappings, bytes per rank) by term.
+
+    vLLM: kv = total x f - weights - (activation + non-torch + CUDA graphs); the last three are
+    one term because kvwatch predicts them as one allowance. SGLang: kv = (total - non_torch) x f
+    - weights. Each difference is weighted as it enters the identity (a card that is 1 GiB larger
+    adds f GiB, not 1 GiB); what no known term explains is 'unattributed'. None when either KV
+    budget is unknown.
+    """
+    ok, pk = observed.get("kv"), predicted.get("kv")
+    if ok is None or pk is None:
+        return None
+    out = registry.get(engine).attribute(observed, predicted, observed_fraction, predicted_fraction)
+    rest = (ok - pk) - sum(c.bytes for c in out)
+    out.append(Contribution("unattributed", rest))
+    return Attribution(ok, pk, tuple(out))

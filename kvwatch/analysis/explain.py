@@ -1,0 +1,282 @@
+"""``kvwatch explain``: one engine instance's budget rebuilt, predicted, attributed, with its levers.
+
+Pure: it calls the same observed-budget, prediction, attribution and lever functions as the
+sidecar's gap metric, on the same snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvwatch.analysis.attribution import (
+    Attribution,
+    apriori_inputs,
+    attribute_gap,
+    gap_ratio,
+    observed_budget,
+)
+from kvwatch.analysis.levers import Lever, levers, tokens_from_budget
+from kvwatch.analysis.predict import predict
+from kvwatch.capacity.budget import Budget, int_fact, predicted_budget
+from kvwatch.capacity.deployment import deployment_from_settings
+from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.prediction import Prediction
+from kvwatch.engines import registry
+from kvwatch.errors import KvwatchError
+from kvwatch.events import Event, MemoryBudget
+from kvwatch.state import InstanceSnapshot
+
+
+@dataclass(frozen=True)
+class RankSpread:
+    """One printed memory figure that differs between the ranks of one instance."""
+
+    field: str
+    by_rank: Mapping[int, int]
+
+    @property
+    def limiting_rank(self) -> int:
+        """The rank with the least of it (SGLang sizes every rank's pool from the minimum free)."""
+        return min(self.by_rank, key=lambda r: (self.by_rank[r], r))
+
+
+_SPREAD_FIELDS = (
+    "avail_before_weights_bytes",
+    "avail_after_weights_bytes",
+    "avail_after_pool_bytes",
+    "available_kv_bytes",
+    "weights_bytes",
+)
+
+
+def rank_spreads(events: Iterable[Event], instance: str) -> list[RankSpread]:
+    """Memory figures the ranks of ``instance`` printed with different values (last value per rank)."""
+    seen: dict[str, dict[int, int]] = {}
+    for e in events:
+        if not isinstance(e, MemoryBudget) or e.instance != instance or e.rank is None:
+            continue
+        if e.total_bytes is not None and seen:
+            seen.clear()  # a new budget printout: a later engine start
+        for name in _SPREAD_FIELDS:
+            value = getattr(e, name)
+            if value is not None:
+                seen.setdefault(name, {})[e.rank] = value
+    return [RankSpread(k, v) for k, v in seen.items() if len(set(v.values())) > 1]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Everything ``kvwatch explain`` says about one engine instance."""
+
+    source: str
+    instance: str
+    engine: str
+    engine_version: str | None
+    model: str | None
+    observed: Budget
+    predicted: Budget | None
+    prediction: Prediction | None
+    observed_tokens: int | None
+    predicted_tokens: int | None
+    budget_tokens: int | None
+    max_model_len: int | None
+    attribution: Attribution | None
+    levers: tuple[Lever, ...]
+    spreads: tuple[RankSpread, ...]
+    failure: Mapping[str, Any] | None
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The ``kvwatch explain --json`` object for this instance (bytes as integers)."""
+        attribution = None
+        if self.attribution is not None:
+            a = self.attribution
+            attribution = {
+                "observed_kv_bytes": a.observed_kv,
+                "predicted_kv_bytes": a.predicted_kv,
+                "gap_bytes": a.gap_bytes,
+                "gap_ratio": _round(a.gap_ratio),
+                "terms": [
+                    {
+                        "term": c.term,
+                        "bytes": c.bytes,
+                        "percent_of_predicted": _round(a.percent(c)),
+                        "share_of_gap": _round(a.share(c)),
+                        "observed": c.observed,
+                        "predicted": c.predicted,
+                    }
+                    for c in a.contributions
+                ],
+                "main_terms": [c.term for c in a.main_terms()],
+            }
+        return {
+            "source": self.source,
+            "instance": self.instance,
+            "engine": self.engine,
+            "engine_version": self.engine_version,
+            "model": self.model,
+            "max_model_len": self.max_model_len,
+            "observed": _budget_json(self.observed),
+            "predicted": _budget_json(self.predicted) if self.predicted is not None else None,
+            "pool_tokens": {
+                "observed": self.observed_tokens,
+                "predicted": self.predicted_tokens,
+                "engine_budget": self.budget_tokens,
+            },
+            "gap_ratio": {
+                "config": _round(gap_ratio(self.observed_tokens, self.predicted_tokens)),
+                "engine_budget": _round(gap_ratio(self.observed_tokens, self.budget_tokens)),
+            },
+            "attribution": attribution,
+            "levers": [
+                {
+                    "lever": lv.name,
+                    "change": lv.change,
+                    "kv_bytes": lv.kv_bytes,
+                    "pool_tokens": lv.pool_tokens,
+                    "max_concurrency": _round(lv.max_concurrency),
+                    "note": lv.note,
+                }
+                for lv in self.levers
+            ],
+            "rank_spread": [
+                {
+                    "field": s.field,
+                    "by_rank": {str(r): v for r, v in sorted(s.by_rank.items())},
+                    "limiting_rank": s.limiting_rank,
+                }
+                for s in self.spreads
+            ],
+            "startup_failure": dict(self.failure) if self.failure is not None else None,
+            "assumptions": list(self.prediction.assumptions) if self.prediction is not None else [],
+            "notes": list(self.notes),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, 4)
+
+
+def _budget_json(b: Budget) -> dict[str, Any]:
+    return {
+        "fraction": b.fraction,
+        "fraction_source": b.fraction_source,
+        "terms": {
+            name: {"bytes": t.bytes, "source": t.source} for name, t in b.terms.items() if t.bytes is not None
+        },
+    }
+
+
+# Deployment field -> the EngineSettings field a log would have printed it as.
+_SETTING_OF: dict[str, str] = {
+    "tp": "tensor_parallel_size",
+    "pp": "pipeline_parallel_size",
+    "engine_version": "version",
+}
+
+
+def explain(
+    snap: InstanceSnapshot,
+    model: ModelGeometry | None,
+    gpu_memory_bytes: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    events: Iterable[Event] = (),
+) -> Explanation:
+    """Rebuild, predict, attribute and list the levers for one instance of a replayed log.
+
+    ``overrides`` are Deployment fields from the command line; they fill what the log did not
+    print and never replace what it did. ``events`` are the replayed events, for the per-rank spread.
+    """
+    engine = registry.get(snap.engine)
+    settings, apriori = apriori_inputs(snap)
+    # Flags fill what the log did not print (the log wins); the observed budget's engine defaults
+    # depend on them too.
+    extra = {
+        k: v
+        for k, v in (overrides or {}).items()
+        if v is not None and settings.get(_SETTING_OF.get(k, k)) is None
+    }
+    given = {_SETTING_OF.get(k, k): v for k, v in extra.items()}
+    observed = observed_budget(snap.engine, snap.memory, snap.pool, {**given, **settings}, gpu_memory_bytes)
+    pool = snap.pool
+    observed_tokens = int_fact(pool.get("tokens"))
+    if observed_tokens is None and int_fact(pool.get("blocks")) is not None:
+        block = int_fact(pool.get("block_size")) or int_fact(settings.get("block_size"))
+        if block is None:
+            block = engine.default_block_size(model)
+        observed_tokens = pool["blocks"] * block if block else None
+    notes: list[str] = []
+    prediction = predicted = None
+    predicted_tokens = budget_tokens = None
+    attribution = None
+    lever_list: list[Lever] = []
+    max_model_len = int_fact(extra.get("max_model_len")) or int_fact(settings.get("max_model_len"))
+    if model is None:
+        notes.append(
+            "no model config: give --model-config for the prediction, the attribution and the levers"
+        )
+    else:
+        try:
+            a_priori = deployment_from_settings(snap.engine, settings, apriori, gpu_memory_bytes, **extra)
+            if a_priori.gpu_memory_bytes is None:
+                notes.append(
+                    "the log does not print the card's memory: give --gpu or --gpu-memory to predict"
+                )
+            else:
+                prediction = predict(model, a_priori)
+                predicted = predicted_budget(prediction)
+                predicted_tokens = prediction.kv_pool_tokens
+                max_model_len = prediction.max_model_len
+                observed_terms = engine.budget_terms_for_gap(observed.as_bytes(), settings)
+                attribution = attribute_gap(
+                    snap.engine,
+                    observed_terms,
+                    predicted.as_bytes(),
+                    observed.fraction,
+                    predicted.fraction,
+                )
+            kv = observed.get("kv")
+            if max_model_len is None:
+                max_model_len = model.max_position_embeddings
+            if kv is not None and kv > 0:
+                budget_tokens = tokens_from_budget(model, a_priori, kv)
+            elif kv is not None:
+                notes.append(
+                    "the KV budget is not positive: nothing is left for the cache after the terms above"
+                )
+            if kv is not None and max_model_len:
+                lever_list = levers(
+                    model, a_priori, observed, observed_tokens or budget_tokens or 0, max_model_len
+                )
+        except KvwatchError as exc:
+            notes.append(f"no prediction: {exc}")
+    if observed_tokens is None and budget_tokens is not None:
+        notes.append("the log prints no pool size: compare the engine_budget tokens instead")
+    if attribution is not None and all(c.term == "unattributed" for c in attribution.contributions):
+        notes.append("the log prints too few budget terms to attribute the gap to any of them")
+    return Explanation(
+        source=snap.source,
+        instance=snap.instance,
+        engine=snap.engine,
+        engine_version=_str(settings.get("version")),
+        model=model.name if model is not None else _str(settings.get("model")),
+        observed=observed,
+        predicted=predicted,
+        prediction=prediction,
+        observed_tokens=observed_tokens,
+        predicted_tokens=predicted_tokens,
+        budget_tokens=budget_tokens,
+        max_model_len=max_model_len,
+        attribution=attribution,
+        levers=tuple(lever_list),
+        spreads=tuple(rank_spreads(events, snap.instance)),
+        failure=snap.last_failure,
+        notes=tuple(notes),
+    )
+
+
+def _str(value: Any) -> str | None:
+    return str(value) if value is not None else None

@@ -1,0 +1,115 @@
+"""Prediction: a model and a deployment in, the engine's KV pool (and the budget behind it) out.
+
+``predict`` works out what every engine's prediction starts from (bytes per token, weights per
+rank, the context length) and hands it to the engine's own arithmetic (kvwatch/engines/*/predict.py),
+which records for every input whether it was given, taken from the engine's default, or estimated;
+``pool_from_available`` is the engine-exact division alone, for when the engine has already
+printed its KV budget (the sidecar's 'engine_budget' basis).
+"""
+
+from __future__ import annotations
+
+from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
+from kvwatch.capacity.geometry import ModelGeometry, stage_layers
+from kvwatch.capacity.prediction import Basis, InputSource, Prediction
+from kvwatch.capacity.weights import weights_per_rank
+from kvwatch.engines import registry
+from kvwatch.engines.base import Engine
+from kvwatch.errors import ConfigError, NoGpuMemoryError
+
+__all__ = ["Prediction", "pool_from_available", "predict"]
+
+
+def _bytes_per_token(engine: Engine, model: ModelGeometry, d: Deployment, elem: int) -> tuple[int, int]:
+    """(per rank on the fullest pipeline stage, summed over every rank) for the growing layers."""
+    stages = [
+        sum(engine.layer_bytes(layer, d, elem) for layer in stage if layer.grows)
+        for stage in stage_layers(model.layers, d.pp)
+    ]
+    return max(stages), sum(stages) * d.tp
+
+
+def pool_from_available(
+    model: ModelGeometry, deployment: Deployment, available_kv_bytes: int
+) -> tuple[int, int | None]:
+    """(tokens, blocks) the engine makes of ``available_kv_bytes`` on one rank; blocks None for SGLang."""
+    validate(model, deployment)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype)
+    return registry.get(deployment.engine).pool_from_available(model, deployment, elem, available_kv_bytes)
+
+
+def _max_model_len(model: ModelGeometry, d: Deployment) -> int:
+    if d.max_model_len is not None:
+        return d.max_model_len
+    if model.max_position_embeddings is None:
+        raise ConfigError("config.json has no max_position_embeddings; pass --max-model-len")
+    return model.max_position_embeddings
+
+
+def predict(model: ModelGeometry, deployment: Deployment) -> Prediction:
+    """The engine's KV pool for this model and deployment, with every assumption listed."""
+    d = deployment
+    validate(model, d)
+    engine = registry.get(d.engine)
+    if d.gpu_memory_bytes is None and engine.needs_gpu_memory(d):
+        raise NoGpuMemoryError(
+            "need the GPU's memory (--gpu NAME or --gpu-memory SIZE) or --available-kv-memory"
+        )
+    elem = kv_elem_bytes(model, d.kv_cache_dtype)
+    inputs: dict[str, InputSource] = {}
+    assumptions: list[str] = list(model.notes)
+    max_model_len = _max_model_len(model, d)
+    inputs["max_model_len"] = "given" if d.max_model_len is not None else "derived"
+    if d.max_model_len is None:
+        assumptions.append(f"max_model_len = max_position_embeddings = {max_model_len}")
+    elif (
+        model.max_position_embeddings
+        and max_model_len > model.max_position_embeddings
+        and not model.rope_scaled
+    ):
+        assumptions.append(
+            f"max_model_len {max_model_len} exceeds max_position_embeddings {model.max_position_embeddings}: "
+            "the engines refuse it unless told to allow long contexts"
+        )
+    inputs["kv_cache_dtype"] = "given" if d.kv_cache_dtype != "auto" else "engine_default"
+    per_rank, all_ranks = _bytes_per_token(engine, model, d, elem)
+
+    weights = None
+    weights_rank: int | None
+    weights_total: int | None
+    scheme: str | None
+    if d.available_kv_bytes is None or d.weights_bytes is not None:
+        if d.weights_bytes is not None:
+            weights_rank, weights_total, scheme = d.weights_bytes, d.weights_bytes * d.tp * d.pp, "measured"
+            inputs["weights"] = "given"
+        else:
+            weights = weights_per_rank(model, d.tp, d.pp, d.weights_dtype)
+            weights_rank, weights_total, scheme = weights.per_rank_bytes, weights.total_bytes, weights.scheme
+            if weights.source == "safetensors_index":
+                inputs["weights"] = "derived"
+                assumptions.append(
+                    "weights: total_size of model.safetensors.index.json, split evenly over ranks"
+                )
+            else:
+                inputs["weights"] = "estimated"
+                assumptions.append(
+                    f"weights: {model.param_count / 1e9:.2f}B parameters recomputed from config.json at {scheme}"
+                    + (f", split over tp={d.tp}" if d.tp > 1 else "")
+                    + (f" and pp={d.pp} stages" if d.pp > 1 else "")
+                )
+    else:
+        weights_rank = weights_total = None
+        scheme = None
+
+    basis = Basis(
+        kv_elem_bytes=elem,
+        max_model_len=max_model_len,
+        bytes_per_token=per_rank,
+        bytes_per_token_all_ranks=all_ranks,
+        weights_bytes=weights_rank,
+        weights_total_bytes=weights_total,
+        weights_scheme=scheme,
+        inputs=inputs,
+        assumptions=assumptions,
+    )
+    return engine.predict(model, d, basis)

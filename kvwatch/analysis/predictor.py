@@ -1,0 +1,173 @@
+"""The sidecar's predictions: the pool of each engine instance, per basis, cached per start.
+
+Basis 'config' uses only what is known before the engine starts (model, settings, GPU memory);
+basis 'engine_budget' divides the KV memory the engine itself logged, with the engine's own
+arithmetic, so its gap isolates the bytes-per-token model from the memory-budget model. A failure
+is a typed error whose ``prediction_state`` the collector exports as is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvwatch.analysis.attribution import apriori_inputs
+from kvwatch.analysis.predict import pool_from_available, predict
+from kvwatch.capacity.deployment import deployment_from_settings
+from kvwatch.capacity.geometry import ModelGeometry, load_model
+from kvwatch.errors import KvwatchError
+from kvwatch.state import InstanceSnapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PredictionResult:
+    """What kvwatch predicts for one instance, per basis; ``state`` is one of names.PREDICTION_STATES."""
+
+    state: str
+    reason: str = ""
+    # basis -> predicted pool tokens / bytes / max concurrency
+    tokens: Mapping[str, int] = field(default_factory=dict)
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    max_concurrency: Mapping[str, float] = field(default_factory=dict)
+    bytes_per_token: int | None = None
+    memory: Mapping[str, int] = field(default_factory=dict)
+    # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
+    block_size: int | None = None
+
+
+def freeze(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A hashable view of the scalar facts of a mapping (a cache key part)."""
+    return tuple(sorted((k, v) for k, v in mapping.items() if isinstance(v, str | int | float | bool)))
+
+
+class Predictor:
+    """Predicts the pool of each instance from the model config, its logged settings and the GPU.
+
+    Basis 'config' uses only what is known before the engine starts (model, settings, GPU memory);
+    basis 'engine_budget' divides the KV memory the engine itself logged, with the engine's own
+    arithmetic, so its gap isolates the bytes-per-token model from the memory-budget model.
+    """
+
+    def __init__(
+        self,
+        model_config: Callable[[str], Path | None] = lambda source: None,
+        gpu_memory_bytes: int | None = None,
+        resolve_model: Callable[[str], Path | None] | None = None,
+        max_entries: int = 1024,
+    ) -> None:
+        self._model_config = model_config
+        self._gpu_memory = gpu_memory_bytes
+        self._resolve = resolve_model
+        self._max = max_entries
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[Any, ...], PredictionResult] = {}
+        self._models: dict[Path, ModelGeometry | KvwatchError] = {}
+        self._resolved: dict[str, Path | None] = {}
+        self.computations = 0
+
+    def predict(self, snap: InstanceSnapshot) -> PredictionResult:
+        """The prediction for one instance, computed once per (epoch, settings, memory)."""
+        key = (
+            snap.source,
+            snap.instance,
+            snap.epoch,
+            snap.engine,
+            freeze(snap.settings),
+            freeze(snap.memory),
+        )
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+            result = self._compute(snap)
+            if len(self._cache) >= self._max:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = result
+            return result
+
+    def _model_path(self, source: str, settings: Mapping[str, Any]) -> Path | None:
+        given = self._model_config(source)
+        if given is not None:
+            return given
+        model = settings.get("model")
+        if not isinstance(model, str) or self._resolve is None:
+            return None
+        if model not in self._resolved:
+            path = self._resolve(model)
+            self._resolved[model] = path
+            if path is None:
+                log.info("no model config found for model=%s (give --model-config)", model)
+            else:
+                log.info("model config discovered model=%s path=%s", model, path)
+        return self._resolved[model]
+
+    def _load(self, path: Path) -> ModelGeometry | KvwatchError:
+        if path not in self._models:
+            try:
+                self._models[path] = load_model(path)
+            except KvwatchError as exc:
+                log.warning("model config unusable path=%s err=%s", path, exc)
+                self._models[path] = exc
+        return self._models[path]
+
+    def _compute(self, snap: InstanceSnapshot) -> PredictionResult:
+        self.computations += 1
+        path = self._model_path(snap.source, snap.settings)
+        if path is None:
+            return PredictionResult(state="no_model_config")
+        model = self._load(path)
+        if isinstance(model, KvwatchError):
+            return PredictionResult(state=model.prediction_state, reason=str(model))
+        # The same a-priori inputs `kvwatch explain` predicts from (settings, card, fraction).
+        settings, apriori = apriori_inputs(snap)
+        gpu = self._gpu_memory
+        tokens: dict[str, int] = {}
+        pool_bytes: dict[str, int] = {}
+        concurrency: dict[str, float] = {}
+        memory: dict[str, int] = {}
+        bytes_per_token = block_size = None
+        state = "ok"
+        try:
+            # Basis 'config': only what is known before the engine starts (the card, the settings).
+            deployment = deployment_from_settings(snap.engine, settings, apriori, gpu)
+            block_size = deployment.block_size or deployment.page_size
+            if deployment.gpu_memory_bytes is None:
+                state = "no_gpu_memory"
+            else:
+                pred = predict(model, deployment)
+                bytes_per_token, block_size = pred.bytes_per_token, pred.block_size
+                tokens["config"] = pred.kv_pool_tokens
+                pool_bytes["config"] = pred.kv_pool_bytes
+                concurrency["config"] = float(pred.max_concurrency)
+                memory = {k: int(v) for k, v in pred.memory_terms().items() if v is not None}
+            # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
+            # vLLM prints its budget ('Available KV cache memory'); SGLang prints the pool's bytes.
+            available = snap.memory.get("available_kv_bytes")
+            if available is None:
+                available = snap.pool.get("bytes")
+            if isinstance(available, int) and available > 0:
+                full = deployment_from_settings(snap.engine, settings, snap.memory, gpu)
+                budget_tokens, _blocks = pool_from_available(model, full, available)
+                tokens["engine_budget"] = budget_tokens
+                pool_bytes["engine_budget"] = available
+                max_len = settings.get("max_model_len")
+                if isinstance(max_len, int) and max_len > 0:
+                    concurrency["engine_budget"] = budget_tokens / max_len
+        except KvwatchError as exc:
+            log.info("no prediction source=%s dp_rank=%s err=%s", snap.source, snap.instance, exc)
+            return PredictionResult(state=exc.prediction_state, reason=str(exc), block_size=block_size)
+        return PredictionResult(
+            state=state,
+            tokens=tokens,
+            bytes=pool_bytes,
+            max_concurrency=concurrency,
+            bytes_per_token=bytes_per_token,
+            memory=memory,
+            block_size=block_size,
+        )

@@ -1,0 +1,139 @@
+"""The prediction of one engine instance's KV pool: every term, and where each input came from.
+
+Engine-neutral: each engine's package under kvwatch/engines fills it with its own arithmetic;
+kvwatch.analysis.predict chooses the engine, and the sidecar, ``predict``, ``explain`` and ``plan``
+read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+InputSource = Literal["given", "engine_default", "estimated", "derived"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The predicted KV pool of one engine instance (sizes in bytes per rank unless named otherwise)."""
+
+    engine: str
+    engine_version: str | None
+    model: str
+    gpu_name: str | None
+    tp: int
+    pp: int
+    dcp: int
+    kv_cache_dtype: str
+    kv_elem_bytes: int
+    bytes_per_token: int
+    bytes_per_token_all_ranks: int
+    weights_bytes: int | None
+    weights_total_bytes: int | None
+    weights_scheme: str | None
+    param_count: int
+    total_bytes: int | None
+    usable_bytes: int | None
+    activation_bytes: int | None
+    non_torch_bytes: int | None
+    cuda_graph_bytes: int | None
+    available_kv_bytes: int
+    kv_pool_tokens: int
+    kv_pool_blocks: int | None
+    kv_pool_bytes: int
+    block_size: int
+    page_bytes: int | None
+    kv_groups: int | None
+    swa_pool_tokens: int | None
+    max_model_len: int
+    max_concurrency: float
+    fits: bool
+    estimated_max_model_len: int | None
+    needed_kv_bytes: int | None
+    gpu_memory_utilization: float | None
+    mem_fraction_static: float | None
+    exact: bool
+    failure: str | None
+    inputs: dict[str, InputSource] = field(default_factory=dict)
+    assumptions: tuple[str, ...] = ()
+
+    def memory_terms(self) -> dict[str, int | None]:
+        """The budget by kvwatch.names.MEMORY_TERMS term (bytes per rank; None = not part of this budget)."""
+        return {
+            "total": self.total_bytes,
+            "usable": self.usable_bytes,
+            "weights": self.weights_bytes,
+            "activation": self.activation_bytes,
+            "non_torch": self.non_torch_bytes,
+            "cuda_graphs": self.cuda_graph_bytes,
+            "kv": self.available_kv_bytes,
+        }
+
+    @property
+    def fraction(self) -> float | None:
+        """The memory fraction the budget used (vLLM's utilisation or SGLang's static fraction)."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return self.mem_fraction_static
+
+    @property
+    def memory(self) -> dict[str, int | None]:
+        """Alias of memory_terms() for the collector."""
+        return self.memory_terms()
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The ``kvwatch predict --json`` object: integers of bytes, floats for ratios."""
+        return {
+            "engine": self.engine,
+            "engine_version": self.engine_version,
+            "model": self.model,
+            "gpu": self.gpu_name,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dcp": self.dcp,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "bytes_per_token": self.bytes_per_token,
+            "bytes_per_token_all_ranks": self.bytes_per_token_all_ranks,
+            "param_count": self.param_count,
+            "weights_bytes": self.weights_bytes,
+            "weights_total_bytes": self.weights_total_bytes,
+            "weights_scheme": self.weights_scheme,
+            "available_kv_bytes": self.available_kv_bytes,
+            "kv_pool_tokens": self.kv_pool_tokens,
+            "kv_pool_blocks": self.kv_pool_blocks,
+            "kv_pool_bytes": self.kv_pool_bytes,
+            "swa_pool_tokens": self.swa_pool_tokens,
+            "block_size": self.block_size,
+            "page_bytes": self.page_bytes,
+            "kv_groups": self.kv_groups,
+            "max_model_len": self.max_model_len,
+            "max_concurrency": round(self.max_concurrency, 4),
+            "fits": self.fits,
+            "estimated_max_model_len": self.estimated_max_model_len,
+            "needed_kv_bytes": self.needed_kv_bytes,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "mem_fraction_static": self.mem_fraction_static,
+            "memory": self.memory_terms(),
+            "exact": self.exact,
+            "failure": self.failure,
+            "inputs": dict(self.inputs),
+            "assumptions": list(self.assumptions),
+        }
+
+
+@dataclass
+class Basis:
+    """What every engine's prediction starts from: the figures that do not depend on the engine.
+
+    ``inputs`` and ``assumptions`` are filled on: the engine adds what its own arithmetic assumed.
+    """
+
+    kv_elem_bytes: int
+    max_model_len: int
+    bytes_per_token: int
+    bytes_per_token_all_ranks: int
+    weights_bytes: int | None
+    weights_total_bytes: int | None
+    weights_scheme: str | None
+    inputs: dict[str, InputSource] = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)

@@ -1,0 +1,40 @@
+"""The engines kvwatch knows, by name: the only place code finds an engine.
+
+Adding an engine is adding a package under kvwatch/engines that builds an ``Engine`` (base.py),
+naming it in kinds.EngineName and one line here. Detection and the log pre-filter derive from
+the engines' own tables.
+"""
+
+from __future__ import annotations
+
+from kvwatch.engines.base import Engine
+from kvwatch.engines.kinds import ENGINE_NAMES, EngineName
+from kvwatch.engines.sglang.engine import ENGINE as SGLANG
+from kvwatch.engines.vllm.engine import ENGINE as VLLM
+from kvwatch.errors import ConfigError
+
+ENGINES: dict[EngineName, Engine] = {e.name: e for e in (VLLM, SGLANG)}
+if tuple(ENGINES) != ENGINE_NAMES:  # pragma: no cover - a packaging mistake, caught by any test
+    raise RuntimeError(f"engine packages {tuple(ENGINES)} do not match kinds.EngineName {ENGINE_NAMES}")
+
+# Every anchor of every engine, for sources whose engine is not known yet.
+ALL_ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(a for e in ENGINES.values() for a in e.log.anchors))
+
+
+def get(name: str) -> Engine:
+    """The engine called ``name``; ConfigError naming the known ones otherwise."""
+    for engine in ENGINES.values():
+        if engine.name == name:
+            return engine
+    raise ConfigError(f"unknown engine {name!r} (use {' or '.join(ENGINE_NAMES)})")
+
+
+def detect_engine(line: str) -> EngineName | None:
+    """The engine a line reveals, or None when it could come from either (or neither).
+
+    A source is one engine's log, so the first decisive line settles it for the rest of the file
+    (the user can force it with ``--engine``). Phrases are plain substrings of the raw line, checked
+    only on lines that already passed the anchor filter.
+    """
+    found = [e.name for e in ENGINES.values() if any(p in line for p in e.log.phrases)]
+    return found[0] if len(found) == 1 else None

@@ -1,0 +1,129 @@
+"""SGLang as kvwatch sees it: the Engine protocol over this package's modules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
+from kvwatch.capacity.prediction import Basis, Prediction
+from kvwatch.engines.base import FractionLever, LogDialect
+from kvwatch.engines.kinds import EngineName
+from kvwatch.engines.sglang import budget, log, observed, predict
+from kvwatch.engines.sglang.metrics import SglangMetrics
+from kvwatch.errors import ConfigError
+
+# Phrases that appear in SGLang output of some release and never in vLLM's (engine detection).
+PHRASES: tuple[str, ...] = (
+    "sglang",
+    "SGLang",
+    "Decode batch",
+    "Prefill batch",
+    "KV Cache is allocated",
+    "max_total_num_token",
+    "Load weight end",
+    "Load weight begin",
+    "Memory pool end",
+    "#running-req",
+    "token usage:",
+    "server_args=",
+    "Retract requests",
+    "Decode out of memory happened",
+    "KV cache pool",
+    "Not enough memory",
+    "avail mem=",
+)
+
+
+class Sglang:
+    """The SGLang engine."""
+
+    name: EngineName = "sglang"
+    log = LogDialect(parse=log.parse, anchors=log.ANCHORS, phrases=PHRASES)
+    metrics = SglangMetrics()
+    fraction_setting = "mem_fraction_static"
+    fraction_label = "static (mem_fraction)"
+    overhead_label = "reserved (1 - fraction)"
+
+    def default_block_size(self, model: ModelGeometry | None) -> int | None:
+        return None
+
+    def layer_bytes(self, layer: LayerSpec, d: Deployment, elem_bytes: int) -> int:
+        return budget.layer_cell(layer, max(1, d.tp // d.dcp), elem_bytes)
+
+    def needs_gpu_memory(self, d: Deployment) -> bool:
+        # SGLang's own 'Load weight end' figure replaces the card's size.
+        return d.available_kv_bytes is None and d.free_after_weights_bytes is None
+
+    def predict(self, model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
+        return predict.predict(model, d, basis)
+
+    def pool_from_available(
+        self, model: ModelGeometry, d: Deployment, elem_bytes: int, available: int
+    ) -> tuple[int, int | None]:
+        return budget.pool(model, d, elem_bytes, available).tokens, None
+
+    def observed_budget(
+        self,
+        terms: dict[str, Term],
+        memory: Mapping[str, Any],
+        pool: Mapping[str, Any],
+        settings: Mapping[str, Any],
+        total: int | None,
+        kv: int | None,
+    ) -> Budget:
+        return observed.observed_budget(terms, memory, pool, settings, total, kv)
+
+    def budget_terms_for_gap(
+        self, observed_terms: Mapping[str, int | None], settings: Mapping[str, Any]
+    ) -> dict[str, int | None]:
+        return dict(observed_terms)
+
+    def attribute(
+        self,
+        observed_terms: Mapping[str, int | None],
+        predicted: Mapping[str, int | None],
+        observed_fraction: float | None,
+        predicted_fraction: float | None,
+    ) -> list[Contribution]:
+        # kv = (total - non_torch) x f - weights.
+        out: list[Contribution] = []
+        to, tp_ = observed_terms.get("total"), predicted.get("total")
+        no, np_ = observed_terms.get("non_torch"), predicted.get("non_torch")
+        fo, fp = observed_fraction, predicted_fraction
+        split = False
+        if to is not None and tp_ is not None and fp is not None and no is not None and np_ is not None:
+            out.append(Contribution("total", round((to - tp_) * fp), to, tp_))
+            out.append(Contribution("non_torch", round(-(no - np_) * fp), no, np_))
+            if fo is not None:
+                out.append(Contribution("utilisation", round((to - no) * (fo - fp)), fo, fp))
+                split = True
+        return out + usable_and_weights(observed_terms, predicted, split)
+
+    def fraction_lever(
+        self, d: Deployment, observed_budget: Budget, fraction: float, new: float
+    ) -> FractionLever | None:
+        total = observed_budget.get("total")
+        if total is None:
+            return None
+        base = total - (observed_budget.get("non_torch") or 0)
+        return FractionLever(
+            f"--mem-fraction-static {new}",
+            d.with_(mem_fraction_static=new),
+            int(base * new) - int(base * fraction),
+            "less room for activations and CUDA graphs: risk of CUDA OOM",
+        )
+
+    def deployment_flags(
+        self, utilization: float | None, static_fraction: float | None, block_size: int | None
+    ) -> dict[str, Any]:
+        if utilization is not None:
+            raise ConfigError(
+                "--gpu-memory-utilization is a vLLM setting; use --mem-fraction-static with SGLang"
+            )
+        return {"mem_fraction_static": static_fraction, "page_size": block_size}
+
+
+ENGINE = Sglang()

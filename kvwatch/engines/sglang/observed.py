@@ -1,0 +1,58 @@
+"""SGLang's printed budget rebuilt term by term from its 'avail mem' figures: free before weights
+x mem_fraction_static is the static part (weights + KV pool); the rest is the reserve for
+activations and CUDA graphs (model_runner.py profile_max_num_token)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvwatch.capacity.budget import Budget, Term, TermSource, int_fact, printed_fraction, putter
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.engines.sglang import budget
+
+
+def observed_budget(
+    terms: dict[str, Term],
+    memory: Mapping[str, Any],
+    pool: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    total: int | None,
+    kv: int | None,
+) -> Budget:
+    put = putter(terms)
+    before = int_fact(memory.get("avail_before_weights_bytes"))
+    after_weights = int_fact(memory.get("avail_after_weights_bytes"))
+    after_pool = int_fact(memory.get("avail_after_pool_bytes"))
+    if kv is None:
+        kv = int_fact(pool.get("bytes"))
+        put("kv", kv, "printed", "K size + V size of the allocated pool")
+    if kv is None and after_weights is not None and after_pool is not None:
+        kv = after_weights - after_pool
+        put("kv", kv, "derived", "free after weights - free after the pool")
+    if total is not None and before is not None:
+        put("non_torch", total - before, "derived", "total - free before weights (CUDA context, NCCL)")
+    frac, frac_source = printed_fraction("mem_fraction_static", memory, settings)
+    if frac is None and total is not None:
+        version = settings.get("version")
+        d = Deployment(
+            engine="sglang",
+            engine_version=str(version) if version else None,
+            gpu_memory_bytes=total,
+            tp=int_fact(settings.get("tensor_parallel_size")) or 1,
+            pp=int_fact(settings.get("pipeline_parallel_size")) or 1,
+        )
+        default: TermSource = "engine_default"
+        frac, frac_source = budget.default_mem_fraction_static(d).value, default
+    pre_load = before
+    if pre_load is None and total is not None and "non_torch" in terms:
+        pre_load = total - (terms["non_torch"].bytes or 0)
+    weights = terms.get("weights")
+    if pre_load is not None and frac is not None:
+        put("usable", int(pre_load * frac), "derived", "free before weights x mem_fraction_static")
+    elif weights is not None and weights.bytes is not None and kv is not None:
+        put("usable", weights.bytes + kv, "derived", "weights + KV pool (SGLang's static part)")
+    usable = terms.get("usable")
+    if pre_load is not None and usable is not None and usable.bytes is not None:
+        put("activation", pre_load - usable.bytes, "derived", "reserve outside mem_fraction_static")
+    return Budget("sglang", frac, frac_source, terms)

@@ -1,0 +1,121 @@
+"""SGLang's prediction: the static fraction of the free memory before weights, less the weights.
+
+The division into tokens (cell size, pages, SWA/Mamba splits) is budget.py; this module puts the
+budget together from what was measured, given or estimated and records which.
+"""
+
+from __future__ import annotations
+
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.prediction import Basis, Prediction
+from kvwatch.engines.sglang import budget
+from kvwatch.units import format_bytes
+
+
+def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
+    """SGLang's budget: (free before weights) x mem_fraction_static - weights, divided by the cell."""
+    elem, max_model_len = basis.kv_elem_bytes, basis.max_model_len
+    per_rank, all_ranks = basis.bytes_per_token, basis.bytes_per_token_all_ranks
+    weights_rank, weights_total, scheme = basis.weights_bytes, basis.weights_total_bytes, basis.weights_scheme
+    inputs, assumptions = basis.inputs, basis.assumptions
+    total = d.gpu_memory_bytes
+    mfs = d.mem_fraction_static
+    usable = activation = non_torch = None
+    if d.available_kv_bytes is not None:
+        available = d.available_kv_bytes
+        inputs["available_kv"] = "given"
+        assumptions.append("available KV memory given: the bytes SGLang gives the pool, no subtraction")
+    else:
+        assert weights_rank is not None
+        if total is not None:
+            inputs["gpu_memory"] = "given"
+        if mfs is None:
+            frac = budget.default_mem_fraction_static(d)
+            mfs = frac.value
+            inputs["mem_fraction_static"] = "engine_default"
+            assumptions.append(
+                f"mem_fraction_static = {mfs} (SGLang default: reserve {frac.reserved_mb:.0f} MB = {frac.rule}"
+                + (
+                    f"; chunked_prefill_size {frac.chunked_prefill_size}, cuda_graph_max_bs {frac.cuda_graph_max_bs}"
+                    if frac.chunked_prefill_size
+                    else ""
+                )
+                + ")"
+            )
+        else:
+            inputs["mem_fraction_static"] = "given"
+        if d.free_after_weights_bytes is not None:
+            # SGLang's own figures: free before weights = free after weights + weights loaded.
+            pre_load = d.free_after_weights_bytes + weights_rank
+            non_torch = total - pre_load if total is not None else None
+            inputs["free_after_weights"] = "given"
+            assumptions.append("free memory before weights = 'Load weight end' avail mem + weights")
+        else:
+            assert total is not None
+            if d.non_torch_bytes is not None:
+                non_torch = d.non_torch_bytes
+                inputs["non_torch"] = "given"
+            else:
+                non_torch = budget.DEFAULT_CONTEXT_BYTES
+                inputs["non_torch"] = "estimated"
+                assumptions.append(
+                    f"CUDA context + torch.distributed before weights = {format_bytes(non_torch)} (estimate)"
+                )
+            pre_load = total - non_torch
+        usable = int(pre_load * mfs)
+        activation = pre_load - usable
+        available = usable - weights_rank
+    sg = budget.pool(model, d, elem, available)
+    assumptions.extend(sg.notes)
+    if d.page_size is None and d.block_size is None:
+        inputs["page_size"] = "engine_default"
+    tokens = sg.tokens
+    failure = None
+    if tokens <= 0:
+        failure = "Not enough memory. Please try to increase --mem-fraction-static."
+    fits = tokens >= max_model_len
+    estimated = None if fits else max(tokens, 0)
+    if tokens > 0 and not fits:
+        assumptions.append("SGLang starts anyway; a request longer than the pool cannot be admitted")
+    return Prediction(
+        engine="sglang",
+        engine_version=d.engine_version,
+        model=model.name,
+        gpu_name=d.gpu_name,
+        tp=d.tp,
+        pp=d.pp,
+        dcp=d.dcp,
+        kv_cache_dtype=d.kv_cache_dtype,
+        kv_elem_bytes=elem,
+        bytes_per_token=per_rank,
+        bytes_per_token_all_ranks=all_ranks,
+        weights_bytes=weights_rank,
+        weights_total_bytes=weights_total,
+        weights_scheme=scheme,
+        param_count=model.param_count,
+        total_bytes=total,
+        usable_bytes=usable,
+        activation_bytes=activation,
+        non_torch_bytes=non_torch,
+        cuda_graph_bytes=None,
+        available_kv_bytes=available,
+        kv_pool_tokens=max(tokens, 0),
+        kv_pool_blocks=None,
+        kv_pool_bytes=max(tokens, 0) * sg.cell_bytes,
+        block_size=sg.page_size,
+        page_bytes=None,
+        kv_groups=None,
+        swa_pool_tokens=sg.swa_tokens,
+        max_model_len=max_model_len,
+        max_concurrency=max(tokens, 0) / max_model_len,
+        fits=fits,
+        estimated_max_model_len=estimated,
+        needed_kv_bytes=per_rank * max_model_len,
+        gpu_memory_utilization=None,
+        mem_fraction_static=mfs,
+        exact=sg.exact,
+        failure=failure,
+        inputs=inputs,
+        assumptions=tuple(assumptions),
+    )

@@ -1,0 +1,131 @@
+"""SGLang settings lines: the server_args repr of every release and check_env's version line.
+
+``server_args=`` opens a new engine start; its dataclass repr (<=0.5.15) or dict repr (0.5.19+) is
+read item by item at depth 0, so truncated pastes still give the fields they kept.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from typing import Any
+
+import regex
+
+from kvwatch.engines.sglang.common import ident as _ident
+from kvwatch.events import EngineSettings, Event
+from kvwatch.parsers.base import NO_EVENTS, LineMeta
+
+# --- settings ------------------------------------------------------------------------------------
+
+# <=0.5.15 "[2025-10-01 10:00:00] server_args=ServerArgs(model_path='meta-llama/Llama-3.1-8B-Instruct', ...,
+#           mem_fraction_static=0.835, ..., tp_size=1, ...)"                  (dataclass repr)
+# 0.5.19+  "[2026-03-01 10:00:00] server_args={'model_path': 'meta-llama/Llama-3.1-8B-Instruct', ...}"
+_SERVER_ARGS = regex.compile(r"server_args=(?:(?P<cls>\w+)\(|\{)", regex.VERBOSE)
+# Tokens of a Python repr: quoted strings (escapes allowed), brackets, commas, runs of anything else.
+_REPR_TOKEN = regex.compile(
+    r"""
+    '(?:[^'\\]|\\.)*' | "(?:[^"\\]|\\.)*" | [()\[\]{},] | [^'"()\[\]{},]+ | .
+    """,
+    regex.VERBOSE | regex.DOTALL,
+)
+_REPR_KEY = regex.compile(r"""\s*(?:(?P<bare>\w+)=|'(?P<quoted>\w+)':\s*)(?P<value>.*)""", regex.DOTALL)
+_REPR_INT = regex.compile(r"-?\d+")
+_REPR_FLOAT = regex.compile(r"-?\d+\.\d*(?:[eE][+-]?\d+)?|-?\d+[eE][+-]?\d+")
+
+# server_args key -> EngineSettings field (first key present wins for a field).
+_SETTINGS_KEYS: dict[str, str] = {
+    "model_path": "model",
+    "served_model_name": "served_model_name",
+    "tp_size": "tensor_parallel_size",
+    "pp_size": "pipeline_parallel_size",
+    "dp_size": "data_parallel_size",
+    "dtype": "dtype",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "quantization": "quantization",
+    "page_size": "page_size",
+    "context_length": "max_model_len",
+    "chunked_prefill_size": "chunked_prefill_size",
+    "cuda_graph_max_bs": "cuda_graph_max_bs",
+    "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
+    "mem_fraction_static": "mem_fraction_static",
+    "max_running_requests": "max_num_seqs",
+}
+
+
+_OPEN = frozenset("([{")
+_CLOSE = frozenset(")]}")
+
+
+def _top_level_items(text: str, start: int) -> Iterator[str]:
+    """Comma-separated items at depth 0 of a repr that opens just before ``start`` (truncation tolerated)."""
+    depth = 0
+    item: list[str] = []
+    for tok in _REPR_TOKEN.finditer(text, start):
+        t = tok.group()
+        if t in _OPEN:
+            depth += 1
+        elif t in _CLOSE:
+            if depth == 0:
+                break
+            depth -= 1
+        elif t == "," and depth == 0:
+            yield "".join(item)
+            item = []
+            continue
+        item.append(t)
+    yield "".join(item)
+
+
+def _repr_value(text: str) -> object:
+    """A scalar from a Python repr; containers and objects stay as their text."""
+    text = text.strip()
+    if text in ("None", ""):
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    if _REPR_INT.fullmatch(text):
+        return int(text)
+    if _REPR_FLOAT.fullmatch(text):
+        return float(text)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text[1:-1]
+        return value if isinstance(value, str) else text[1:-1]
+    return text
+
+
+def parse_server_args(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _SERVER_ARGS.search(body)
+    if m is None:
+        return NO_EVENTS
+    fields: dict[str, Any] = {}
+    for item in _top_level_items(body, m.end()):
+        kv = _REPR_KEY.fullmatch(item)
+        if kv is None:
+            continue
+        key = kv.group("bare") or kv.group("quoted")
+        value = _repr_value(kv.group("value"))
+        if value is None:
+            continue
+        if key == "disable_radix_cache" and isinstance(value, bool):
+            fields.setdefault("enable_prefix_caching", not value)
+        elif key == "disable_cuda_graph" and isinstance(value, bool):
+            fields.setdefault("enforce_eager", value)
+        elif key in _SETTINGS_KEYS:
+            fields.setdefault(_SETTINGS_KEYS[key], value)
+    return (EngineSettings(**_ident(meta), starts_engine=True, **fields),)
+
+
+# `python -m sglang.check_env`, pasted with the log (SGLang never logs its own version):
+# "sglang: 0.4.6.post1"
+_VERSION = regex.compile(r"\s*sglang:\ *(?P<version>\d+\.\d+[\w.+\-]*)\s*", regex.VERBOSE)
+
+
+def parse_version(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _VERSION.fullmatch(body)
+    if m is None:
+        return NO_EVENTS
+    return (EngineSettings(**_ident(meta), version=m.group("version")),)

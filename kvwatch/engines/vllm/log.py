@@ -1,0 +1,492 @@
+"""vLLM log bodies (0.3 -> 0.33, V0 and V1 engines) -> typed KV-cache events.
+
+Input is a message body with every prefix already removed (see kvwatch/parsers/prefix.py). Formats
+and the versions that print them are catalogued in docs/parse.md and the vLLM formats reference;
+each pattern quotes one real line. ``parse`` walks one table of (anchor, handler): the first anchor
+found in the body whose handler answers (a handler answers None for a line that is not its own)
+decides, and ``ANCHORS`` -- the pipeline's cheap pre-filter -- is derived from that table. Settings
+lines live in settings.py, the stats-line fast path in fastpath.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import regex
+
+from kvwatch.engines.vllm import settings
+from kvwatch.engines.vllm.common import ERROR_HEAD, INT, NUM, gib, make, ratio, to_int
+from kvwatch.events import (
+    EngineSettings,
+    Event,
+    MemoryBudget,
+    PoolSized,
+    Preemption,
+    StartupFailure,
+    UsageSample,
+)
+from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
+
+# --- pool size ---------------------------------------------------------------------------------
+
+# 0.4.3-0.6.x: '# GPU blocks: 27153, # CPU blocks: 2048'; 0.7+ V0: '# CUDA blocks: 0, # CPU blocks: 4681'
+# (seen lower-case '# cuda blocks'); user pastes lose the '# ' ('GPU blocks: 1952, # CPU blocks: 2048').
+# V1 0.6.6-0.7.x: '# GPU blocks: 27153'; CPU/OpenVINO executors: '# CPU blocks: 4096' (the pool itself).
+_BLOCKS = regex.compile(
+    r"^(?:# ?)?(?P<dev>[A-Za-z]+) blocks: (?P<n>\d+)(?:, # ?CPU blocks: (?P<cpu>\d+))?\s*$"
+)
+
+# V1 0.8.0-0.27: 'GPU KV cache size: 434,448 tokens'; 0.28+: '..., Maximum concurrency for 32,768
+# tokens per request: 13.26x' on the same line; 0.30+: 'XPU KV cache size', 'GPU + host KV cache size'.
+_KV_SIZE = regex.compile(
+    r"^(?:(?P<dev>[A-Za-z]+)(?: \+ host)? )?KV cache size: (?P<tokens>" + INT + r") tokens"
+)
+
+# 'Maximum concurrency for 32768 tokens per request: 13.26x' (V0 raw int, V1 0.8+ '32,768').
+_CONCURRENCY = regex.compile(
+    r"Maximum concurrency for (?P<len>" + INT + r") tokens per request: (?P<x>" + NUM + r")x"
+)
+
+# 'Overriding num_gpu_blocks=27153 with num_gpu_blocks_override=512'
+_OVERRIDE = regex.compile(r"num_gpu_blocks_override=(?P<n>\d+)")
+
+# 0.9.0-0.11.0: 'Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: 27153'
+_CACHE_CONFIG_INFO = regex.compile(
+    r"^(?:Engine (?P<engine>\d+): )?vllm cache_config_info with initialization after num_gpu_blocks is: (?P<n>\d+)"
+)
+
+# --- memory budget -----------------------------------------------------------------------------
+
+# 0.3.3-0.7.3: 'Loading model weights took 14.9888 GB'; 0.8.0: 'Model loading took 7.1206 GB and 4.5 seconds';
+# 0.8.5+: '... GiB and ...'; 0.11.2+: 'Model loading took 7.5 GiB memory and 12.345678 seconds'.
+_WEIGHTS = regex.compile(
+    r"^(?:Loading model weights|Model loading) took (?P<v>" + NUM + r") ?(?P<u>GiB|GB)\b"
+)
+
+# 0.9.2+ V1 worker: 'Available KV cache memory: 53.27 GiB' (0.14+: '53.3 GiB').
+_AVAILABLE = regex.compile(r"^Available KV cache memory: (?P<v>" + NUM + r") ?(?P<u>GiB|GB)")
+
+# 0.6.4: 'Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB
+# peak_torch_memory=17.06GiB memory_usage_post_profile=15.35GiB non_torch_memory=0.35GiB
+# kv_cache_size=3.81GiB gpu_memory_utilization=0.90'
+_PROFILE_RESULTS = regex.compile(r"(?P<key>[a-z_]+)=(?P<v>" + NUM + r")(?P<u>GiB|GB)?")
+
+# 0.6.5-0.10.2 V0, 2nd physical line of the breakdown: 'the current vLLM instance can use
+# total_gpu_memory (79.11GiB) x gpu_memory_utilization (0.90) = 71.20GiB'
+_CAN_USE = regex.compile(
+    r"total_gpu_memory \((?P<total>" + NUM + r")(?P<u>GiB|GB)\) x gpu_memory_utilization "
+    r"\((?P<util>" + NUM + r")\) = (?P<req>" + NUM + r")(?:GiB|GB)"
+)
+
+# 3rd physical line: 'model weights take 14.99GiB; non_torch_memory takes 0.20GiB; PyTorch activation
+# peak memory takes 1.92GiB; the rest of the memory reserved for KV Cache is 54.09GiB.'
+_BREAKDOWN = regex.compile(
+    r"model weights take (?P<w>" + NUM + r")GiB; non_torch_memory takes (?P<nt>" + NUM + r")GiB; "
+    r"PyTorch activation peak memory takes (?P<act>" + NUM + r")GiB; "
+    r"the rest of the memory reserved for KV Cache is (?P<kv>" + NUM + r")GiB"
+)
+
+# DEBUG repr of the V1 profile result: 'Memory profiling takes 3.10 seconds. Total non KV cache memory:
+# 16.40GiB; torch peak memory increase: 1.41GiB; non-torch forward increase memory: 0.03GiB;
+# weights memory: 14.96GiB.'
+_PROFILE_DEBUG = regex.compile(
+    r"torch peak memory increase: (?P<act>" + NUM + r")GiB; non-torch forward increase memory: "
+    r"(?P<nt>" + NUM + r")GiB; weights memory: (?P<w>" + NUM + r")GiB"
+)
+
+# 0.6.4+: 'Graph capturing finished in 12 secs, took 0.62 GiB'
+_GRAPHS = regex.compile(r"^Graph capturing finished in \d+ secs?, took (?P<v>" + NUM + r") ?(?P<u>GiB|GB)")
+
+# 0.18+: 'Estimated CUDA graph memory: 0.85 GiB total'
+_GRAPH_ESTIMATE = regex.compile(r"^Estimated CUDA graph memory: (?P<v>" + NUM + r") ?(?P<u>GiB|MiB) total")
+
+# 0.18+: 'CUDA graph memory profiling is enabled (default since v0.21.0). The current
+# --gpu-memory-utilization=0.9200 is equivalent to --gpu-memory-utilization=0.9047 without ...'
+_CURRENT_UTIL = regex.compile(r"The current --gpu-memory-utilization=(?P<u>\d+(?:\.\d+)?)")
+
+# DEBUG 0.9.2-0.13: 'Initial free memory: 78.50 GiB, free memory: 60.12 GiB, requested GPU memory: 71.20 GiB';
+# 0.14+: 'Initial free memory: 78.5 GiB; Requested memory: 0.900000 (util), 71.2 GiB'.
+_REQUESTED = regex.compile(
+    r"(?:requested GPU memory: (?P<a>" + NUM + r") ?GiB"
+    r"|Requested memory: (?P<util>" + NUM + r") \(util\), (?P<b>" + NUM + r") ?GiB)"
+)
+
+# 0.33: 'Auto-fit max_model_len: reduced from 131072 to 77536 to fit in available KV cache memory (9.47 GiB)',
+# 'Auto-fit max_model_len: full model context length 32768 fits in available KV cache memory (9.47 GiB)'.
+_AUTO_FIT = regex.compile(
+    r"^Auto-fit max_model_len: (?:reduced from \d+ to (?P<to>\d+)|full model context length (?P<full>\d+) fits)"
+)
+
+# --- usage -------------------------------------------------------------------------------------
+
+# V0 'Avg prompt throughput: 0.0 tokens/s, ..., Running: 2 reqs, Swapped: 0 reqs, Pending: 3 reqs,
+# GPU KV cache usage: 82.1%, CPU KV cache usage: 0.0%' (0.4.3+ ends with '.'); V1 0.8.3+ starts with
+# 'Engine 000: ' ('2 Engines Aggregated: ' for the aggregated DP logger), fields are dynamic.
+_STATS_HEAD = regex.compile(
+    r"^(?:Engine (?P<engine>\d+): |(?P<agg>\d+) Engines Aggregated: )?Avg prompt throughput"
+)
+
+# V0 0.5.5+ (prefix caching on): 'Prefix cache hit rate: GPU: 12.50%, CPU: 0.00%'
+_V0_HIT_RATE = regex.compile(r"^Prefix cache hit rate: GPU: (?P<gpu>" + NUM + r")%")
+
+# --- preemption --------------------------------------------------------------------------------
+
+# V0 0.4.3-0.10.2 (every 50th): 'Sequence group 224 is preempted by PreemptionMode.RECOMPUTE mode because
+# there is not enough KV cache space. ... total_num_cumulative_preemption=51'
+_PREEMPTED = regex.compile(
+    r"Sequence group \S+ is preempted by PreemptionMode\.\w+ mode because there is not enough KV cache "
+    r"space\..*?total_num_cumulative_preemption=(?P<n>\d+)"
+)
+
+# --- startup failures --------------------------------------------------------------------------
+
+# V0 0.4.0-0.10.2: 'The model's max seq len (131072) is larger than the maximum number of tokens that
+# can be stored in KV cache (79392). Try increasing ...'
+_V0_MAXLEN = regex.compile(
+    r"^The model's max seq len \((?P<len>\d+)\) is larger than the maximum number of tokens that can be "
+    r"stored in KV cache \((?P<tokens>-?\d+)\)"
+)
+
+# V1 0.7.0+: 'To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is
+# needed, which is larger than the available KV cache memory (9.47 GiB). Based on the available memory,
+# the estimated maximum model length is 77536. Try ...' ('GB' before 0.8.5; 0.8.5/0.9.0 drop the number;
+# 'model's' again from 0.22).
+_V1_MAXLEN = regex.compile(
+    r"^To serve at least one request with the models?'s max seq len \((?P<len>\d+)\), \((?P<need>"
+    + NUM
+    + r") ?(?P<u1>GiB|GB) KV cache is needed, which is larger than the available KV cache memory \((?P<avail>"
+    + NUM
+    + r") ?(?P<u2>GiB|GB)\)\.(?:\s*Based on the available memory,\s*(?:the estimated maximum model length "
+    r"is (?P<est>\d+)\.)?)?"
+)
+
+# All versions: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` ...'
+_NO_MEMORY = regex.compile(r"^No available memory for the cache blocks\.")
+
+
+def _pool(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _BLOCKS.match(body)
+    if m is not None:
+        dev = m.group("dev")
+        n = int(m.group("n"))
+        cpu = m.group("cpu")
+        if dev.upper() == "CPU" and cpu is None:
+            return (make(PoolSized, meta, blocks=n),)
+        return (make(PoolSized, meta, blocks=n, cpu_blocks=int(cpu) if cpu is not None else None),)
+    return NO_EVENTS
+
+
+def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    """Lines containing 'KV cache': pool size, available memory, stats, preemption, errors."""
+    if "throughput" in body:
+        m = _STATS_HEAD.match(body)
+        if m is not None:
+            return _stats(body, m, meta)
+    m = _KV_SIZE.match(body) if "KV cache size" in body else None
+    if m is not None:
+        fields: dict[str, Any] = {"tokens": to_int(m.group("tokens"))}
+        c = _CONCURRENCY.search(body, m.end())
+        if c is not None:
+            fields["max_concurrency_tokens"] = to_int(c.group("len"))
+            fields["max_concurrency"] = float(c.group("x"))
+        return (make(PoolSized, meta, **fields),)
+    if body.startswith("Auto-fit"):
+        a = _AUTO_FIT.match(body)
+        if a is not None:
+            return (make(EngineSettings, meta, max_model_len=int(a.group("to") or a.group("full"))),)
+    m = _AVAILABLE.match(body) if body.startswith("Available") else None
+    if m is not None:
+        return _budget(meta, available_kv_bytes=gib(m.group("v"), m.group("u")))
+    if "weights memory" in body:
+        d = _PROFILE_DEBUG.search(body)
+        if d is not None:
+            return (
+                make(
+                    MemoryBudget,
+                    meta,
+                    activation_bytes=gib(d.group("act")),
+                    non_torch_bytes=gib(d.group("nt")),
+                    weights_bytes=gib(d.group("w")),
+                ),
+            )
+    if body.startswith("CUDA graph memory"):
+        return _cuda_graph(body, meta)
+    if "preempted" in body:
+        p = _PREEMPTED.search(body)
+        if p is not None:
+            return (make(Preemption, meta, mechanism="preempt", total=int(p.group("n"))),)
+    return _failure(body, meta)
+
+
+def _failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    head = ERROR_HEAD.match(body)
+    text = body[head.end() :] if head is not None else body
+    m = _V1_MAXLEN.match(text)
+    if m is not None:
+        est = m.group("est")
+        return (
+            make(
+                StartupFailure,
+                meta,
+                reason="max_model_len_too_large",
+                max_model_len=int(m.group("len")),
+                needed_kv_bytes=gib(m.group("need"), m.group("u1")),
+                available_kv_bytes=gib(m.group("avail"), m.group("u2")),
+                estimated_max_model_len=int(est) if est is not None else None,
+            ),
+        )
+    m = _V0_MAXLEN.match(text)
+    if m is not None:
+        tokens = int(m.group("tokens"))
+        return (
+            make(
+                StartupFailure,
+                meta,
+                reason="max_model_len_too_large",
+                max_model_len=int(m.group("len")),
+                max_tokens_in_cache=tokens,
+            ),
+            # block_size x num_gpu_blocks: the pool's token capacity, printed nowhere else by V0.
+            make(PoolSized, meta, tokens=tokens),
+        )
+    if _NO_MEMORY.match(text) is not None:
+        return (make(StartupFailure, meta, reason="no_memory_for_cache"),)
+    return NO_EVENTS
+
+
+def _percent(val: str) -> float:
+    return ratio(val.removesuffix("%"))
+
+
+# Stats keys with a fixed meaning -> (field, converter). V0's 'Pending' is the waiting queue.
+_STAT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "Avg prompt throughput": ("prompt_throughput", float),
+    "Avg generation throughput": ("generation_throughput", float),
+    "Running": ("running", int),
+    "Waiting": ("waiting", int),
+    "Pending": ("waiting", int),
+    "Swapped": ("swapped", int),
+    "Preemptions": ("preemptions", int),
+    "Prefix cache hit rate": ("prefix_cache_hit_ratio", _percent),
+}
+
+
+def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ...]:
+    """The periodic stats line: split on ', ' into 'Key: value' pairs (the field set is dynamic)."""
+    engine = head.group("engine")
+    if engine is not None:
+        instance = str(int(engine))
+        if instance != meta.instance:
+            meta = LineMeta(instance=instance, rank=meta.rank, ts=meta.ts)
+    elif head.group("agg") is not None:
+        # The aggregated DP logger sums every engine: not one instance's numbers.
+        meta = LineMeta(instance="all", rank=meta.rank, ts=meta.ts)
+    text = body[head.end() - len("Avg prompt throughput") :].rstrip().removesuffix(".")
+    usage: dict[str, Any] = {}
+    try:
+        for part in text.split(", "):
+            key, sep, rest = part.partition(": ")
+            if not sep:
+                continue
+            val = rest.split(" ", 1)[0]
+            known = _STAT_FIELDS.get(key)
+            if known is not None:
+                usage[known[0]] = known[1](val)
+            elif key.endswith("KV cache usage") and not key.startswith(("External", "MM")):
+                # '<DEV> KV cache usage' (0.30+); V0 prints GPU then CPU (its swap space).
+                share = ratio(val.removesuffix("%"))
+                if "kv_usage_ratio" in usage and key == "CPU KV cache usage":
+                    usage["cpu_kv_usage_ratio"] = share
+                else:
+                    usage.setdefault("kv_usage_ratio", share)
+    except (ValueError, ArithmeticError) as exc:
+        raise ParseError(f"bad stats value in {body[:80]!r}") from exc
+    preemptions = usage.pop("preemptions", None)
+    events: list[Event] = [make(UsageSample, meta, **usage)]
+    if preemptions is not None:
+        events.append(make(Preemption, meta, mechanism="preempt", count=preemptions))
+    return tuple(events)
+
+
+def _budget_breakdown(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    """V0 budget: the 3rd line of the 0.6.5+ breakdown ('KV Cache is N GiB')."""
+    m = _BREAKDOWN.search(body)
+    if m is None:
+        return NO_EVENTS
+    return _budget(
+        meta,
+        weights_bytes=gib(m.group("w")),
+        non_torch_bytes=gib(m.group("nt")),
+        activation_bytes=gib(m.group("act")),
+        available_kv_bytes=gib(m.group("kv")),
+    )
+
+
+def _budget(meta: LineMeta, **fields: Any) -> tuple[Event, ...]:
+    """A memory budget; one whose KV memory is negative is also the startup failure vLLM raises next."""
+    budget = make(MemoryBudget, meta, **fields)
+    kv = fields.get("available_kv_bytes")
+    if kv is None or kv >= 0:
+        return (budget,)
+    return (budget, make(StartupFailure, meta, reason="negative_kv_budget", available_kv_bytes=kv))
+
+
+def _total_memory(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _CAN_USE.search(body)
+    if m is not None:
+        return (
+            make(
+                MemoryBudget,
+                meta,
+                total_bytes=gib(m.group("total")),
+                gpu_memory_utilization=float(m.group("util")),
+                requested_bytes=gib(m.group("req")),
+            ),
+        )
+    if body.startswith("Memory profiling results:"):
+        values = {k.group("key"): k for k in _PROFILE_RESULTS.finditer(body)}
+        fields: dict[str, Any] = {}
+        for key, name in (
+            ("total_gpu_memory", "total_bytes"),
+            ("non_torch_memory", "non_torch_bytes"),
+            ("kv_cache_size", "available_kv_bytes"),
+        ):
+            if key in values:
+                fields[name] = gib(values[key].group("v"))
+        if "gpu_memory_utilization" in values:
+            fields["gpu_memory_utilization"] = float(values["gpu_memory_utilization"].group("v"))
+        return _budget(meta, **fields)
+    return NO_EVENTS
+
+
+def _cuda_graph(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _GRAPH_ESTIMATE.match(body)
+    if m is not None:
+        return (make(MemoryBudget, meta, cuda_graph_bytes=gib(m.group("v"), m.group("u"))),)
+    m = _CURRENT_UTIL.search(body)
+    if m is not None and body.startswith("CUDA graph memory profiling is enabled"):
+        return (make(EngineSettings, meta, gpu_memory_utilization=float(m.group("u"))),)
+    return NO_EVENTS
+
+
+def _took(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _WEIGHTS.match(body)
+    if m is not None:
+        return (make(MemoryBudget, meta, weights_bytes=gib(m.group("v"), m.group("u"))),)
+    m = _GRAPHS.match(body)
+    if m is not None:
+        return (make(MemoryBudget, meta, cuda_graph_bytes=gib(m.group("v"), m.group("u"))),)
+    return NO_EVENTS
+
+
+def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    """Lines with 'blocks': the V0 pool, the no-memory failure, cache_config_info, the override."""
+    if "No available memory" in body:
+        return _failure(body, meta)
+    if "num_gpu_blocks" in body:
+        m = _CACHE_CONFIG_INFO.match(body)
+        if m is not None:
+            if m.group("engine") is not None:
+                meta = LineMeta(instance=str(int(m.group("engine"))), rank=meta.rank, ts=meta.ts)
+            return (make(PoolSized, meta, blocks=int(m.group("n"))),)
+        o = _OVERRIDE.search(body)
+        if o is not None and body.startswith("Overriding num_gpu_blocks=0 "):
+            # 0.18+ sizes a minimal cache for CUDA-graph profiling with available_memory=0 and the
+            # capture size as override (gpu_model_runner.py:5797 _init_minimal_kv_cache_for_profiling
+            # in 0.19.0): not the pool, which is sized (and logged) after profiling.
+            return NO_EVENTS
+        if o is not None and body.startswith("Overriding num_gpu_blocks"):
+            return (make(PoolSized, meta, blocks=int(o.group("n"))),)
+        return NO_EVENTS
+    return _pool(body, meta)
+
+
+# 0.11+ DEBUG (v1/worker/gpu_worker.py:284 in 0.19.0), the MemorySnapshot repr before weights load:
+# 'worker init memory snapshot: torch_peak=0.0GiB, free_memory=78.68GiB, total_memory=79.19GiB,
+# cuda_memory=0.51GiB, torch_memory=0.0GiB, non_torch_memory=0.51GiB, timestamp=..., auto_measure=True'.
+# total_memory is the card as torch.cuda.mem_get_info reports it, the total the budget multiplies.
+_INIT_SNAPSHOT = regex.compile(r"^worker init memory snapshot: .*?\btotal_memory=(?P<v>" + NUM + r")GiB")
+
+
+def _init_snapshot(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _INIT_SNAPSHOT.match(body)
+    return (make(MemoryBudget, meta, total_bytes=gib(m.group("v"))),) if m else NO_EVENTS
+
+
+def _concurrency(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _CONCURRENCY.match(body)
+    if m is None:
+        return NO_EVENTS
+    return (
+        make(
+            PoolSized,
+            meta,
+            max_concurrency_tokens=to_int(m.group("len")),
+            max_concurrency=float(m.group("x")),
+        ),
+    )
+
+
+def _requested(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _REQUESTED.search(body)
+    if m is None:
+        return NO_EVENTS
+    if m.group("a") is not None:
+        return (make(MemoryBudget, meta, requested_bytes=gib(m.group("a"))),)
+    return (
+        make(
+            MemoryBudget,
+            meta,
+            requested_bytes=gib(m.group("b")),
+            gpu_memory_utilization=float(m.group("util")),
+        ),
+    )
+
+
+def _v0_hit_rate(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    if not body.startswith("Prefix cache hit rate: GPU"):
+        return None
+    m = _V0_HIT_RATE.match(body)
+    return (make(UsageSample, meta, prefix_cache_hit_ratio=ratio(m.group("gpu"))),) if m else NO_EVENTS
+
+
+Handler = Callable[[str, LineMeta], "tuple[Event, ...] | None"]
+
+# (anchor, handler) in the order the anchors must be tried: an earlier anchor wins over a later one
+# on a line that has both ('KV cache' lines mention blocks; settings lines mention everything).
+_TABLE: tuple[tuple[str, Handler], ...] = (
+    ("KV cache", _kv_cache_line),
+    ("KV Cache", _budget_breakdown),
+    ("blocks", _blocks_line),
+    ("Maximum concurrency", _concurrency),
+    ("took", _took),
+    ("total_gpu_memory", _total_memory),
+    ("CUDA graph memory", _cuda_graph),
+    ("equested", _requested),
+    ("max model len", settings.max_model_len_line),
+    ("max_num_batched_tokens", settings.chunked_prefill_line),
+    ("Defaulting ", settings.defaulting_line),
+    ("memory snapshot", _init_snapshot),
+    ("block size", settings.forced_block_line),
+    ("Prefix cache hit rate", _v0_hit_rate),
+    ("█  model", settings.logo_line),
+    ("█  version", settings.logo_line),
+    ("version", settings.settings_line),
+    ("LLM engine", settings.settings_line),
+    ("args", settings.settings_line),
+    ("headless", settings.settings_line),
+)
+
+ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(anchor for anchor, _ in _TABLE))
+"""Substrings at least one of which every line ``parse`` claims contains (cheap pre-filter)."""
+
+
+def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    """Events in one vLLM message body (prefixes removed); () for lines about something else."""
+    for anchor, handler in _TABLE:
+        if anchor in body:
+            events = handler(body, meta)
+            if events is not None:
+                return events
+    return NO_EVENTS

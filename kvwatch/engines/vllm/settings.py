@@ -1,0 +1,182 @@
+"""vLLM settings lines: version banners and the logo, the engine config, the non-default args.
+
+Each line is read into EngineSettings fields; a banner or 'Initializing ... engine' line marks a
+new engine start (``starts_engine``). Patterns quote the real lines of the releases they name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import regex
+
+from kvwatch.engines.vllm.common import make
+from kvwatch.events import EngineSettings, Event
+from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
+
+# --- settings lines ----------------------------------------------------------------------------------
+
+# 0.4.0-0.14: 'vLLM API server version 0.14.0rc2+cu130'; 0.15+ with VLLM_DISABLE_LOG_LOGO:
+# 'vLLM server version 0.20.2, serving model Qwen/Qwen2.5-7B-Instruct'; batch runner 'vLLM batch processing
+# API version 0.6.0'; 0.15+ logo line '  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.20.2'.
+_VERSION = regex.compile(
+    r"^(?:vLLM (?:API server|server|batch processing API) version (?P<v>\d+\.\d+[\w.+\-]*)"
+    r"(?:, serving model (?P<model>\S+))?"
+    r"|Launching vLLM \(v(?P<headless>\d+\.\d+[^)\s]*)\) headless)"
+)
+# The logo's text column: searched from the first '█' that starts it, then the part before it is checked
+# to be logo art (a pattern with the art as a repeated class backtracks quadratically on long lines).
+_LOGO_TEXT = regex.compile(r"█ +(?P<key>version|model) +(?P<value>\S+)\s*$")
+_LOGO_ART = frozenset("█▄▀ ")
+
+# 'Initializing an LLM engine (v0.4.3) with config: model=...', 'Initializing a V1 LLM engine (v0.9.2)
+# with config: ...', 0.3.3 'Initializing an LLM engine with config: ...'.
+_ENGINE_INIT = regex.compile(
+    r"^Initializing an? (?:(?P<gen>V[01]) )?LLM engine(?: \(v(?P<v>[^)\s]+)\))? with config: (?P<cfg>.*)$"
+)
+
+# Config fields 'key=value' in str(VllmConfig) / Namespace(...): value up to ', next_key=' or the end.
+_KV_FIELD = regex.compile(r"(?:^|[\s,(])(?P<key>[a-z_]+)=(?P<val>'[^']*'|\"[^\"]*\"|[^,\s()]+)")
+# Python dict repr of 0.9+ 'non-default args: {...}'.
+_DICT_FIELD = regex.compile(r"'(?P<key>[a-z_]+)': (?P<val>'[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^,{}\[\]]+)")
+
+_NON_DEFAULT = regex.compile(r"^(?:non-default args|args): (?P<body>.*)$")
+_MAX_MODEL_LEN = regex.compile(r"^Using max model len (?P<n>\d+)")
+_CHUNKED = regex.compile(r"max_num_batched_tokens=(?P<n>\d+)")
+_FORCED_BLOCK = regex.compile(r"^Forcing kv cache block size to (?P<n>\d+)")
+
+_INT_SETTINGS = {
+    "tensor_parallel_size": "tensor_parallel_size",
+    "pipeline_parallel_size": "pipeline_parallel_size",
+    "data_parallel_size": "data_parallel_size",
+    "decode_context_parallel_size": "decode_context_parallel_size",
+    "block_size": "block_size",
+    "max_model_len": "max_model_len",
+    "max_seq_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+}
+_STR_SETTINGS = {
+    "model": "model",
+    "model_tag": "model",
+    "served_model_name": "served_model_name",
+    "dtype": "dtype",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "cache_dtype": "kv_cache_dtype",
+    "quantization": "quantization",
+}
+_BOOL_SETTINGS = {"enable_prefix_caching": "enable_prefix_caching", "enforce_eager": "enforce_eager"}
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    if value.startswith("[") and value.endswith("]"):
+        # served_model_name=['name'] -> the first name.
+        inner = value[1:-1].split(",")[0].strip()
+        return _unquote(inner) if inner else ""
+    return value
+
+
+def _settings_fields(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Typed EngineSettings fields from (key, raw value) pairs; first occurrence of a key wins."""
+    out: dict[str, Any] = {}
+    for key, raw in pairs:
+        value = _unquote(raw)
+        if value in ("None", "", "null"):
+            continue
+        try:
+            if key in _INT_SETTINGS:
+                out.setdefault(_INT_SETTINGS[key], int(value))
+            elif key in _STR_SETTINGS:
+                if key == "dtype":
+                    value = value.removeprefix("torch.")
+                out.setdefault(_STR_SETTINGS[key], value)
+            elif key in _BOOL_SETTINGS and value in ("True", "False"):
+                out.setdefault(_BOOL_SETTINGS[key], value == "True")
+            elif key == "gpu_memory_utilization":
+                out.setdefault("gpu_memory_utilization", float(value))
+        except ValueError as exc:
+            raise ParseError(f"bad value for {key}: {value!r}") from exc
+    if out.get("model") is None:
+        out.pop("model", None)
+    return out
+
+
+def logo_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    """0.15+ startup logo: '  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.20.2' / '... █  model   Qwen/...'."""
+    m = _LOGO_TEXT.search(body)
+    if m is None or not _LOGO_ART.issuperset(body[: m.start()]):
+        return NO_EVENTS
+    if m.group("key") == "version":
+        return (make(EngineSettings, meta, version=m.group("value"), starts_engine=True),)
+    return (make(EngineSettings, meta, model=m.group("value")),)
+
+
+def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _VERSION.match(body)
+    if m is not None:
+        version = m.group("v") or m.group("headless")
+        fields: dict[str, Any] = {"version": version, "starts_engine": True}
+        if m.group("model"):
+            fields["model"] = m.group("model")
+        return (make(EngineSettings, meta, **fields),)
+    m = _ENGINE_INIT.match(body)
+    if m is not None:
+        fields = _settings_fields(
+            [(f.group("key"), f.group("val")) for f in _KV_FIELD.finditer(m.group("cfg"))]
+        )
+        fields["starts_engine"] = True
+        if m.group("v"):
+            fields["version"] = m.group("v")
+        gen = m.group("gen")
+        if gen is not None:
+            fields["engine_generation"] = gen.lower()
+        return (make(EngineSettings, meta, **fields),)
+    m = _NON_DEFAULT.match(body)
+    if m is not None:
+        args = m.group("body").strip()
+        if args.startswith("{"):
+            pairs = [(f.group("key"), f.group("val")) for f in _DICT_FIELD.finditer(args)]
+        elif args.startswith("Namespace("):
+            pairs = [(f.group("key"), f.group("val")) for f in _KV_FIELD.finditer(args)]
+        else:
+            return NO_EVENTS
+        fields = _settings_fields(pairs)
+        return (make(EngineSettings, meta, **fields),) if fields else NO_EVENTS
+    return NO_EVENTS
+
+
+def max_model_len_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    """'Using max model len 32768'."""
+    m = _MAX_MODEL_LEN.match(body)
+    return (make(EngineSettings, meta, max_model_len=int(m.group("n"))),) if m else NO_EVENTS
+
+
+def chunked_prefill_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    """'Chunked prefill is enabled with max_num_batched_tokens=8192.'; None for other lines."""
+    if not body.startswith("Chunked prefill is enabled"):
+        return None
+    m = _CHUNKED.search(body)
+    return (make(EngineSettings, meta, max_num_batched_tokens=int(m.group("n"))),) if m else NO_EVENTS
+
+
+# 0.10+ (vllm/engine/arg_utils.py:2233 and :2243 in 0.19.0), DEBUG: the defaults the engine resolved for
+# its entry point -- 'Defaulting max_num_batched_tokens to 8192 for OPENAI_API_SERVER usage context.',
+# 'Defaulting max_num_seqs to 1024 for OPENAI_API_SERVER usage context.'
+_DEFAULTING = regex.compile(r"^Defaulting (?P<key>max_num_batched_tokens|max_num_seqs) to (?P<n>\d+) for ")
+
+
+def defaulting_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    """An engine default resolved at startup; None for other 'Defaulting' lines."""
+    m = _DEFAULTING.match(body)
+    if m is None:
+        return None
+    return (make(EngineSettings, meta, **{m.group("key"): int(m.group("n"))}),)
+
+
+def forced_block_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    """'Forcing kv cache block size to 64 for FlashMLA backend.'"""
+    m = _FORCED_BLOCK.match(body)
+    return (make(EngineSettings, meta, block_size=int(m.group("n"))),) if m else NO_EVENTS
