@@ -290,7 +290,7 @@ class Sidecar:
     ) -> None:
         self.settings = settings
         self.environ = dict(os.environ if environ is None else environ)
-        self.fleet = Fleet(clock=clock, max_instances=settings.max_instances)
+        self.fleet = Fleet(clock=clock, max_instances=settings.max_instances, fact_ttl=settings.fact_ttl)
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.web = load_web_config(settings.web_config) if settings.web_config is not None else WebConfig()
         self._tls = _tls_context(self.web) if self.web.tls else None
@@ -321,7 +321,11 @@ class Sidecar:
             for s in settings.metrics_url
         ]
         self.collector = KvwatchCollector(
-            self.fleet.snapshot, self.predictor, self.source_statuses, lambda: self.fleet.dropped_events
+            self.fleet.snapshot,
+            self.predictor,
+            self.source_statuses,
+            lambda: self.fleet.dropped_events,
+            runtime=True,
         )
         self.registry.register(self.collector)
         self._server: _Server | None = None

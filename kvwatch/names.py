@@ -198,6 +198,12 @@ DISAGREEMENTS = _m(
     "Times the log and /metrics gave different values for the same fact.",
     "fact",
 )
+BAD_VALUES = _m(
+    "kvwatch_bad_values",
+    "counter",
+    "Values the engine reported outside the fact's meaning (a ratio outside 0-1, a negative count), rejected.",
+    "fact",
+)
 # --- Self-metrics --------------------------------------------------------------------------------
 LINES_READ = _m("kvwatch_lines_read", "counter", "Log lines read.", base=SOURCE_LABELS)
 LINES_MATCHED = _m(
