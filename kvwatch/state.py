@@ -58,15 +58,10 @@ _RATIO_FACTS = frozenset(
 _COUNT_FACTS = frozenset(
     {"used_tokens", "running", "waiting", "swapped", "swa_used_tokens", "mamba_used_slots", "retracted"}
 )
-# The facts whose staleness is tracked and exported (those the collector exports a value for).
-STALE_FACTS: tuple[str, ...] = (
-    "kv_usage_ratio",
-    "used_tokens",
-    "running",
-    "waiting",
-    "prefix_cache_hit_ratio",
-    "pool_tokens",
-)
+# The facts whose staleness is exported (kvwatch_source_facts_stale): levels an engine reports on
+# every stats line and every scrape. Rate-derived facts (a prefix hit rate computed from counter
+# deltas) are absent while the engine is idle, so they are dropped after the TTL but never flagged.
+STALE_FACTS: tuple[str, ...] = ("kv_usage_ratio", "used_tokens", "running", "waiting", "pool_tokens")
 # Facts the log and /metrics are cross-checked on (names of InstanceState.disagreements).
 DISAGREEMENT_FACTS: tuple[str, ...] = ("pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio")
 BAD_VALUE_FACTS: tuple[str, ...] = tuple(sorted(_RATIO_FACTS | _COUNT_FACTS))

@@ -59,9 +59,11 @@ STARTUP_FAILURE_WINDOW = "15m"
 # The sidecar scrapes the engine every 5 s by default; five minutes without a fact from /metrics
 # while the source is up means kvwatch reads the endpoint but recognises nothing in it.
 STALE_SECONDS = 300
-# A log that keeps growing without its stats lines for this long (stats stop on an idle engine, so
-# the log must have grown) counts as a frozen log source.
-LOG_GROWTH_WINDOW = "10m"
+# A log whose stats went stale counts as frozen only while it still grows within this window (stats
+# stop on an idle engine, and so does its log). Keep it no longer than the sidecar's --fact-ttl
+# (60 s): then the last stats line of an engine that just went idle has left the window by the time
+# its facts go stale, and an idle engine never pages.
+LOG_GROWTH_WINDOW = "1m"
 PARSE_ERROR_WINDOW = "15m"
 
 # --- Alert durations (`for:`) ----------------------------------------------------------------------
