@@ -18,18 +18,22 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from prometheus_client import utils as _prom_utils
+from prometheus_client.exposition import generate_latest
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     InfoMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvwatch import __version__, names
 from kvwatch.analysis.attribution import gap_ratio
 from kvwatch.analysis.predictor import Predictor, freeze
-from kvwatch.state import InstanceSnapshot
+from kvwatch.state import BAD_VALUE_FACTS, DISAGREEMENT_FACTS, InstanceSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +188,7 @@ _HEADERS = {
 class _Cached:
     """The rows of one instance as of one (epoch, events), split by how often they change."""
 
-    version: tuple[int, int]
+    version: tuple[Any, ...]
     static_key: tuple[Any, ...]
     static: list[_Row]
     dynamic: list[_Row]
@@ -192,6 +196,10 @@ class _Cached:
     escaped: tuple[str, ...]
     pool_tokens: int | None
     max_len: int | None
+
+
+def _version(snap: InstanceSnapshot) -> tuple[Any, ...]:
+    return (snap.epoch, snap.events, tuple(snap.stale.items()))
 
 
 def _int(value: Any) -> int | None:
@@ -219,8 +227,16 @@ class KvwatchCollector(Collector):
         sources: Callable[[], Iterable[SourceStatus]] = tuple,
         dropped_events: Callable[[], int] = lambda: 0,
         self_stats: Callable[[], SelfStats] = SelfStats,
+        runtime: bool = False,
     ) -> None:
         self._snapshot = snapshot
+        # The sidecar's own process_* and python_* series (CPU, memory, fds, GC, version).
+        self._runtime: CollectorRegistry | None = None
+        if runtime:
+            self._runtime = CollectorRegistry(auto_describe=False)
+            ProcessCollector(registry=self._runtime)
+            PlatformCollector(registry=self._runtime)
+            GCCollector(registry=self._runtime)
         self._predictor = predictor
         self._sources = sources
         self._dropped = dropped_events
@@ -235,10 +251,15 @@ class KvwatchCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """One scrape through the registry: every family, from one snapshot."""
         yield from self._gather().families()
+        if self._runtime is not None:
+            yield from self._runtime.collect()
 
     def render(self) -> bytes:
         """One scrape as text format 0.0.4, without the registry's per-sample formatting cost."""
-        return self._gather().text()
+        text = self._gather().text()
+        if self._runtime is not None:
+            text += generate_latest(self._runtime)
+        return text
 
     def _gather(self) -> _Rows:
         rows = _Rows()
@@ -247,8 +268,9 @@ class KvwatchCollector(Collector):
         for snap in snaps:
             key = (snap.source, snap.instance)
             cached = self._cache.get(key)
-            # Every applied event bumps `events`, so (epoch, events) names one state of an instance.
-            if cached is None or cached.version != (snap.epoch, snap.events):
+            # Every applied event bumps `events`, so (epoch, events) names one state of an instance;
+            # a fact going stale changes what is exported without an event, so it is part of it.
+            if cached is None or cached.version != _version(snap):
                 cached = self._instance(snap, cached)
             seen[key] = cached
             rows.extend(cached.static)
@@ -278,7 +300,7 @@ class KvwatchCollector(Collector):
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
         return _Cached(
-            (snap.epoch, snap.events),
+            _version(snap),
             static_key,
             cached.static,
             dynamic.rows(),
@@ -355,7 +377,9 @@ class KvwatchCollector(Collector):
         gauge(names.RESTARTS, snap.restarts)
         for reason in names.FAILURE_REASONS:
             gauge(names.STARTUP_FAILURES, snap.startup_failures.get(reason, 0), reason)
-        return lab, esc, pool_tokens, max_len
+        # Headroom in requests needs a request length: the engine's, else the model's default
+        # (a metrics-only vLLM source reports no max_model_len; the model config gives it).
+        return lab, esc, pool_tokens, max_len or pred.max_model_len
 
     @staticmethod
     def _dynamic(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
@@ -386,8 +410,16 @@ class KvwatchCollector(Collector):
         gauge(names.PREEMPTIONS, snap.preemptions_total)
         for origin, ts in sorted(snap.last_update.items()):
             gauge(names.LAST_UPDATE, ts, origin)
+        # Counters exist from the start at 0, so increase() sees the first one.
+        for fact in DISAGREEMENT_FACTS:
+            gauge(names.DISAGREEMENTS, snap.disagreements.get(fact, 0), fact)
         for fact, count in sorted(snap.disagreements.items()):
-            gauge(names.DISAGREEMENTS, count, fact)
+            if fact not in DISAGREEMENT_FACTS:
+                gauge(names.DISAGREEMENTS, count, fact)
+        for fact in BAD_VALUE_FACTS:
+            gauge(names.BAD_VALUES, snap.bad_values.get(fact, 0), fact)
+        for (origin, fact), stale in snap.stale.items():
+            gauge(names.FACTS_STALE, 1.0 if stale else 0.0, origin, fact)
 
     def _self_metrics(self, fam: _Rows, instances: int) -> None:
         merged: dict[str, list[SourceStatus]] = {}

@@ -134,6 +134,8 @@ class Settings(BaseModel):
     scrape_interval: float = Field(default=5.0, gt=0, le=3600)
     scrape_timeout: float = Field(default=3.0, gt=0, le=600)
     max_instances: int = Field(default=256, ge=1, le=10_000)
+    # Seconds after which a usage fact that stopped arriving is stale and no longer exported.
+    fact_ttl: float = Field(default=60.0, gt=0, le=86_400)
     poll: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -117,8 +117,8 @@ class Demo:
             model = snap.settings.get("served_model_name") or snap.settings.get("model") or ""
             lab = {
                 "source": snap.source,
-                "engine": snap.engine,
-                "model": str(model),
+                names.ENGINE_KIND_LABEL: snap.engine,
+                names.MODEL_LABEL: str(model),
                 "dp_rank": snap.instance,
             }
 

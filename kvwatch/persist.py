@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from kvwatch.engines.kinds import EngineName
 from kvwatch.errors import ConfigError
 from kvwatch.state import Fleet, InstanceState
 
@@ -71,7 +72,7 @@ def _schema() -> type[BaseModel]:
         """One ``InstanceState`` as saved; the field set is checked against the dataclass below."""
 
         source: Annotated[str, Field(min_length=1, max_length=256)]
-        engine: Literal["vllm", "sglang"]
+        engine: EngineName
         instance: Annotated[str, Field(max_length=256)]
         epoch: Annotated[StrictInt, Field(ge=1, le=2**63 - 1)] = 1
         epoch_started: _Time = 0.0
@@ -94,6 +95,9 @@ def _schema() -> type[BaseModel]:
         counter_resets: _Counter = 0
         last_update: Annotated[dict[_Key, _Time], Field(max_length=16)] = {}
         events: _Counter = 0
+        # When each fact last arrived, per origin ('log:kv_usage_ratio'), and the values refused.
+        fact_seen: Annotated[dict[_Key, _Time], Field(max_length=64)] = {}
+        bad_values: _Counts = {}
 
     class _SavedFile(_Strict):
         version: Literal[1]

@@ -13,6 +13,7 @@ preemption counter keeps counting so it stays monotonic for Prometheus.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -44,6 +45,36 @@ _USAGE_TOLERANCE = 0.02
 _USAGE_PAIR_SECONDS = 30.0
 
 DEFAULT_MAX_INSTANCES = 256
+
+# Seconds after which a fact that stopped arriving is stale: no longer in snapshots (so no longer
+# exported) and flagged in InstanceSnapshot.stale. vLLM logs stats every 10 s while busy, and the
+# sidecar scrapes /metrics every 5 s, so a minute is six missed log intervals and twelve scrapes.
+DEFAULT_FACT_TTL = 60.0
+
+# Usage facts that must lie in [0, 1] (ratios), and those that must be non-negative (counts). A
+# value outside its meaning (a logged 'GPU KV cache usage: 193.0%') is rejected and counted.
+_RATIO_FACTS = frozenset(
+    {"kv_usage_ratio", "prefix_cache_hit_ratio", "swa_usage_ratio", "mamba_usage_ratio", "cpu_kv_usage_ratio"}
+)
+_COUNT_FACTS = frozenset(
+    {"used_tokens", "running", "waiting", "swapped", "swa_used_tokens", "mamba_used_slots", "retracted"}
+)
+# The facts whose staleness is exported (kvwatch_source_facts_stale): levels an engine reports on
+# every stats line and every scrape. Rate-derived facts (a prefix hit rate computed from counter
+# deltas) are absent while the engine is idle, so they are dropped after the TTL but never flagged.
+STALE_FACTS: tuple[str, ...] = ("kv_usage_ratio", "used_tokens", "running", "waiting", "pool_tokens")
+# Facts the log and /metrics are cross-checked on (names of InstanceState.disagreements).
+DISAGREEMENT_FACTS: tuple[str, ...] = ("pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio")
+BAD_VALUE_FACTS: tuple[str, ...] = tuple(sorted(_RATIO_FACTS | _COUNT_FACTS))
+
+
+def _bad(fact: str, value: Any) -> bool:
+    """True when a usage value lies outside what the fact means."""
+    if fact in _RATIO_FACTS:
+        return not (isinstance(value, int | float) and math.isfinite(value) and 0.0 <= value <= 1.0)
+    if fact in _COUNT_FACTS:
+        return not (isinstance(value, int | float) and math.isfinite(value) and value >= 0)
+    return False
 
 
 # Per event class, its fields that are facts (in field order): _facts reads only these.
@@ -92,6 +123,10 @@ class InstanceState:
     counter_resets: int = 0
     last_update: dict[str, float] = field(default_factory=dict)
     events: int = 0
+    # "<origin>:<fact>" -> when that fact last arrived from that origin (state clock), for staleness.
+    fact_seen: dict[str, float] = field(default_factory=dict)
+    # Values rejected because they lie outside the fact's meaning, per fact.
+    bad_values: dict[str, int] = field(default_factory=dict)
 
     def has_epoch_facts(self, origin: str | None = None) -> bool:
         """True when this epoch already holds capacity facts a new start would replace.
@@ -123,6 +158,7 @@ class InstanceState:
         self.usage = {}
         self.usage_by_origin = {}
         self.usage_seen = {}
+        self.fact_seen = {}
         self.preemption_marks = {}
         self.preemption_epoch = {}
         self.last_failure = None
@@ -151,6 +187,9 @@ class InstanceSnapshot:
     counter_resets: int
     last_update: dict[str, float]
     events: int
+    # (origin, fact) of every tracked fact (STALE_FACTS) seen this epoch -> True when it went stale.
+    stale: dict[tuple[str, str], bool] = field(default_factory=dict)
+    bad_values: dict[str, int] = field(default_factory=dict)
 
     @property
     def pool(self) -> dict[str, Any]:
@@ -165,9 +204,11 @@ class Fleet:
         self,
         clock: Callable[[], float] = time.time,
         max_instances: int = DEFAULT_MAX_INSTANCES,
+        fact_ttl: float = DEFAULT_FACT_TTL,
     ) -> None:
         self._clock = clock
         self._max = max_instances
+        self.fact_ttl = fact_ttl
         self._lock = threading.Lock()
         self._instances: dict[tuple[str, str], InstanceState] = {}
         # Settings printed by a process that is not an engine instance (API server) apply to all.
@@ -207,13 +248,19 @@ class Fleet:
         # Usage first: a running engine's events are almost all periodic stats.
         if isinstance(event, UsageSample):
             facts = _facts(event)
-            state.usage.update(facts)
             origin = event.origin
+            for fact in [f for f, v in facts.items() if _bad(f, v)]:
+                del facts[fact]
+                state.bad_values[fact] = state.bad_values.get(fact, 0) + 1
+            seen = state.fact_seen
+            for fact in facts:
+                seen[f"{origin}:{fact}"] = now
+            state.usage.update(facts)
             own = state.usage_by_origin.get(origin)
             if own is None:
                 own = state.usage_by_origin[origin] = {}
             own.update(facts)
-            if event.kv_usage_ratio is not None:
+            if "kv_usage_ratio" in facts:
                 state.usage_seen[origin] = now
                 # Only a sample the other origin has matched recently is compared (log-only: never).
                 if state.usage_seen.get("metrics" if origin == "log" else "log") is not None:
@@ -227,7 +274,7 @@ class Fleet:
         elif isinstance(event, MemoryBudget):
             state.memory.update(_facts(event))
         elif isinstance(event, PoolSized):
-            self._apply_pool(state, event)
+            self._apply_pool(state, event, now)
         elif isinstance(event, Preemption):
             self._apply_preemption(state, event)
         elif isinstance(event, StartupFailure):
@@ -241,8 +288,10 @@ class Fleet:
         elif isinstance(event, Disagreement):
             self._record_disagreement(state, event.fact, event.log_value, event.metrics_value)
 
-    def _apply_pool(self, state: InstanceState, event: PoolSized) -> None:
+    def _apply_pool(self, state: InstanceState, event: PoolSized, now: float) -> None:
         facts = _facts(event)
+        if event.pool == "full" and (event.tokens is not None or event.blocks is not None):
+            state.fact_seen[f"{event.origin}:pool_tokens"] = now
         facts.pop("pool", None)
         state.pools.setdefault(event.pool, {}).update(facts)
         own = state.pools_by_origin.setdefault(f"{event.origin}:{event.pool}", {})
@@ -262,7 +311,7 @@ class Fleet:
             self._record_disagreement(state, name, float(log_v), float(met_v))
 
     def _cross_check_usage(self, state: InstanceState, event: UsageSample, now: float) -> None:
-        if event.kv_usage_ratio is None:
+        if event.kv_usage_ratio is None or _bad("kv_usage_ratio", event.kv_usage_ratio):
             return
         state.usage_seen[event.origin] = now
         other_origin = "metrics" if event.origin == "log" else "log"
@@ -308,13 +357,39 @@ class Fleet:
         state.preemption_epoch[event.origin] = state.preemption_epoch.get(event.origin, 0) + delta
         state.preemptions_total += max(state.preemption_epoch.values()) - before
 
+    def _stale(self, st: InstanceState, now: float) -> tuple[dict[tuple[str, str], bool], set[str]]:
+        """Per (origin, tracked fact): stale or not; and the facts no origin keeps fresh."""
+        stale: dict[tuple[str, str], bool] = {}
+        fresh: set[str] = set()
+        seen_facts: set[str] = set()
+        limit = now - self.fact_ttl
+        for key, ts in st.fact_seen.items():
+            origin, _, fact = key.partition(":")
+            seen_facts.add(fact)
+            if ts >= limit:
+                fresh.add(fact)
+            if fact in STALE_FACTS:
+                stale[(origin, fact)] = ts < limit
+        return dict(sorted(stale.items())), seen_facts - fresh
+
     def snapshot(self) -> list[InstanceSnapshot]:
-        """Frozen copies of every instance, sorted by (source, instance)."""
+        """Frozen copies of every instance, sorted by (source, instance).
+
+        Usage facts that no origin delivered within ``fact_ttl`` are left out (a frozen value must
+        not be exported as if current), and so is a pool only /metrics reported when /metrics
+        stopped reporting it; a pool the log printed at startup is a once-printed fact and stays.
+        """
         with self._lock:
             out = []
+            now = self._clock()
             for (source, _), st in sorted(self._instances.items()):
                 settings = dict(self._source_settings.get(source, {}))
                 settings.update(st.settings)
+                stale, gone = self._stale(st, now) if st.fact_seen else ({}, set())
+                usage = {k: v for k, v in st.usage.items() if k not in gone} if gone else dict(st.usage)
+                pools = {k: dict(v) for k, v in st.pools.items()}
+                if "pool_tokens" in gone and not st.pools_by_origin.get("log:full"):
+                    pools.pop("full", None)
                 out.append(
                     InstanceSnapshot(
                         source=st.source,
@@ -325,8 +400,8 @@ class Fleet:
                         restarts=st.restarts,
                         settings=settings,
                         memory=dict(st.memory),
-                        pools={k: dict(v) for k, v in st.pools.items()},
-                        usage=dict(st.usage),
+                        pools=pools,
+                        usage=usage,
                         preemptions_total=st.preemptions_total,
                         retractions=st.retractions,
                         startup_failures=dict(st.startup_failures),
@@ -336,6 +411,8 @@ class Fleet:
                         counter_resets=st.counter_resets,
                         last_update=dict(st.last_update),
                         events=st.events,
+                        stale=stale,
+                        bad_values=dict(st.bad_values),
                     )
                 )
             return out

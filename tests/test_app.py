@@ -349,7 +349,7 @@ def test_engine_metrics_scraped_and_counter_reset_is_a_restart(
     engine = _Fixture(text)
     try:
         car = sidecar_factory(metrics_url=[f"e={engine.url}"], scrape_interval=0.1)
-        lab = {"source": "e", "dp_rank": "0", "model": "Qwen/Qwen2.5-7B-Instruct"}
+        lab = {"source": "e", "dp_rank": "0", "model_name": "Qwen/Qwen2.5-7B-Instruct"}
         _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_blocks", **lab) == 27153)
         page = _scrape(car.url)
         assert _value(page, "kvwatch_kv_pool_tokens", **lab) == 27153 * 16
@@ -611,7 +611,7 @@ def test_gzip_and_openmetrics_negotiation(tmp_path: Path, sidecar_factory: Calla
         assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
         body = resp.read().decode()
     assert body.rstrip().endswith("# EOF")
-    assert 'kvwatch_kv_pool_blocks{dp_rank="0",engine="vllm",model="",source="v"} 1952.0' in body
+    assert 'kvwatch_kv_pool_blocks{dp_rank="0",engine_kind="vllm",model_name="",source="v"} 1952.0' in body
 
 
 def test_state_file_pace_facts_soon_usage_later(

@@ -40,6 +40,9 @@ class PredictionResult:
     memory: Mapping[str, int] = field(default_factory=dict)
     # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
     block_size: int | None = None
+    # The context length the engine runs with when neither its log nor /metrics says (the model's
+    # default): lets the collector derive headroom in requests for metrics-only sources.
+    max_model_len: int | None = None
 
 
 def freeze(mapping: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -133,6 +136,7 @@ class Predictor:
         concurrency: dict[str, float] = {}
         memory: dict[str, int] = {}
         bytes_per_token = block_size = None
+        max_model_len = model.max_position_embeddings
         state = "ok"
         try:
             # Basis 'config': only what is known before the engine starts (the card, the settings).
@@ -143,6 +147,7 @@ class Predictor:
             else:
                 pred = predict(model, deployment)
                 bytes_per_token, block_size = pred.bytes_per_token, pred.block_size
+                max_model_len = pred.max_model_len
                 tokens["config"] = pred.kv_pool_tokens
                 pool_bytes["config"] = pred.kv_pool_bytes
                 concurrency["config"] = float(pred.max_concurrency)
@@ -162,7 +167,12 @@ class Predictor:
                     concurrency["engine_budget"] = budget_tokens / max_len
         except KvwatchError as exc:
             log.info("no prediction source=%s dp_rank=%s err=%s", snap.source, snap.instance, exc)
-            return PredictionResult(state=exc.prediction_state, reason=str(exc), block_size=block_size)
+            return PredictionResult(
+                state=exc.prediction_state,
+                reason=str(exc),
+                block_size=block_size,
+                max_model_len=max_model_len,
+            )
         return PredictionResult(
             state=state,
             tokens=tokens,
@@ -171,4 +181,5 @@ class Predictor:
             bytes_per_token=bytes_per_token,
             memory=memory,
             block_size=block_size,
+            max_model_len=max_model_len,
         )

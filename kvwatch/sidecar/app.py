@@ -65,7 +65,7 @@ class Sidecar:
     ) -> None:
         self.settings = settings
         self.environ = dict(os.environ if environ is None else environ)
-        self.fleet = Fleet(clock=clock, max_instances=settings.max_instances)
+        self.fleet = Fleet(clock=clock, max_instances=settings.max_instances, fact_ttl=settings.fact_ttl)
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.web = load_web_config(settings.web_config) if settings.web_config is not None else WebConfig()
         self._tls = tls_context(self.web) if self.web.tls else None
@@ -100,6 +100,7 @@ class Sidecar:
             self.source_statuses,
             lambda: self.fleet.dropped_events,
             self.self_stats,
+            runtime=True,
         )
         self.registry.register(self.collector)
         self._server: BoundedHTTPServer | None = None
