@@ -51,8 +51,7 @@ class Vllm:
         parse=log.parse,
         anchors=log.ANCHORS,
         phrases=PHRASES,
-        line_parser=fastpath.parse_line,
-        block_parser=fastpath.parse_lines,
+        fast_path=fastpath.parse_lines,
     )
     metrics = VllmMetrics()
     fraction_setting = "gpu_memory_utilization"
