@@ -18,6 +18,7 @@ Usage: ``python -m bench.gen_busy_log [--lines N] [--seed S] [--out PATH]``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import random
 import re
@@ -33,7 +34,7 @@ DEFAULT_SEED = 20260530
 STATS_FRACTION = 0.016
 PREEMPTION_INTERVALS = 40  # stats lines carrying 'Preemptions: N' ("a few preemptions")
 # Bump when the output for a given (lines, seed) changes, so a cached file is rebuilt.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 # Startup: API server version, args, max model len (vllm/032), then the pool (vllm/024).
 _STARTUP_SOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -121,7 +122,8 @@ class _Shape:
 
     def outer(self, clock: int) -> str:
         """Container stamp of the docker and CRI shapes ('' for the others)."""
-        stamp = f"2026-03-17T{15 + clock // 3600:02d}:{clock // 60 % 60:02d}:{clock % 60:02d}.{clock % 997:06d}123Z "
+        at = _START + datetime.timedelta(seconds=clock)
+        stamp = f"{at:%Y-%m-%dT%H:%M:%S}.{clock % 997:06d}123Z "
         if self.name == "docker-v0-v1":
             return stamp
         if self.name == "cri":
@@ -197,6 +199,9 @@ class _Shape:
             f"(RayWorkerWrapper pid=4312, ip=10.0.0.2) INFO 03-17 {_hms(clock)} [custom_all_reduce.py:203] "
             "Registering 4515 cuda graph addresses"
         )
+
+
+_START = datetime.datetime(2026, 3, 17, 15, 0, 0)
 
 
 def _hms(clock: int) -> str:
