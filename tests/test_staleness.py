@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kvwatch.sidecar.app import Sidecar
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,6 +17,7 @@ from kvwatch.collector import KvwatchCollector
 from kvwatch.config import load_settings
 from kvwatch.events import UsageSample
 from kvwatch.pipeline import LinePipeline
+from kvwatch.sidecar.app import Sidecar
 from kvwatch.state import DISAGREEMENT_FACTS, Fleet
 
 TESTS = Path(__file__).parent

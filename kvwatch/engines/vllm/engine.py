@@ -168,8 +168,7 @@ def _log_dialect() -> LogDialect:
         parse=log.parse,
         anchors=log.ANCHORS,
         phrases=PHRASES,
-        line_parser=fastpath.parse_line,
-        block_parser=fastpath.parse_lines,
+        fast_path=fastpath.parse_lines,
     )
 
 
