@@ -36,8 +36,12 @@ RUN groupadd --system --gid 10001 kvwatch \
 USER 10001:10001
 VOLUME ["/state"]
 EXPOSE 9477
-# /healthz answers once the sidecar serves; the port follows KVWATCH_LISTEN.
+# /healthz answers once the sidecar serves; the port follows KVWATCH_LISTEN. It needs no credentials
+# (it is outside basic auth), but with TLS in --web-config it is served over TLS like everything on
+# that port: the check tries plain HTTP, then HTTPS without verifying the certificate (it only asks
+# whether this container's own process answers). A port that speaks the other protocol fails fast.
+# With client_ca_file (mutual TLS) /healthz needs a client certificate too: replace this check.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('KVWATCH_LISTEN', '0.0.0.0:9477').rsplit(':', 1)[1]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, ssl, urllib.request as u; port = os.environ.get('KVWATCH_LISTEN', '0.0.0.0:9477').rsplit(':', 1)[1]\ntry: u.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)\nexcept Exception: u.urlopen(f'https://127.0.0.1:{port}/healthz', timeout=2, context=ssl._create_unverified_context())"]
 ENTRYPOINT ["kvwatch"]
 CMD ["run", "--help"]

@@ -14,13 +14,22 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# promtool and the Prometheus server come from Debian's `prometheus` package.
+# promtool and the Prometheus server come from Debian's `prometheus` package, amtool and the
+# Alertmanager server (/usr/bin/prometheus-alertmanager) from `prometheus-alertmanager`.
+# With CI=true a tool that is still missing afterwards fails the build; elsewhere it warns and the
+# tests that need it skip (tests/conftest.py).
+TOOLS := promtool prometheus amtool prometheus-alertmanager
 tools:
-	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || \
-	  { if [ "$$(id -u)" = 0 ]; then \
-	      (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus) >/dev/null 2>&1 || \
-	      echo "warning: could not install Debian package 'prometheus'"; \
-	    else echo "warning: promtool/prometheus missing (apt-get install prometheus)"; fi; }
+	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus prometheus-alertmanager) >/dev/null 2>&1 || \
+	    echo "warning: could not install Debian packages 'prometheus' and 'prometheus-alertmanager'"; \
+	  missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	fi; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$${CI:-}" = true ]; then echo "error: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager)" >&2; exit 1; fi; \
+	  echo "warning: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager)"; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvwatch tests
@@ -41,7 +50,8 @@ demo: $(STAMP)
 # tests/test_mixin.py fails when they are stale.
 generate: $(STAMP)
 	$(BIN)/kvwatch dashboards --out dashboards --configmap deploy/kubernetes/kvwatch-dashboards.yaml
-	$(BIN)/kvwatch rules --out rules --prometheus-rule deploy/kubernetes/kvwatch-prometheusrule.yaml
+	$(BIN)/kvwatch rules --out rules --prometheus-rule deploy/kubernetes/kvwatch-prometheusrule.yaml \
+	  --alertmanager deploy/alertmanager/alertmanager.yml
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

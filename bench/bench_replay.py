@@ -1,9 +1,13 @@
-"""Log replay speed (issue 3 item 6): a 5-million-line busy vLLM log against grep and mtail.
+"""Log replay speed (issue 3 item 6, issue 11): 5-million-line busy logs of several shapes against grep and mtail.
 
-Targets: kvwatch's replay (the code ``kvwatch parse --json`` runs, in-process, best of N) takes at
-most 3x the time of ``grep -cE '<kvwatch's vLLM anchor phrases>' FILE``, and is at least 20x faster
-than Debian's ``mtail --one_shot`` running bench/kvwatch.mtail (the same extraction) on the same
-file. The log comes from bench/gen_busy_log.py (cached in bench/out/). Also checked, because a fast
+Targets, on EACH shape: kvwatch's replay (the code ``kvwatch parse --json`` runs, in-process, best
+of N) takes at most 3x the time of ``grep -cE '<the engine's anchor phrases>' FILE``, and is at
+least 20x faster than Debian's ``mtail --one_shot`` running bench/kvwatch.mtail (vLLM) or
+bench/kvwatch-sglang.mtail (the same extraction) on the same file. The logs come from
+bench/gen_busy_log.py (cached in bench/out/), one per shape in ``gen_busy_log.SHAPES``: vLLM's
+API server behind '(APIServer pid=N)'; Docker timestamps with bare uvicorn access lines and V0
+``metrics.py`` and V1 ``loggers.py`` stats lines; CRI ('... stdout F '); ANSI colour; Ray and DP
+process prefixes; SGLang's Prefill/Decode batch lines. Also checked, because a fast
 wrong answer is worthless: the pool and preemption total kvwatch (and mtail) find equal what the
 generator put in, and grep counts the lines the generator wrote with an anchor. Peak RSS of a replay
 in a fresh process is printed for the big file and a 50,000-line one built the same way: replay
@@ -13,7 +17,8 @@ Ratios are judged on the best wall-clock time (kvwatch and grep alternate, N run
 takes half a minute, runs twice); CPU time (user+sys of the process itself, via getrusage/wait4) is
 printed beside it because a shared machine's wall clock also measures the neighbours.
 
-Environment: KVWATCH_BENCH_LINES (default 5,000,000), KVWATCH_BENCH_RUNS (best of, default 3).
+Environment: KVWATCH_BENCH_LINES (default 5,000,000), KVWATCH_BENCH_RUNS (best of, default 3),
+KVWATCH_BENCH_SHAPES (comma-separated, default all).
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ from typing import Any
 
 from bench import gen_busy_log
 from kvwatch.engines import registry
-from kvwatch.pipeline import replay, summarize
+from kvwatch.pipeline import replay
+from kvwatch.summary import summarize
 
 HERE = Path(__file__).resolve().parent
-MTAIL_PROG = HERE / "kvwatch.mtail"
+MTAIL_PROGS = {"vllm": HERE / "kvwatch.mtail", "sglang": HERE / "kvwatch-sglang.mtail"}
 MTAIL = "/usr/bin/mtail"
 
 GREP_RATIO_MAX = 3.0
@@ -102,7 +108,7 @@ def _kvwatch(path: Path) -> dict[str, Any]:
     return summarize(result.snapshots(), result.engine)
 
 
-def _mtail_argv(path: Path) -> list[str]:
+def _mtail_argv(path: Path, engine: str) -> list[str]:
     return [
         MTAIL,
         "-one_shot",
@@ -110,7 +116,7 @@ def _mtail_argv(path: Path) -> list[str]:
         "json",
         "-logtostderr",
         "-progs",
-        str(MTAIL_PROG),
+        str(MTAIL_PROGS[engine]),
         "-logs",
         str(path),
     ]
@@ -129,7 +135,8 @@ def _mtail_values(stdout: str) -> dict[str, float]:
 # fork (Linux carries it across exec), which would measure this benchmark, not the replay.
 _RSS_CHILD = (
     "import sys\n"
-    "from kvwatch.pipeline import replay, summarize\n"
+    "from kvwatch.pipeline import replay\n"
+    "from kvwatch.summary import summarize\n"
     "r = replay([sys.argv[1]])\n"
     "summarize(r.snapshots(), r.engine)\n"
     "with open('/proc/self/status') as f:\n"
@@ -169,19 +176,28 @@ def _check(label: str, got: Any, want: Any) -> bool:
     return ok
 
 
-def main() -> int:
-    lines = int(os.environ.get("KVWATCH_BENCH_LINES", gen_busy_log.DEFAULT_LINES))
-    runs = int(os.environ.get("KVWATCH_BENCH_RUNS", "3"))
-    path = gen_busy_log.default_path(lines)
-    t0 = time.perf_counter()
-    facts = gen_busy_log.ensure(path, lines)
-    print(
-        f"log: {path} ({lines:,} lines, {facts['bytes'] / 1e6:.1f} MB; ready in {time.perf_counter() - t0:.1f} s)"
-    )
-    size_mb = facts["bytes"] / 1e6
-    ok = True
+@dataclass
+class ShapeResult:
+    shape: str
+    mb: float
+    kv: Timing
+    grep: Timing
+    mtail: Timing | None
+    ok: bool
 
-    pattern = grep_pattern(registry.get("vllm").log.anchors)
+
+def run_shape(shape: str, lines: int, runs: int) -> ShapeResult:
+    engine = "sglang" if shape == "sglang" else "vllm"
+    anchors = registry.get(engine).log.anchors
+    path = gen_busy_log.default_path(lines, shape)
+    t0 = time.perf_counter()
+    facts = gen_busy_log.ensure(path, lines, shape=shape)
+    size_mb = facts["bytes"] / 1e6
+    print(
+        f"-- shape {shape}: {path.name} ({lines:,} lines, {size_mb:.1f} MB; ready in {time.perf_counter() - t0:.1f} s)"
+    )
+    ok = True
+    pattern = grep_pattern(anchors)
     _warm(path)
     kv, grep = Timing(), Timing()
     # Alternate the two so a burst of load on this shared machine does not favour either side.
@@ -190,10 +206,7 @@ def main() -> int:
         _child(grep, ["grep", "-cE", pattern, str(path)])
     summary = kv.result
     grep_count = int(grep.result.strip())
-
-    print(
-        f"grep -cE (the {len(registry.get('vllm').log.anchors)} vLLM anchor phrases): {_rates(grep, lines, size_mb)}"
-    )
+    print(f"grep -cE (the {len(anchors)} {engine} anchor phrases): {_rates(grep, lines, size_mb)}")
     print(f"kvwatch replay (kvwatch parse --json, in-process): {_rates(kv, lines, size_mb)}")
     grep_ratio = kv.wall / grep.wall
     grep_ok = grep_ratio <= GREP_RATIO_MAX
@@ -203,31 +216,35 @@ def main() -> int:
     )
     ok &= grep_ok
 
-    (inst,) = summary["instances"]
-    last = facts["last_stats"]
-    correct = _check("grep count", grep_count, facts["stats_lines"] + _anchored_startup())
-    correct &= _check("kv_pool_tokens", inst["kv_pool_tokens"], facts["kv_pool_tokens"])
-    correct &= _check("preemptions_total", inst["preemptions_total"], facts["preemptions_total"])
-    correct &= _check("requests_running", inst["requests_running"], last["running"])
-    correct &= _check("requests_waiting", inst["requests_waiting"], last["waiting"])
-    correct &= _check("kv_usage_ratio", inst["kv_usage_ratio"], round(last["kv_usage_percent"] / 100, 6))
+    instances = {inst["instance"]: inst for inst in summary["instances"]}
+    correct = _check("engine", summary["engine"], engine)
+    correct &= _check("grep count", grep_count, _anchored_lines(path, anchors))
+    correct &= _check("kv_pool_tokens", instances.get("0", {}).get("kv_pool_tokens"), facts["kv_pool_tokens"])
+    total = sum(inst["preemptions_total"] or 0 for inst in instances.values())
+    correct &= _check("preemptions_total", total, facts["preemptions_total"])
+    for name, last in facts["last_stats"].items():
+        inst = instances.get(name, {})
+        for key, field_name in (("running", "requests_running"), ("waiting", "requests_waiting")):
+            correct &= _check(f"{field_name}[{name}]", inst.get(field_name), last[key])
+        correct &= _check(f"kv_usage_ratio[{name}]", inst.get("kv_usage_ratio"), last["kv_usage_ratio"])
     print(
-        f"replay result: pool {inst['kv_pool_tokens']:,} tokens, {inst['preemptions_total']} preemptions "
-        f"(generator: {facts['kv_pool_tokens']:,}, {facts['preemptions_total']}) {'ok' if correct else 'WRONG'}"
+        f"replay result: pool {facts['kv_pool_tokens']:,} tokens, {total} preemptions over "
+        f"{len(instances)} instance(s) {'ok' if correct else 'WRONG'}"
     )
     ok &= correct
 
+    mtail: Timing | None = None
     if shutil.which(MTAIL) is None:
         print(f"mtail: {MTAIL} not installed (Debian package 'mtail'): ratio not measured, target MISSED")
         ok = False
     else:
         mtail = Timing()
         for _ in range(MTAIL_RUNS):
-            _child(mtail, _mtail_argv(path))
+            _child(mtail, _mtail_argv(path, engine))
         mtail_values = _mtail_values(mtail.result)
         mtail_ratio = mtail.wall / kv.wall
         mtail_ok = mtail_ratio >= MTAIL_RATIO_MIN
-        print(f"mtail --one_shot (bench/kvwatch.mtail): {_rates(mtail, lines, size_mb)}")
+        print(f"mtail --one_shot ({MTAIL_PROGS[engine].name}): {_rates(mtail, lines, size_mb)}")
         print(
             f"mtail/kvwatch: {mtail_ratio:.1f}x wall, {mtail.cpu / kv.cpu:.1f}x CPU "
             f"(target >= {MTAIL_RATIO_MIN:.0f}x) {'ok' if mtail_ok else 'MISSED'}"
@@ -236,27 +253,48 @@ def main() -> int:
             "mtail kv_pool_tokens", mtail_values.get("kv_pool_tokens"), facts["kv_pool_tokens"]
         )
         mt_correct &= _check(
-            "mtail preemptions_total", mtail_values.get("preemptions_total"), facts["preemptions_total"]
+            "mtail preemptions_total", mtail_values.get("preemptions_total", 0), facts["preemptions_total"]
         )
         ok &= mtail_ok and mt_correct
+    return ShapeResult(shape, size_mb, kv, grep, mtail, ok)
 
-    small = gen_busy_log.default_path(SMALL_LINES)
-    gen_busy_log.ensure(small, SMALL_LINES)
+
+def main() -> int:
+    lines = int(os.environ.get("KVWATCH_BENCH_LINES", gen_busy_log.DEFAULT_LINES))
+    runs = int(os.environ.get("KVWATCH_BENCH_RUNS", "3"))
+    chosen = os.environ.get("KVWATCH_BENCH_SHAPES", ",".join(gen_busy_log.SHAPES)).split(",")
+    results = [run_shape(shape, lines, runs) for shape in chosen]
+    ok = all(r.ok for r in results)
+    print("\n| shape | MB | replay s | grep s | mtail s | replay/grep | mtail/replay | |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        mt = f"{r.mtail.wall:.2f}" if r.mtail is not None else "-"
+        mt_ratio = f"{r.mtail.wall / r.kv.wall:.1f}x" if r.mtail is not None else "-"
+        print(
+            f"| {r.shape} | {r.mb:.0f} | {r.kv.wall:.3f} | {r.grep.wall:.3f} | {mt} | "
+            f"{r.kv.wall / r.grep.wall:.2f}x | {mt_ratio} | {'ok' if r.ok else 'MISSED'} |"
+        )
+
+    first = chosen[0]
+    path = gen_busy_log.default_path(lines, first)
+    small = gen_busy_log.default_path(SMALL_LINES, first)
+    gen_busy_log.ensure(small, SMALL_LINES, shape=first)
     rss_small, rss_big = _peak_rss_mib(small), _peak_rss_mib(path)
     growth = rss_big - rss_small
     rss_ok = growth <= RSS_GROWTH_MAX_MIB
     print(
-        f"peak RSS of a replay: {rss_big:.1f} MiB for {lines:,} lines, {rss_small:.1f} MiB for {SMALL_LINES:,} "
-        f"(growth {growth:+.1f} MiB, target <= {RSS_GROWTH_MAX_MIB:.0f}) {'ok' if rss_ok else 'MISSED'}"
+        f"peak RSS of a replay ({first}): {rss_big:.1f} MiB for {lines:,} lines, {rss_small:.1f} MiB for "
+        f"{SMALL_LINES:,} (growth {growth:+.1f} MiB, target <= {RSS_GROWTH_MAX_MIB:.0f}) {'ok' if rss_ok else 'MISSED'}"
     )
     ok &= rss_ok
     return 0 if ok else 1
 
 
-def _anchored_startup() -> int:
-    """Startup lines grep should count: those of the generator's templates carrying an anchor."""
-    startup, _, _, _ = gen_busy_log.templates()
-    return sum(1 for line in startup if any(a in line for a in registry.get("vllm").log.anchors))
+def _anchored_lines(path: Path, anchors: tuple[str, ...]) -> int:
+    """Lines grep should count, counted here without regex: those carrying an anchor."""
+    needles = [a.encode() for a in anchors]
+    with path.open("rb") as f:
+        return sum(1 for line in f if any(n in line for n in needles))
 
 
 if __name__ == "__main__":

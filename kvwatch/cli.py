@@ -18,8 +18,20 @@ from typing import Protocol, cast
 from kvwatch import __version__
 from kvwatch.errors import KvwatchError
 
-# Subcommand name -> module under kvwatch.commands. Order is the order shown in --help.
-COMMANDS: tuple[str, ...] = ("predict", "plan", "parse", "explain", "dashboards", "rules", "run", "demo")
+# Subcommand name -> its one-line help, in the order shown in --help. The module is
+# kvwatch.commands.<name>; its HELP is the same text (tests/test_cli_startup.py keeps them equal), held here
+# so that `kvwatch --help` lists every command without importing any of them.
+COMMAND_HELP: dict[str, str] = {
+    "predict": "predict the KV-cache pool vLLM or SGLang will allocate for a model (config.json or Hub name)",
+    "plan": "check a workload of retained lengths against every rank, and find the smallest card it fits",
+    "parse": "Read vLLM/SGLang logs ('-' for stdin) and print the KV-cache pool, budget and usage they report.",
+    "explain": "rebuild an engine's memory budget from its startup log and explain the gap to the prediction",
+    "dashboards": "Write the Grafana dashboards (JSON, and optionally a Kubernetes ConfigMap) to a folder.",
+    "rules": "Write the Prometheus recording and alerting rules (and optionally a PrometheusRule) to a folder.",
+    "run": "Run the sidecar: tail engine logs, scrape engine /metrics, export KV-cache metrics for Prometheus.",
+    "demo": "Run the sidecar on bundled vLLM and SGLang sample logs written live into temporary files.",
+}
+COMMANDS: tuple[str, ...] = tuple(COMMAND_HELP)
 
 
 class _Command(Protocol):
@@ -31,18 +43,20 @@ class _Command(Protocol):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full argparse tree, one subparser per entry of COMMANDS (or just the command ``only``)."""
+    """The argparse tree: every command's subparser with its flags, or with ``only`` given, that command's
+    flags and the others by name and help alone (their modules are not imported)."""
     parser = argparse.ArgumentParser(
         prog="kvwatch",
         description="Predict, observe and explain the KV-cache pool of vLLM and SGLang servers.",
     )
     parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS if only is None else (only,):
-        module = cast(_Command, importlib.import_module(f"kvwatch.commands.{name}"))
-        sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(sp)
-        sp.set_defaults(_run=module.run)
+    for name, text in COMMAND_HELP.items():
+        sp = sub.add_parser(name, help=text, description=text)
+        if only is None or name == only:
+            module = cast(_Command, importlib.import_module(f"kvwatch.commands.{name}"))
+            module.add_arguments(sp)
+            sp.set_defaults(_run=module.run)
     return parser
 
 
@@ -66,8 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and arglist[:1] == ["run"]:
         _reexec_without_docstrings(arglist)
     # Import only the named command's module: `kvwatch run` is a long-lived sidecar and should not
-    # carry every other command's dependencies in its memory.
-    only = arglist[0] if arglist and arglist[0] in COMMANDS else None
+    # carry every other command's dependencies in its memory, and `kvwatch --help` (or a mistyped
+    # command) imports none of them. "" names no command: argparse then answers with the list.
+    only = arglist[0] if arglist and arglist[0] in COMMANDS else ""
     parser = build_parser(only)
     args = parser.parse_args(arglist)
     try:

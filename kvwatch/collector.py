@@ -15,22 +15,24 @@ import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
-from prometheus_client import utils as _prom_utils
+from prometheus_client.exposition import generate_latest
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvwatch import __version__, names
 from kvwatch.analysis.attribution import gap_ratio
 from kvwatch.analysis.predictor import Predictor
+from kvwatch.export.exposition import Row as _Row
+from kvwatch.export.exposition import Rows as _Rows
+from kvwatch.export.exposition import escape as _escape
 from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
-from kvwatch.state import InstanceSnapshot
+from kvwatch.state import BAD_VALUE_FACTS, DISAGREEMENT_FACTS, InstanceSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -75,119 +77,11 @@ def _label(value: str | float | None) -> str:
     return str(value)[:_MAX_LABEL]
 
 
-# One sample: (metric name, label values in the metric's label order, value, its exposition line).
-_Row = tuple[str, tuple[str, ...], float, str]
-
-
-# prometheus_client's own float formatting (Go-style: +Inf, 1e+21), so both output paths agree.
-_float_text = cast(Callable[[float], str], _prom_utils.floatToGoString)
-
-
-def _escape(value: str) -> str:
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return value
-
-
-def _template(metric: names.Metric) -> str:
-    """'name{a="{1}",b="{0}"} ' for str.format: labels sorted by name, as the text format lists them."""
-    if not metric.labels:
-        return metric.sample_name + " "
-    order = sorted(range(len(metric.labels)), key=lambda i: metric.labels[i])
-    pairs = ",".join(f'{metric.labels[i]}="{{{i}}}"' for i in order)
-    return f"{metric.sample_name}{{{{{pairs}}}}} "
-
-
-_TEMPLATES = {m.name: _template(m) for m in names.METRICS}
-_FLOATS: dict[float, str] = {}
-
-
-def _float(value: float) -> str:
-    text = _FLOATS.get(value)
-    if text is None:
-        if len(_FLOATS) > 4096:
-            _FLOATS.clear()
-        text = _FLOATS[value] = _float_text(value)
-    return text
-
-
-def _line(metric: names.Metric, escaped: Sequence[str], value: float) -> str:
-    """The text-format (0.0.4) line of one sample (label values already escaped)."""
-    return _TEMPLATES[metric.name].format(*escaped) + _float(value) + "\n"
-
-
-class _Rows:
-    """Samples of one scrape, grouped by metric, in names.METRICS order."""
-
-    def __init__(self) -> None:
-        self.by_metric: dict[str, list[_Row]] = {m.name: [] for m in names.METRICS}
-
-    def add(
-        self,
-        metric: names.Metric,
-        labels: tuple[str, ...],
-        value: float,
-        escaped: Sequence[str] | None = None,
-    ) -> None:
-        """One sample; ``escaped`` are the label values escaped for the text format, when the caller has them."""
-        text = _line(metric, escaped if escaped is not None else [_escape(v) for v in labels], value)
-        self.by_metric[metric.name].append((metric.name, labels, value, text))
-
-    def rows(self) -> list[_Row]:
-        """Every sample, in names.METRICS order."""
-        return [row for m in names.METRICS for row in self.by_metric[m.name]]
-
-    def extend(self, rows: Iterable[_Row]) -> None:
-        for row in rows:
-            self.by_metric[row[0]].append(row)
-
-    def families(self) -> Iterator[Metric]:
-        """prometheus_client families (the registry path: tests, OpenMetrics negotiation)."""
-        for m in names.METRICS:
-            family: Metric
-            rows = self.by_metric[m.name]
-            if m.type == "gauge":
-                gauge = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
-                for _, labels, value, _line_text in rows:
-                    gauge.add_metric(labels, value)
-                family = gauge
-            elif m.type == "counter":
-                counter = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
-                for _, labels, value, _line_text in rows:
-                    counter.add_metric(labels, value)
-                family = counter
-            else:
-                # Info labels beyond the identity ones are the info's value, not family labels.
-                n = len(
-                    [label for label in m.labels if label in (*names.INSTANCE_LABELS, *names.SOURCE_LABELS)]
-                )
-                info = InfoMetricFamily(m.name, m.help, labels=list(m.labels[:n]))
-                for _, labels, _value, _line_text in rows:
-                    info.add_metric(labels[:n], dict(zip(m.labels[n:], labels[n:], strict=True)))
-                family = info
-            yield family
-
-    def text(self) -> bytes:
-        """The whole exposition in text format 0.0.4, from the pre-rendered lines."""
-        out: list[str] = []
-        for m in names.METRICS:
-            out.append(_HEADERS[m.name])
-            out.extend(row[3] for row in self.by_metric[m.name])
-        return "".join(out).encode("utf-8")
-
-
-_HEADERS = {
-    m.name: f"# HELP {m.sample_name} {m.help.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}\n"
-    f"# TYPE {m.sample_name} {'gauge' if m.type == 'info' else m.type}\n"
-    for m in names.METRICS
-}
-
-
 @dataclass(frozen=True)
 class _Cached:
     """The rows of one instance as of one (epoch, events), split by how often they change."""
 
-    version: tuple[int, int]
+    version: _Version
     static_key: _StaticKey
     static: list[_Row]
     dynamic: list[_Row]
@@ -207,6 +101,23 @@ _StaticKey = tuple[
     tuple[tuple[str, PoolFacts], ...],
     tuple[tuple[str, int], ...],
 ]
+# One state of an instance: epoch, events applied, and which tracked facts are stale.
+_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...]]
+
+
+def _version(snap: InstanceSnapshot) -> _Version:
+    return (snap.epoch, snap.events, tuple(snap.stale.items()))
+
+
+@dataclass(frozen=True)
+class SelfStats:
+    """Counters of the sidecar itself that no source owns (its HTTP server, auth, state file)."""
+
+    http_connections_open: int = 0
+    http_connections_refused: int = 0
+    http_connection_timeouts: int = 0
+    http_auth_throttled: int = 0
+    state_files_invalid: int = 0
 
 
 class KvwatchCollector(Collector):
@@ -218,11 +129,21 @@ class KvwatchCollector(Collector):
         predictor: Predictor,
         sources: Callable[[], Iterable[SourceStatus]] = tuple,
         dropped_events: Callable[[], int] = lambda: 0,
+        self_stats: Callable[[], SelfStats] = SelfStats,
+        runtime: bool = False,
     ) -> None:
         self._snapshot = snapshot
+        # The sidecar's own process_* and python_* series (CPU, memory, fds, GC, version).
+        self._runtime: CollectorRegistry | None = None
+        if runtime:
+            self._runtime = CollectorRegistry(auto_describe=False)
+            ProcessCollector(registry=self._runtime)
+            PlatformCollector(registry=self._runtime)
+            GCCollector(registry=self._runtime)
         self._predictor = predictor
         self._sources = sources
         self._dropped = dropped_events
+        self._self_stats = self_stats
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._cache_lock = threading.Lock()
 
@@ -233,10 +154,15 @@ class KvwatchCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """One scrape through the registry: every family, from one snapshot."""
         yield from self._gather().families()
+        if self._runtime is not None:
+            yield from self._runtime.collect()
 
     def render(self) -> bytes:
         """One scrape as text format 0.0.4, without the registry's per-sample formatting cost."""
-        return self._gather().text()
+        text = self._gather().text()
+        if self._runtime is not None:
+            text += generate_latest(self._runtime)
+        return text
 
     def _gather(self) -> _Rows:
         rows = _Rows()
@@ -245,8 +171,9 @@ class KvwatchCollector(Collector):
         for snap in snaps:
             key = (snap.source, snap.instance)
             cached = self._cache.get(key)
-            # Every applied event bumps `events`, so (epoch, events) names one state of an instance.
-            if cached is None or cached.version != (snap.epoch, snap.events):
+            # Every applied event bumps `events`, so (epoch, events) names one state of an instance;
+            # a fact going stale changes what is exported without an event, so it is part of it.
+            if cached is None or cached.version != _version(snap):
                 cached = self._instance(snap, cached)
             seen[key] = cached
             rows.extend(cached.static)
@@ -273,11 +200,11 @@ class KvwatchCollector(Collector):
         if cached is None or cached.static_key != static_key:
             static = _Rows()
             derived = self._static(static, snap, model)
-            cached = _Cached((0, 0), static_key, static.rows(), [], *derived)
+            cached = _Cached((0, 0, ()), static_key, static.rows(), [], *derived)
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
         return _Cached(
-            (snap.epoch, snap.events),
+            _version(snap),
             static_key,
             cached.static,
             dynamic.rows(),
@@ -355,7 +282,9 @@ class KvwatchCollector(Collector):
         gauge(names.RESTARTS, snap.restarts)
         for reason in names.FAILURE_REASONS:
             gauge(names.STARTUP_FAILURES, snap.startup_failures.get(reason, 0), reason)
-        return lab, esc, pool_tokens, max_len
+        # Headroom in requests needs a request length: the engine's, else the model's default
+        # (a metrics-only vLLM source reports no max_model_len; the model config gives it).
+        return lab, esc, pool_tokens, max_len or pred.max_model_len
 
     @staticmethod
     def _dynamic(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
@@ -386,8 +315,16 @@ class KvwatchCollector(Collector):
         gauge(names.PREEMPTIONS, snap.preemptions_total)
         for origin, ts in sorted(snap.last_update.items()):
             gauge(names.LAST_UPDATE, ts, origin)
+        # Counters exist from the start at 0, so increase() sees the first one.
+        for fact in DISAGREEMENT_FACTS:
+            gauge(names.DISAGREEMENTS, snap.disagreements.get(fact, 0), fact)
         for fact, count in sorted(snap.disagreements.items()):
-            gauge(names.DISAGREEMENTS, count, fact)
+            if fact not in DISAGREEMENT_FACTS:
+                gauge(names.DISAGREEMENTS, count, fact)
+        for fact in BAD_VALUE_FACTS:
+            gauge(names.BAD_VALUES, snap.bad_values.get(fact, 0), fact)
+        for (origin, fact), stale in snap.stale.items():
+            gauge(names.FACTS_STALE, 1.0 if stale else 0.0, origin, fact)
 
     def _self_metrics(self, fam: _Rows, instances: int) -> None:
         merged: dict[str, list[SourceStatus]] = {}
@@ -412,4 +349,10 @@ class KvwatchCollector(Collector):
                     fam.add(names.SCRAPE_ERRORS, (name, reason), float(part.scrape_errors.get(reason, 0)))
         fam.add(names.INSTANCES, (), float(instances))
         fam.add(names.INSTANCES_DROPPED, (), float(self._dropped()))
+        stats = self._self_stats()
+        fam.add(names.HTTP_CONNECTIONS_OPEN, (), float(stats.http_connections_open))
+        fam.add(names.HTTP_CONNECTIONS_REFUSED, (), float(stats.http_connections_refused))
+        fam.add(names.HTTP_CONNECTION_TIMEOUTS, (), float(stats.http_connection_timeouts))
+        fam.add(names.HTTP_AUTH_THROTTLED, (), float(stats.http_auth_throttled))
+        fam.add(names.STATE_FILE_INVALID, (), float(stats.state_files_invalid))
         fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)

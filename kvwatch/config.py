@@ -16,8 +16,9 @@ from typing import Any, Literal
 import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvwatch.capacity.resolve import parse_repo_spec, resolve_model_config
 from kvwatch.engines.kinds import EngineChoice
-from kvwatch.errors import ConfigError
+from kvwatch.errors import ConfigError, KvwatchError
 from kvwatch.units import parse_size
 
 # 9477: not 9400 (DCGM exporter), not in the Prometheus default-port allocation list's busy range
@@ -104,6 +105,17 @@ def _as_list(value: Any, key: str) -> list[Any]:
     raise ValueError(f"{key} must be a list, a mapping NAME: VALUE or a comma-separated string")
 
 
+def _resolve_model(spec: str) -> str:
+    """A Hub name (ORG/NAME[@REVISION]) that is not a local path -> its config.json, from the cache or
+    the Hub (kvwatch.capacity.resolve); a path is kept as it is (the sidecar checks it exists)."""
+    if Path(spec).expanduser().exists() or parse_repo_spec(spec) is None:
+        return spec
+    try:
+        return str(resolve_model_config(spec))
+    except KvwatchError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class Settings(BaseModel):
     """Everything `kvwatch run` needs, validated."""
 
@@ -122,6 +134,8 @@ class Settings(BaseModel):
     scrape_interval: float = Field(default=5.0, gt=0, le=3600)
     scrape_timeout: float = Field(default=3.0, gt=0, le=600)
     max_instances: int = Field(default=256, ge=1, le=10_000)
+    # Seconds after which a usage fact that stopped arriving is stale and no longer exported.
+    fact_ttl: float = Field(default=60.0, gt=0, le=86_400)
     poll: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -168,7 +182,7 @@ class Settings(BaseModel):
             key = name or ""
             if key in out:
                 raise ValueError(f"two model configs for {key or 'all sources'!r}")
-            out[key] = path
+            out[key] = _resolve_model(path)
         return out
 
     @field_validator("gpu_memory", mode="before")

@@ -9,6 +9,7 @@ from the sidecar's own /metrics registry.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import tempfile
@@ -21,21 +22,15 @@ from types import FrameType
 from typing import TextIO
 
 from kvwatch import names
-from kvwatch.app import Sidecar
 from kvwatch.config import load_settings
-
-# Lines at the top of each bundled log that an engine prints once, at startup.
-STARTUP_LINES = {"vllm": 4, "sglang": 2}
-MODEL_CONFIGS = {
-    "vllm": "meta-llama--Meta-Llama-3.1-8B.json",
-    "sglang": "deepseek-ai--DeepSeek-V3.2.json",
-}
+from kvwatch.sidecar.app import Sidecar
 
 
 @dataclass
 class _Engine:
     name: str
     path: Path
+    model_config: Path
     startup: list[str]
     stats: list[str]
     sent: int = 0
@@ -45,10 +40,12 @@ def _demo_files() -> Path:
     return Path(str(resources.files("kvwatch") / "data" / "demo"))
 
 
-def _load(name: str, folder: Path, data: Path) -> _Engine:
-    lines = (data / f"{name}.log").read_text(encoding="utf-8").splitlines()
-    n = STARTUP_LINES[name]
-    return _Engine(name, folder / f"{name}.log", lines[:n], lines[n:])
+def _load(source: dict[str, str | int], folder: Path, data: Path) -> _Engine:
+    """One source of data/demo/demo.json: its log split into the startup lines and the rest."""
+    name, log, n = str(source["name"]), str(source["log"]), int(source["startup_lines"])
+    lines = (data / log).read_text(encoding="utf-8").splitlines()
+    model = data / "models" / str(source["model_config"])
+    return _Engine(name, folder / log, model, lines[:n], lines[n:])
 
 
 def _append(path: Path, line: str) -> None:
@@ -63,13 +60,14 @@ class Demo:
         data = _demo_files()
         self.folder = folder
         self.interval = interval
-        self.engines = [_load(name, folder, data) for name in ("vllm", "sglang")]
+        sources = json.loads((data / "demo.json").read_text(encoding="utf-8"))["sources"]
+        self.engines = [_load(source, folder, data) for source in sources]
         for engine in self.engines:
             engine.path.touch()
         self.settings = load_settings(
             {
                 "log": [f"{e.name}={e.path}" for e in self.engines],
-                "model_config": [f"{e.name}={data / 'models' / MODEL_CONFIGS[e.name]}" for e in self.engines],
+                "model_config": [f"{e.name}={e.model_config}" for e in self.engines],
                 "listen": listen,
                 "state_dir": str(folder / "state"),
             },
@@ -119,8 +117,8 @@ class Demo:
             model = snap.settings.served_model_name or snap.settings.model or ""
             lab = {
                 "source": snap.source,
-                "engine": snap.engine,
-                "model": str(model),
+                names.ENGINE_KIND_LABEL: snap.engine,
+                names.MODEL_LABEL: str(model),
                 "dp_rank": snap.instance,
             }
 

@@ -19,9 +19,10 @@ restored from a state file); it is not part of a group's value (equality, hashin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import types
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel
 
@@ -219,10 +220,58 @@ def merged(current: F, event: BaseModel, now: float | None = None) -> F:
     return updated(current, changes(event, type(current)), now)
 
 
+def without(current: F, names: Iterable[str]) -> F:
+    """``current`` with the named facts unknown (names that are not facts of the group are ignored)."""
+    facts = _NAME_SETS.get(type(current)) or frozenset(_names(type(current)))
+    drop = {n: None for n in names if n in facts and getattr(current, n) is not None}
+    return updated(current, drop, current.updated_at)
+
+
+# Per group and fact: the value types it holds (bool, int, float, str, None) and a Literal's words.
+_KINDS: dict[type, dict[str, tuple[frozenset[type], frozenset[object]]]] = {}
+
+
+def _kinds(cls: type[_Facts]) -> dict[str, tuple[frozenset[type], frozenset[object]]]:
+    kinds = _KINDS.get(cls)
+    if kinds is None:
+        kinds = {}
+        hints = get_type_hints(cls)
+        for name in _names(cls):
+            hint = hints[name]
+            parts = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+            words = {w for p in parts if get_origin(p) is Literal for w in get_args(p)}
+            plain = {p for p in parts if isinstance(p, type)}
+            kinds[name] = (frozenset(plain), frozenset(words))
+        _KINDS[cls] = kinds
+    return kinds
+
+
+def _checked(cls: type[_Facts], name: str, value: JsonValue) -> object:
+    """A saved fact's value if the field can hold it (an int where a float goes: as a float)."""
+    plain, words = _kinds(cls)[name]
+    if value is None:
+        if type(None) in plain:
+            return None
+    elif isinstance(value, str) and value in words:
+        return value
+    if isinstance(value, bool):
+        if bool in plain:
+            return value
+    elif isinstance(value, int):
+        if int in plain:
+            return value
+        if float in plain:
+            return float(value)
+    elif isinstance(value, float | str) and type(value) in plain:
+        return value
+    raise ValueError(f"{cls.__name__}.{name} cannot be {value!r}")
+
+
 def from_json(cls: type[F], data: Mapping[str, JsonValue]) -> F:
-    """A group from its state-file form; names this version does not know are ignored."""
+    """A group from its state-file form; names this version does not know are ignored, a value
+    its field cannot hold (a string for a count, a word outside a Literal) is a ValueError."""
     names = _names(cls)
-    known: dict[str, Any] = {k: v for k, v in data.items() if k in names}
+    known: dict[str, Any] = {k: _checked(cls, k, v) for k, v in data.items() if k in names}
     return cls(**known)
 
 

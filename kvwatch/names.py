@@ -16,7 +16,12 @@ MetricType = Literal["gauge", "counter", "info"]
 
 # Labels of every per-instance metric. `dp_rank` is the engine instance inside one source
 # (data-parallel rank / V1 engine index); `instance` is avoided because Prometheus owns it.
-INSTANCE_LABELS: tuple[str, ...] = ("source", "engine", "model", "dp_rank")
+# The engine kind (vllm, sglang) is `engine_kind`, not `engine`: vLLM's own series use `engine` for
+# the DP engine index, so one label name would mean two things in a join. The served model is
+# `model_name`, the label both vLLM and SGLang put on their own series (docs/monitoring.md).
+ENGINE_KIND_LABEL = "engine_kind"
+MODEL_LABEL = "model_name"
+INSTANCE_LABELS: tuple[str, ...] = ("source", ENGINE_KIND_LABEL, MODEL_LABEL, "dp_rank")
 SOURCE_LABELS: tuple[str, ...] = ("source",)
 
 # Bounded label values.
@@ -180,10 +185,23 @@ LAST_UPDATE = _m(
     "When kvwatch last received a fact from this origin (log or metrics).",
     "origin",
 )
+FACTS_STALE = _m(
+    "kvwatch_source_facts_stale",
+    "gauge",
+    "1 when a fact that arrived from this origin (log or metrics) stopped arriving for longer than the fact TTL; its value is no longer exported.",
+    "origin",
+    "fact",
+)
 DISAGREEMENTS = _m(
     "kvwatch_log_metrics_disagreements",
     "counter",
     "Times the log and /metrics gave different values for the same fact.",
+    "fact",
+)
+BAD_VALUES = _m(
+    "kvwatch_bad_values",
+    "counter",
+    "Values the engine reported outside the fact's meaning (a ratio outside 0-1, a negative count), rejected.",
     "fact",
 )
 # --- Self-metrics --------------------------------------------------------------------------------
@@ -224,6 +242,33 @@ SCRAPE_ERRORS = _m(
 INSTANCES = _m("kvwatch_instances", "gauge", "Engine instances tracked.", base=())
 INSTANCES_DROPPED = _m(
     "kvwatch_dropped_events", "counter", "Events dropped because the instance cap was reached.", base=()
+)
+HTTP_CONNECTIONS_OPEN = _m(
+    "kvwatch_http_open_connections", "gauge", "Client connections open to kvwatch's HTTP port.", base=()
+)
+HTTP_CONNECTIONS_REFUSED = _m(
+    "kvwatch_http_connections_refused",
+    "counter",
+    "Connections to kvwatch's HTTP port refused because the cap on open connections was reached.",
+    base=(),
+)
+HTTP_CONNECTION_TIMEOUTS = _m(
+    "kvwatch_http_connection_timeouts",
+    "counter",
+    "Connections to kvwatch's HTTP port closed because a request or response did not complete in time.",
+    base=(),
+)
+HTTP_AUTH_THROTTLED = _m(
+    "kvwatch_http_auth_throttled",
+    "counter",
+    "Requests answered 429 without a password check: too many failed logins from that client just now.",
+    base=(),
+)
+STATE_FILE_INVALID = _m(
+    "kvwatch_state_file_invalid",
+    "counter",
+    "State files found unusable at start and moved aside (kvwatch then started fresh).",
+    base=(),
 )
 BUILD_INFO = _m(
     "kvwatch_build", "info", "kvwatch version and Python version.", "version", "python_version", base=()

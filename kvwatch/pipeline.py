@@ -1,11 +1,18 @@
-"""The line pipeline shared by the sidecar and the offline commands: line -> events -> Fleet.
+"""The line pipeline shared by the sidecar and the offline commands: one shape for both.
 
-``LinePipeline.feed`` takes one physical line from any source (tailer, file replay, stdin), drops
-it after a few substring checks when it carries no anchor phrase (almost every line of a busy
-server), otherwise detects the engine, strips prefixes, runs the engine's pure parser and folds the
-events into the Fleet under the pipeline's source. It never raises and never reads files or
-clocks. ``replay`` drives it to EOF over files (the ``kvwatch parse`` command and the golden
-tests); kvwatch/summary.py turns the resulting snapshots into the ``parse`` output.
+bytes -> ``LineSplitter`` (kvwatch/sources/lines.py, the only splitter) -> lines -> the engine's
+fast path (``LogDialect.fast_path``: its most frequent line, prefixes included, in one match) or
+else prefix peeling (kvwatch/parsers/prefix.py, one prefix grammar) and the engine's table
+dispatch (``LogDialect.parse``) -> events -> Fleet.
+
+``LinePipeline.feed`` takes one decoded line (the sidecar's tailer, stdin); ``feed_block`` takes a
+block of raw lines (replay), drops its access-log lines in bulk and decodes only the lines the
+fast path does not answer. Both drop a line without an anchor phrase after a few substring checks
+(almost every line of a busy server), detect the engine, and fold the events into the Fleet under
+the pipeline's source; they never raise and never read files or clocks, and leave the same events,
+counters and state for the same lines. ``replay`` drives ``feed_block`` to EOF over files (the
+``kvwatch parse`` command and the golden tests); kvwatch/summary.py turns the resulting snapshots
+into the ``parse`` output.
 """
 
 from __future__ import annotations
@@ -14,16 +21,17 @@ import io
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from kvwatch.engines import registry
-from kvwatch.engines.base import BlockParseFn, LineParseFn
+from kvwatch.engines.base import FastPathFn
 from kvwatch.engines.kinds import EngineChoice, EngineName
 from kvwatch.events import EngineSettings, Event, Preemption, StartupFailure, UsageSample
 from kvwatch.parsers.base import ParseFn
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
+from kvwatch.sources.lines import read_blocks
 from kvwatch.state import Fleet, InstanceSnapshot
 
 DEFAULT_MAX_LINE_CHARS = 65536
@@ -73,10 +81,9 @@ class LinePipeline:
         self.parse_errors = 0
         self.lines_truncated = 0
         self.engine: EngineName | None = None
-        self._anchors: tuple[str, ...] = registry.ALL_ANCHORS
+        self._anchors: tuple[str, ...] = registry.all_anchors()
         self._parser: ParseFn | None = None
-        self._line_parser: LineParseFn | None = None
-        self._block_parser: BlockParseFn | None = None
+        self._fast: FastPathFn | None = None
         # Last startup failure per instance: the same error printed by every TP rank (or by a worker
         # and again by the driver's traceback) is one failure.
         self._last_failure: dict[str, dict[str, object]] = {}
@@ -91,8 +98,7 @@ class LinePipeline:
         self.engine = engine
         self._anchors = dialect.anchors
         self._parser = dialect.parse
-        self._line_parser = dialect.line_parser
-        self._block_parser = dialect.block_parser
+        self._fast = dialect.fast_path
 
     def feed(self, line: str) -> tuple[Event, ...]:
         """Process one physical line (its terminator may be attached); returns the events applied."""
@@ -107,30 +113,6 @@ class LinePipeline:
                 return self._claimed(line)
         return ()
 
-    def feed_lines(
-        self, lines: Sequence[str], on_events: Callable[[tuple[Event, ...]], None] | None = None
-    ) -> None:
-        """``feed`` over a batch of lines in one loop (replay's hot path); events go to ``on_events``."""
-        self.lines_read += len(lines)
-        limit = self.max_line_chars
-        anchors = self._anchors
-        access = _ACCESS_LOG
-        for line in lines:
-            if access in line:
-                continue
-            for anchor in anchors:
-                if anchor in line:
-                    break
-            else:
-                continue
-            if len(line) > limit:
-                line = line[:limit]
-                self.lines_truncated += 1
-            events = self._claimed(line)
-            anchors = self._anchors
-            if events and on_events is not None:
-                on_events(events)
-
     def feed_block(
         self,
         block: bytes | bytearray,
@@ -138,12 +120,12 @@ class LinePipeline:
         pos: int = 0,
         endpos: int | None = None,
     ) -> None:
-        """``feed_lines`` over raw UTF-8 bytes (replay's hot path).
+        """``feed`` over raw UTF-8 lines (replay's hot path).
 
         ``block[pos:endpos]`` holds whole lines, each preceded by b"\\n" (so an empty range has no
         line and b"\\n" alone is one empty line).
         Access-log lines are dropped in bulk by two regex passes over the block; the others go
-        through the same checks as ``feed_lines``, in order, decoded (invalid UTF-8 replaced, as a
+        through the same checks as ``feed``, in order, decoded (invalid UTF-8 replaced, as a
         text stream with errors="replace" would) unless the engine's block parser answers them
         from the raw bytes. ``lines_read`` counts every line.
         """
@@ -200,7 +182,7 @@ class LinePipeline:
                 self.lines_truncated += 1
             events = self._claimed(line)
             anchors = self._anchors
-            if rows is None and self._block_parser is not None:
+            if rows is None and self._fast is not None:
                 # The engine was detected on this line: the rest of the block can go the fast way.
                 base = i + 1
                 rows = self._fast_rows(raw_lines[base:])
@@ -211,12 +193,12 @@ class LinePipeline:
             self.fleet.apply_all(self.source, pending)
 
     def _fast_rows(self, lines: list[bytes]) -> list[tuple[Event, ...] | None] | None:
-        """The block parser's answer per line, or None (no block parser, or it failed: then every
-        line takes the general path, which counts what it cannot convert)."""
-        if self._block_parser is None:
+        """The fast path's answer per line, or None (no fast path, or it failed: then every line
+        takes the general path, which counts what it cannot convert)."""
+        if self._fast is None:
             return None
         try:
-            return self._block_parser(lines)
+            return self._fast(lines)
         except Exception:
             return None
 
@@ -248,10 +230,12 @@ class LinePipeline:
                     break
             else:
                 return ()
-        if self._line_parser is not None:
-            fast = self._line_parser(line)
-            if fast is not None:
-                return fast
+        if self._fast is not None:
+            raw = line.rstrip("\r\n").encode("utf-8", "surrogatepass")
+            if b"\n" not in raw:
+                (fast,) = self._fast([raw])
+                if fast is not None:
+                    return fast
         parser = self._parser
         if parser is None:
             return ()
@@ -320,50 +304,6 @@ class ReplayResult:
         return self.fleet.snapshot()
 
 
-READ_BLOCK_BYTES = 1 << 20
-
-
-def _read_blocks(
-    stream: io.BufferedIOBase, max_chars: int, block_bytes: int = READ_BLOCK_BYTES
-) -> Iterator[tuple[bytes | bytearray, int, int]]:
-    """``(block, pos, endpos)``: ``block[pos:endpos]`` is whole lines, each preceded by b"\\n".
-
-    This is ``LinePipeline.feed_block``'s input, read 1 MiB at a time and handed on without copying
-    the block. Memory stays bounded by the block size: the line a block boundary cuts is kept only
-    up to ``max_chars`` + 1 characters (enough for the pipeline to see and count it as over-long);
-    the rest of such a line is dropped as it streams past. This is the cut a text stream read in
-    1 Mi-character blocks made, so a file of ASCII text is split exactly as before the byte reader.
-    """
-    keep = max_chars + 1
-    cap = 4 * keep  # bytes that always hold `keep` characters of UTF-8 (or of replaced bytes)
-    carry = b""
-    # One buffer for the whole stream: a fresh 1 MiB object per read costs page faults and zeroing.
-    buffer = bytearray(block_bytes)
-    while size := stream.readinto(buffer):
-        first = buffer.find(b"\n", 0, size)
-        if len(carry) < cap:
-            carry += buffer[: min(size if first < 0 else first, cap - len(carry))]
-        if first < 0:
-            continue
-        line = b"\n" + _first_chars(carry, keep)
-        yield line, 0, len(line)
-        last = buffer.rfind(b"\n", 0, size)
-        if last > first:
-            # Read by the caller before the next read overwrites the buffer.
-            yield buffer, first, last
-        carry = bytes(buffer[last + 1 : min(size, last + 1 + cap)])
-    if carry:
-        line = b"\n" + _first_chars(carry, keep)
-        yield line, 0, len(line)
-
-
-def _first_chars(data: bytes, n: int) -> bytes:
-    """The first ``n`` characters of ``data`` once decoded (invalid bytes count as replaced), as UTF-8."""
-    if len(data) <= n:
-        return data
-    return data.decode("utf-8", "replace")[:n].encode("utf-8")
-
-
 def _open_binary(path: str) -> io.BufferedIOBase:
     if path == "-":
         return cast(io.BufferedIOBase, sys.stdin.buffer)
@@ -391,7 +331,7 @@ def replay(
         result.pipelines.append(pipeline)
         total = os.path.getsize(path) if path != "-" and progress is not None else 0
         with _open_binary(path) as stream:
-            for block, pos, endpos in _read_blocks(stream, max_line_chars):
+            for block, pos, endpos in read_blocks(stream, max_line_chars):
                 pipeline.feed_block(block, on_events, pos, endpos)
                 if progress is not None and total:
                     progress(source, min(stream.tell(), total), total)

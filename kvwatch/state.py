@@ -1,8 +1,9 @@
 """State: one record per engine instance (source x DP rank), fed by events, read at scrape time.
 
-This is the only mutable object in the pipeline. ``Fleet.apply`` is called by a single consumer
-(the sidecar's pipeline thread, or the replay loop of the offline commands); ``Fleet.snapshot``
-may be called from any thread (the /metrics handler) and returns frozen copies.
+This is the only mutable object in the pipeline. ``Fleet.apply`` may be called from several threads
+(in the sidecar: tailers, HTTP workers and the consumer, see kvwatch/sidecar/__init__.py; offline:
+the replay loop alone); the fleet's lock makes each call atomic, and the callers keep each source's
+events in order. ``Fleet.snapshot`` may be called from any thread and returns frozen copies.
 
 Epochs: an engine prints its settings, memory budget and pool once per start. A new start in the
 log (an event with ``starts_engine``) or a counter reset on /metrics opens a new epoch: the facts of
@@ -12,11 +13,12 @@ preemption counter keeps counting so it stays monotonic for Prometheus.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, get_args
+from typing import get_args
 
 from kvwatch.engines.kinds import EngineName
 from kvwatch.events import (
@@ -45,12 +47,10 @@ from kvwatch.facts import (
     SettingsFacts,
     UsageFacts,
     changes,
-    disagreement_from_json,
-    from_json,
     merged,
     updated,
+    without,
 )
-from kvwatch.jsontypes import JsonObject, JsonValue
 
 # Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
 _POOL_TOLERANCE = 0.0
@@ -62,72 +62,43 @@ _USAGE_PAIR_SECONDS = 30.0
 
 DEFAULT_MAX_INSTANCES = 256
 
-_POOL_KINDS: tuple[PoolKind, ...] = get_args(PoolKind)
-_ORIGINS: tuple[Origin, ...] = get_args(Origin)
+# Seconds after which a fact that stopped arriving is stale: no longer in snapshots (so no longer
+# exported) and flagged in InstanceSnapshot.stale. vLLM logs stats every 10 s while busy, and the
+# sidecar scrapes /metrics every 5 s, so a minute is six missed log intervals and twelve scrapes.
+DEFAULT_FACT_TTL = 60.0
+
+# Usage facts that must lie in [0, 1] (ratios), and those that must be non-negative (counts). A
+# value outside its meaning (a logged 'GPU KV cache usage: 193.0%') is rejected and counted.
+_RATIO_FACTS = frozenset(
+    {"kv_usage_ratio", "prefix_cache_hit_ratio", "swa_usage_ratio", "mamba_usage_ratio", "cpu_kv_usage_ratio"}
+)
+_COUNT_FACTS = frozenset(
+    {"used_tokens", "running", "waiting", "swapped", "swa_used_tokens", "mamba_used_slots", "retracted"}
+)
+# The facts whose staleness is exported (kvwatch_source_facts_stale): levels an engine reports on
+# every stats line and every scrape. Rate-derived facts (a prefix hit rate computed from counter
+# deltas) are absent while the engine is idle, so they are dropped after the TTL but never flagged.
+STALE_FACTS: tuple[str, ...] = ("kv_usage_ratio", "used_tokens", "running", "waiting", "pool_tokens")
+# Facts the log and /metrics are cross-checked on (names of InstanceState.disagreements).
+DISAGREEMENT_FACTS: tuple[str, ...] = ("pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio")
+BAD_VALUE_FACTS: tuple[str, ...] = tuple(sorted(_RATIO_FACTS | _COUNT_FACTS))
+if not set(BAD_VALUE_FACTS) <= {f.name for f in fields(UsageFacts)}:
+    raise TypeError("state: a checked usage fact is not a UsageFacts field")
+if set(DISAGREEMENT_FACTS) != set(get_args(DisagreementFact)):
+    raise TypeError("state: DISAGREEMENT_FACTS does not match events.DisagreementFact")
+
+
+def _bad(fact: str, value: object) -> bool:
+    """True when a usage value lies outside what the fact means."""
+    if fact in _RATIO_FACTS:
+        return not (isinstance(value, int | float) and math.isfinite(value) and 0.0 <= value <= 1.0)
+    if fact in _COUNT_FACTS:
+        return not (isinstance(value, int | float) and math.isfinite(value) and value >= 0)
+    return False
 
 
 def _other(origin: Origin) -> Origin:
     return "metrics" if origin == "log" else "log"
-
-
-def _plain(value: Any) -> Any:
-    return dict(value) if isinstance(value, dict) else value
-
-
-def _obj(value: JsonValue) -> Mapping[str, JsonValue]:
-    if not isinstance(value, dict):
-        raise TypeError(f"expected an object, got {type(value).__name__}")
-    return value
-
-
-def _pool_kind(name: str) -> PoolKind:
-    for kind in _POOL_KINDS:
-        if kind == name:
-            return kind
-    raise ValueError(f"unknown pool kind {name!r}")
-
-
-def _origin(name: str) -> Origin:
-    for origin in _ORIGINS:
-        if origin == name:
-            return origin
-    raise ValueError(f"unknown origin {name!r}")
-
-
-def _pools_by_origin_from_json(value: JsonValue) -> dict[tuple[Origin, PoolKind], PoolFacts]:
-    out: dict[tuple[Origin, PoolKind], PoolFacts] = {}
-    for key, facts in _obj(value).items():
-        origin, _, kind = key.partition(":")
-        out[(_origin(origin), _pool_kind(kind))] = from_json(PoolFacts, _obj(facts))
-    return out
-
-
-# State-file form per InstanceState field, where it is not the value itself. The form is the one
-# kvwatch wrote when facts were dicts: fact groups as objects of their known facts, per-origin
-# pools keyed 'origin:kind'.
-_encoders: dict[str, Callable[[Any], JsonValue]] = {
-    "settings": SettingsFacts.to_json,
-    "memory": MemoryFacts.to_json,
-    "usage": UsageFacts.to_json,
-    "pools": lambda v: {k: p.to_json() for k, p in v.items()},
-    "pools_by_origin": lambda v: {f"{o}:{k}": p.to_json() for (o, k), p in v.items()},
-    "usage_by_origin": lambda v: {o: u.to_json() for o, u in v.items()},
-    "last_failure": lambda v: None if v is None else v.to_json(),
-    "last_disagreement": lambda v: None if v is None else v.to_json(),
-}
-_decoders: dict[str, Callable[[JsonValue], Any]] = {
-    "settings": lambda v: from_json(SettingsFacts, _obj(v)),
-    "memory": lambda v: from_json(MemoryFacts, _obj(v)),
-    "usage": lambda v: from_json(UsageFacts, _obj(v)),
-    "pools": lambda v: {_pool_kind(k): from_json(PoolFacts, _obj(p)) for k, p in _obj(v).items()},
-    "pools_by_origin": _pools_by_origin_from_json,
-    "usage_by_origin": lambda v: {_origin(o): from_json(UsageFacts, _obj(u)) for o, u in _obj(v).items()},
-    "usage_seen": lambda v: {_origin(o): t for o, t in _obj(v).items()},
-    "preemption_marks": lambda v: {_origin(o): n for o, n in _obj(v).items()},
-    "preemption_epoch": lambda v: {_origin(o): n for o, n in _obj(v).items()},
-    "last_failure": lambda v: None if v is None else from_json(Failure, _obj(v)),
-    "last_disagreement": lambda v: None if v is None else disagreement_from_json(_obj(v)),
-}
 
 
 @dataclass
@@ -163,6 +134,10 @@ class InstanceState:
     counter_resets: int = 0
     last_update: dict[str, float] = field(default_factory=dict)
     events: int = 0
+    # "<origin>:<fact>" -> when that fact last arrived from that origin (state clock), for staleness.
+    fact_seen: dict[str, float] = field(default_factory=dict)
+    # Values rejected because they lie outside the fact's meaning, per fact.
+    bad_values: dict[str, int] = field(default_factory=dict)
 
     def has_epoch_facts(self, origin: Origin | None = None) -> bool:
         """True when this epoch already holds capacity facts a new start would replace.
@@ -199,28 +174,10 @@ class InstanceState:
         self.usage = EMPTY_USAGE
         self.usage_by_origin = {}
         self.usage_seen = {}
+        self.fact_seen = {}
         self.preemption_marks = {}
         self.preemption_epoch = {}
         self.last_failure = None
-
-    def to_json(self) -> JsonObject:
-        """The state file's form of this record (fact groups as their known facts)."""
-        out: JsonObject = {}
-        for f in fields(self):
-            encode: Callable[[Any], JsonValue] = _encoders.get(f.name, _plain)
-            out[f.name] = encode(getattr(self, f.name))
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, JsonValue]) -> InstanceState:
-        """A record from its state-file form; unknown names are ignored (TypeError, ValueError,
-        KeyError or AttributeError for a record this version cannot use)."""
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in data:
-                decode: Callable[[JsonValue], Any] = _decoders.get(f.name, _plain)
-                values[f.name] = decode(data[f.name])
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -249,6 +206,9 @@ class InstanceSnapshot:
     counter_resets: int
     last_update: Mapping[str, float]
     events: int
+    # (origin, fact) of every tracked fact (STALE_FACTS) seen this epoch -> True when it went stale.
+    stale: Mapping[tuple[str, str], bool] = field(default_factory=dict)
+    bad_values: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def pool(self) -> PoolFacts:
@@ -263,9 +223,11 @@ class Fleet:
         self,
         clock: Callable[[], float] = time.time,
         max_instances: int = DEFAULT_MAX_INSTANCES,
+        fact_ttl: float = DEFAULT_FACT_TTL,
     ) -> None:
         self._clock = clock
         self._max = max_instances
+        self.fact_ttl = fact_ttl
         self._lock = threading.Lock()
         self._instances: dict[tuple[str, str], InstanceState] = {}
         # Settings printed by a process that is not an engine instance (API server) apply to all.
@@ -306,11 +268,17 @@ class Fleet:
         if isinstance(event, UsageSample):
             origin = event.origin
             changed = changes(event, UsageFacts)
+            for fact in [f for f, v in changed.items() if _bad(f, v)]:
+                del changed[fact]
+                state.bad_values[fact] = state.bad_values.get(fact, 0) + 1
+            seen = state.fact_seen
+            for fact in changed:
+                seen[f"{origin}:{fact}"] = now
             before, own = state.usage, state.usage_by_origin.get(origin, EMPTY_USAGE)
             state.usage = updated(before, changed, now)
             # While one origin reports usage its group is the merged one: one merge, not two.
             state.usage_by_origin[origin] = state.usage if own is before else updated(own, changed, now)
-            if event.kv_usage_ratio is not None:
+            if "kv_usage_ratio" in changed:
                 state.usage_seen[origin] = now
                 # Only a sample the other origin has matched recently is compared (log-only: never).
                 if state.usage_seen.get(_other(origin)) is not None:
@@ -340,6 +308,8 @@ class Fleet:
             self._record_disagreement(state, event.fact, event.log_value, event.metrics_value)
 
     def _apply_pool(self, state: InstanceState, event: PoolSized, now: float) -> None:
+        if event.pool == "full" and (event.tokens is not None or event.blocks is not None):
+            state.fact_seen[f"{event.origin}:pool_tokens"] = now
         state.pools[event.pool] = merged(state.pools.get(event.pool, EMPTY_POOL), event, now)
         key = (event.origin, event.pool)
         own = state.pools_by_origin[key] = merged(state.pools_by_origin.get(key, EMPTY_POOL), event, now)
@@ -358,7 +328,7 @@ class Fleet:
             self._record_disagreement(state, name, float(log_v), float(met_v))
 
     def _cross_check_usage(self, state: InstanceState, event: UsageSample, now: float) -> None:
-        if event.kv_usage_ratio is None:
+        if event.kv_usage_ratio is None or _bad("kv_usage_ratio", event.kv_usage_ratio):
             return
         state.usage_seen[event.origin] = now
         other_origin = _other(event.origin)
@@ -405,12 +375,40 @@ class Fleet:
         state.preemption_epoch[event.origin] = state.preemption_epoch.get(event.origin, 0) + delta
         state.preemptions_total += max(state.preemption_epoch.values()) - before
 
+    def _stale(self, st: InstanceState, now: float) -> tuple[dict[tuple[str, str], bool], set[str]]:
+        """Per (origin, tracked fact): stale or not; and the facts no origin keeps fresh."""
+        stale: dict[tuple[str, str], bool] = {}
+        fresh: set[str] = set()
+        seen_facts: set[str] = set()
+        limit = now - self.fact_ttl
+        for key, ts in st.fact_seen.items():
+            origin, _, fact = key.partition(":")
+            seen_facts.add(fact)
+            if ts >= limit:
+                fresh.add(fact)
+            if fact in STALE_FACTS:
+                stale[(origin, fact)] = ts < limit
+        return dict(sorted(stale.items())), seen_facts - fresh
+
     def snapshot(self) -> list[InstanceSnapshot]:
-        """Frozen copies of every instance, sorted by (source, instance)."""
+        """Frozen copies of every instance, sorted by (source, instance).
+
+        Usage facts that no origin delivered within ``fact_ttl`` are left out (a frozen value must
+        not be exported as if current), and so is a pool only /metrics reported when /metrics
+        stopped reporting it; a pool the log printed at startup is a once-printed fact and stays.
+        """
         with self._lock:
             out = []
+            now = self._clock()
             for (source, _), st in sorted(self._instances.items()):
                 settings = self._source_settings.get(source, EMPTY_SETTINGS).overlaid(st.settings)
+                stale, gone = self._stale(st, now) if st.fact_seen else ({}, set())
+                usage = without(st.usage, gone) if gone else st.usage
+                pools = dict(st.pools)
+                if "pool_tokens" in gone:
+                    printed = st.pools_by_origin.get(("log", "full"))
+                    if printed is None or printed.empty():
+                        pools.pop("full", None)
                 out.append(
                     InstanceSnapshot(
                         source=st.source,
@@ -421,8 +419,8 @@ class Fleet:
                         restarts=st.restarts,
                         settings=settings,
                         memory=st.memory,
-                        pools=dict(st.pools),
-                        usage=st.usage,
+                        pools=pools,
+                        usage=usage,
                         preemptions_total=st.preemptions_total,
                         retractions=st.retractions,
                         startup_failures=dict(st.startup_failures),
@@ -432,24 +430,42 @@ class Fleet:
                         counter_resets=st.counter_resets,
                         last_update=dict(st.last_update),
                         events=st.events,
+                        stale=stale,
+                        bad_values=dict(st.bad_values),
                     )
                 )
             return out
 
     def instances(self) -> list[InstanceState]:
-        """The live records (for persistence by the single writer; do not mutate from elsewhere)."""
+        """Shallow copies of the records, for persistence (taken under the lock: a consistent set)."""
         with self._lock:
             return [replace(st) for st in self._instances.values()]
 
-    def restore(self, states: Iterable[InstanceState], source_settings: Mapping[str, SettingsFacts]) -> None:
-        """Load records saved by a previous kvwatch process (state file)."""
+    def restore(self, states: Iterable[InstanceState], source_settings: Mapping[str, SettingsFacts]) -> int:
+        """Load records saved by a previous kvwatch process (state file), within the instance cap.
+
+        Beyond the cap the least recently updated records are left out (a cap lowered between runs,
+        or a file someone else wrote); returns how many.
+        """
+        records = list(states)
+        total = len(records)
         with self._lock:
-            for st in states:
+            room = max(0, self._max - len(self._instances))
+            if len(records) > room:
+                newest = sorted(
+                    range(len(records)),
+                    key=lambda i: max(records[i].last_update.values(), default=records[i].epoch_started),
+                    reverse=True,
+                )
+                keep = set(newest[:room])
+                records = [st for i, st in enumerate(records) if i in keep]
+            for st in records:
                 self._instances[(st.source, st.instance)] = st
             for source, settings in source_settings.items():
                 self._source_settings[source] = self._source_settings.get(source, EMPTY_SETTINGS).overlaid(
                     settings
                 )
+        return total - len(records)
 
     def source_settings(self) -> dict[str, SettingsFacts]:
         """Settings printed by a source's non-instance processes, for persistence."""

@@ -25,14 +25,14 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
 
 
-def _tool(name: str) -> str:
-    """Path of a Debian `prometheus` package binary; in CI a missing one fails, elsewhere it skips."""
+def _tool(name: str, package: str = "prometheus") -> str:
+    """Path of a Debian package's binary; in CI a missing one fails, elsewhere it skips."""
     import os
     import shutil
 
     path = shutil.which(name)
     if path is None:
-        message = f"{name} not found (Debian package 'prometheus'; `make tools` installs it as root)"
+        message = f"{name} not found (Debian package {package!r}; `make tools` installs it as root)"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
@@ -49,3 +49,19 @@ def promtool() -> str:
 def prometheus_server() -> str:
     """Path to the Prometheus server binary."""
     return _tool("prometheus")
+
+
+@pytest.fixture(scope="session")
+def amtool() -> str:
+    """Path to amtool."""
+    return _tool("amtool", "prometheus-alertmanager")
+
+
+@pytest.fixture(scope="session")
+def alertmanager_server() -> str:
+    """Path to the Alertmanager server binary (Debian installs it as prometheus-alertmanager)."""
+    import shutil
+
+    if shutil.which("alertmanager"):
+        return _tool("alertmanager", "prometheus-alertmanager")
+    return _tool("prometheus-alertmanager", "prometheus-alertmanager")

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch.app import Sidecar, find_model_config
 from kvwatch.cli import main
 from kvwatch.config import load_settings
+from kvwatch.sidecar.app import Sidecar
+from kvwatch.sidecar.discovery import find_model_config
 
 TESTS = Path(__file__).parent
 LOG_SAMPLES = TESTS / "log_samples"
@@ -113,7 +114,7 @@ def test_a_scrape_shows_a_line_appended_just_before_it(
 ) -> None:
     """/metrics reads what the engine appended before rendering: the next scrape is current even
     though the tailer's own timed read is rare (here: never within the test)."""
-    monkeypatch.setattr("kvwatch.app.TAIL_INTERVAL", 3600.0)
+    monkeypatch.setattr("kvwatch.sidecar.app.TAIL_INTERVAL", 3600.0)
     log = tmp_path / "vllm.log"
     _append(log, *VLLM_STARTUP)
     car = sidecar_factory(log=[f"v={log}"], model_config=[str(LLAMA_8B)])
@@ -206,6 +207,8 @@ def test_basic_auth_and_tls(tmp_path: Path, sidecar_factory: Callable[..., Sidec
     bad = {"Authorization": "Basic " + base64.b64encode(b"prom:wrong").decode()}
     for headers in ({}, bad):
         assert _status(car.url, headers, ctx) == 401
+    # /healthz needs no credentials (probes), on the same port and over TLS like everything else.
+    assert _scrape(car.url.replace("/metrics", "/healthz"), {}, ctx) == "ok\n"
     _wait(lambda: _value(_scrape(car.url, good, ctx), "kvwatch_kv_pool_blocks", source="v") == 1952)
     with pytest.raises(OSError):  # plain HTTP on the TLS port
         _scrape(car.url.replace("https://", "http://"), good)
@@ -346,7 +349,7 @@ def test_engine_metrics_scraped_and_counter_reset_is_a_restart(
     engine = _Fixture(text)
     try:
         car = sidecar_factory(metrics_url=[f"e={engine.url}"], scrape_interval=0.1)
-        lab = {"source": "e", "dp_rank": "0", "model": "Qwen/Qwen2.5-7B-Instruct"}
+        lab = {"source": "e", "dp_rank": "0", "model_name": "Qwen/Qwen2.5-7B-Instruct"}
         _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_blocks", **lab) == 27153)
         page = _scrape(car.url)
         assert _value(page, "kvwatch_kv_pool_tokens", **lab) == 27153 * 16
@@ -608,7 +611,7 @@ def test_gzip_and_openmetrics_negotiation(tmp_path: Path, sidecar_factory: Calla
         assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
         body = resp.read().decode()
     assert body.rstrip().endswith("# EOF")
-    assert 'kvwatch_kv_pool_blocks{dp_rank="0",engine="vllm",model="",source="v"} 1952.0' in body
+    assert 'kvwatch_kv_pool_blocks{dp_rank="0",engine_kind="vllm",model_name="",source="v"} 1952.0' in body
 
 
 def test_state_file_pace_facts_soon_usage_later(
@@ -636,3 +639,46 @@ def test_state_file_pace_facts_soon_usage_later(
     assert state_file.stat().st_mtime_ns == saved
     _append(log, stats.replace("Waiting: 0 reqs, ", "Waiting: 0 reqs, Preemptions: 2, "))
     _wait(lambda: json.loads(state_file.read_text())["instances"][0]["preemptions_total"] == 2)
+
+
+def test_wrong_typed_state_file_starts_fresh_and_metrics_answer(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
+) -> None:
+    """epoch_started "now" once made /metrics reply empty while /healthz said ok."""
+    import json
+
+    from kvwatch.events import PoolSized
+    from kvwatch.persist import StateStore
+    from kvwatch.state import Fleet
+
+    old = Fleet()
+    old.apply("v", PoolSized(engine="vllm", tokens=2000))
+    state = tmp_path / "state"
+    StateStore(state).save(old, {})
+    data = json.loads((state / "kvwatch-state.json").read_text())
+    data["instances"][0]["epoch_started"] = "now"
+    (state / "kvwatch-state.json").write_text(json.dumps(data))
+    log = tmp_path / "v.log"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"], state_dir=str(state))
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_blocks", source="v") == 1952)
+    page = _scrape(car.url)
+    assert _value(page, "kvwatch_state_file_invalid_total") == 1
+    assert len(list(state.glob("kvwatch-state.json.corrupt-*"))) == 1
+
+
+def test_five_thousand_restored_instances_obey_max_instances(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
+) -> None:
+    from kvwatch.events import PoolSized
+    from kvwatch.persist import StateStore
+    from kvwatch.state import Fleet
+
+    old = Fleet(max_instances=10_000)
+    for i in range(5000):
+        old.apply("v", PoolSized(engine="vllm", instance=str(i), tokens=1000))
+    StateStore(tmp_path / "state").save(old, {})
+    log = tmp_path / "v.log"
+    log.touch()
+    car = sidecar_factory(log=[f"v={log}"], state_dir=str(tmp_path / "state"), max_instances=256)
+    assert _value(_scrape(car.url), "kvwatch_instances") == 256

@@ -28,7 +28,7 @@ VLLM_LINES = [
     *(LOG_SAMPLES / "vllm/012-v0-metrics449-low-usage-2025-01.log").read_text().splitlines(),
     *(LOG_SAMPLES / "vllm/026-v0-preemption-lighteval-suffix-location.log").read_text().splitlines(),
 ]
-LAB = {"source": "v", "engine": "vllm", "model": "", "dp_rank": "0"}
+LAB = {"source": "v", "engine_kind": "vllm", "model_name": "", "dp_rank": "0"}
 
 
 def _registry(

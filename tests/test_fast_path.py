@@ -1,6 +1,6 @@
 """The replay fast paths give exactly what the general path gives.
 
-``vllm.parse_line`` (one pattern over a whole stats line) must equal ``parse(*strip_prefixes(line))``
+``fastpath.parse_lines`` (one pattern over whole stats lines) must equal ``parse(*strip_prefixes(line))``
 event for event on every line it answers; ``LinePipeline.feed_block`` over raw bytes (bulk
 access-line filter) must leave the same counters, events and state as ``feed`` line by line; and
 the byte reader must cut a stream into the lines a text split gives.
@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from kvwatch.engines.vllm import fastpath, log
 from kvwatch.events import Event, Preemption, UsageSample, event_to_json
 from kvwatch.parsers.prefix import strip_prefixes
-from kvwatch.pipeline import LinePipeline, _read_blocks
+from kvwatch.pipeline import LinePipeline
+from kvwatch.sources.lines import read_blocks
 from kvwatch.state import Fleet
 
 SAMPLES = Path(__file__).parent / "log_samples"
@@ -28,6 +29,12 @@ SAMPLE_LINES = [
     line for path in SAMPLE_FILES for line in path.read_text(encoding="utf-8", errors="replace").split("\n")
 ]
 PROPS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _fast(line: str) -> tuple[Event, ...] | None:
+    """The fast path's answer for one line, as the pipeline asks it (terminator removed)."""
+    raw = line.rstrip("\r\n").encode("utf-8", "surrogatepass")
+    return None if b"\n" in raw else fastpath.parse_lines([raw])[0]
 
 
 def _general(line: str) -> tuple[Event, ...]:
@@ -49,33 +56,30 @@ def _identical(fast: tuple[Event, ...], general: tuple[Event, ...]) -> None:
         assert a.model_dump(exclude_unset=True) == b.model_dump(exclude_unset=True)
 
 
-def test_block_parser_equals_line_parser() -> None:
-    lines = [x.rstrip("\r\n") if "\n" in x else x for x in SAMPLE_LINES]
-    assert fastpath.parse_lines([x.encode() for x in lines]) == [fastpath.parse_line(x) for x in lines]
+def test_fast_path_answers_each_line_as_alone() -> None:
+    lines = [x.rstrip("\r\n") for x in SAMPLE_LINES if "\n" not in x.rstrip("\r\n")]
+    assert fastpath.parse_lines([x.encode() for x in lines]) == [_fast(x) for x in lines]
     assert fastpath.parse_lines([]) == []
     assert fastpath.parse_lines([b""]) == [None]
-    # A line with a newline in it is not the block parser's input; it still answers line by line.
-    stats = next(x for x in SAMPLE_LINES if fastpath.parse_line(x) is not None)
-    assert fastpath.parse_lines([(stats + "\nx").encode(), stats.encode()]) == [
-        fastpath.parse_line(stats + "\nx"),
-        fastpath.parse_line(stats),
-    ]
-    # Raw lines: what their decoded form (invalid bytes replaced) gives.
+    # A line with a newline in it is not a line: every answer is None (the general path reads them).
+    stats = next(x for x in SAMPLE_LINES if _fast(x) is not None)
+    assert fastpath.parse_lines([(stats + "\nx").encode(), stats.encode()]) == [None, None]
+    # Raw lines: what their decoded form (invalid bytes replaced) gives, i.e. nothing (ASCII only).
     for raw in (b"\xff" + stats.encode(), stats.encode()[:-3] + b"\xe2\x82", stats.encode() + b"\xc3\xa9"):
-        assert fastpath.parse_lines([raw]) == [fastpath.parse_line(raw.decode("utf-8", "replace"))]
+        assert fastpath.parse_lines([raw]) == [None]
 
 
 def test_fast_path_equals_general_path_on_every_sample_line() -> None:
     answered = 0
     for line in SAMPLE_LINES:
-        fast = fastpath.parse_line(line)
+        fast = _fast(line)
         if fast is not None:
             answered += 1
             _identical(fast, _general(line))
     # The samples' stats lines in V0 and V1 shapes (with and without process prefix, Docker-stamped
-    # ones go the general way): the fast path must actually answer them.
-    stats = [x for x in SAMPLE_LINES if "Avg prompt throughput" in x and x[:1] in "(I"]
-    assert answered == len(stats) >= 15
+    # too): the fast path must actually answer every one of them.
+    stats = [x for x in SAMPLE_LINES if "Avg prompt throughput" in x]
+    assert answered == len(stats) >= 20
 
 
 def test_builder_matches_model_construct() -> None:
@@ -167,9 +171,10 @@ def stats_line(draw: st.DrawFn) -> str:
 @PROPS
 @given(stats_line())
 def test_fast_path_equals_general_path_on_generated_lines(line: str) -> None:
-    fast = fastpath.parse_line(line)
-    if "\n" not in line:
-        assert fastpath.parse_lines([line.encode(), b"x", line.encode()]) == [fast, None, fast]
+    fast = _fast(line)
+    if "\n" not in line.rstrip("\r\n"):
+        raw = line.rstrip("\r\n").encode("utf-8", "surrogatepass")
+        assert fastpath.parse_lines([raw, b"x", raw]) == [fast, None, fast]
     if fast is None:
         return
     _identical(fast, _general(line))
@@ -189,7 +194,7 @@ def test_fast_path_answers_the_common_shapes() -> None:
         "GPU KV cache usage: 6.0%, Prefix cache hit rate: 7.0%, MM cache hit rate: 1.0%\r\n",
     ]
     for line in lines:
-        fast = fastpath.parse_line(line)
+        fast = _fast(line)
         assert fast is not None, line
         _identical(fast, _general(line))
 
@@ -206,7 +211,7 @@ def _by_lines(lines: list[str], engine: Any = "auto") -> tuple[LinePipeline, lis
 def _by_block(data: bytes, engine: Any = "auto") -> tuple[LinePipeline, list[tuple[Event, ...]]]:
     p = LinePipeline("src", Fleet(clock=lambda: 0.0), engine=engine)
     seen: list[tuple[Event, ...]] = []
-    for block, pos, endpos in _read_blocks(io.BytesIO(data), p.max_line_chars):
+    for block, pos, endpos in read_blocks(io.BytesIO(data), p.max_line_chars):
         p.feed_block(block, seen.append, pos, endpos)
     return p, seen
 
@@ -281,7 +286,7 @@ def test_byte_reader_splits_like_text(pieces: list[bytes], block_bytes: int) -> 
         want.pop()
     got = [
         line.decode("utf-8", "replace")
-        for block, pos, endpos in _read_blocks(io.BytesIO(data), 4096, block_bytes)
+        for block, pos, endpos in read_blocks(io.BytesIO(data), 4096, block_bytes)
         for line in block[pos + 1 : endpos].split(b"\n")
     ]
     assert got == want
@@ -294,7 +299,7 @@ def test_byte_reader_caps_cut_lines(data: bytes, block_bytes: int, max_chars: in
     text_lines = data.decode("utf-8", "replace").split("\n")
     got = [
         line.decode("utf-8", "replace")
-        for block, pos, endpos in _read_blocks(io.BytesIO(data), max_chars, block_bytes)
+        for block, pos, endpos in read_blocks(io.BytesIO(data), max_chars, block_bytes)
         for line in block[pos + 1 : endpos].split(b"\n")
     ]
     if text_lines[-1] == "":

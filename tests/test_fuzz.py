@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from kvwatch.engines import registry
 from kvwatch.parsers.base import LineMeta, ParseError
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
-from kvwatch.pipeline import READ_BLOCK_BYTES, LinePipeline, _read_blocks, replay
+from kvwatch.pipeline import LinePipeline, replay
+from kvwatch.sources.lines import READ_BLOCK_BYTES, read_blocks
 from kvwatch.state import Fleet
 
 SAMPLES = Path(__file__).parent / "log_samples"
@@ -121,7 +122,7 @@ def test_replay_reads_bounded_lines_from_invalid_utf8(data: bytes) -> None:
             bound = max(READ_BLOCK_BYTES, 4097)
             assert all(
                 len(line.decode("utf-8", "replace")) <= bound
-                for block, pos, endpos in _read_blocks(stream, 4096)
+                for block, pos, endpos in read_blocks(stream, 4096)
                 for line in block[pos + 1 : endpos].split(b"\n")
             )
         result = replay([name], engine="vllm", max_line_chars=4096)

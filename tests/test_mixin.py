@@ -36,6 +36,10 @@ DASHBOARDS_CONFIGMAP = K8S / "kvwatch-dashboards.yaml"
 
 # Labels Prometheus or prometheus-operator attach to every scraped series (target labels).
 TARGET_LABELS = {"job", "instance", "namespace", "pod", "container", "endpoint", "service", "cluster"}
+# Series kvwatch does not export that rules and dashboards may read: Prometheus' own `up`, and the
+# engines' own series (the PodMonitor scrapes vLLM's /metrics; the dashboard's engine row reads it).
+EXTERNAL_NAMES = {"up"}
+EXTERNAL_PREFIXES = ("vllm:", "sglang:")
 # Stand-ins for Grafana's built-in interval variables, so dashboard queries parse as PromQL.
 GRAFANA_INTERVALS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
 
@@ -235,7 +239,8 @@ def test_kv_fleet_dashboard_reads_the_recorded_aggregates() -> None:
         rules.FLEET_HEADROOM_TOKENS,
         rules.LIMITING_RANK,
         rules.LIMITING_HEADROOM_REQUESTS,
-        rules.FLEET_POOL_MEDIAN,
+        rules.SIBLING_POOL_MEDIAN,
+        rules.RANK_POOL_BY_CARD,
     ):
         assert record in exprs, record
     titles = {p["title"] for p in _panels(board)}
@@ -317,9 +322,11 @@ ALL_QUERIES = list(dashboard_queries()) + list(rule_queries())
 @pytest.mark.parametrize(("where", "expr"), ALL_QUERIES, ids=[w for w, _ in ALL_QUERIES])
 def test_every_metric_name_in_dashboards_and_rules_is_exported(where: str, expr: str) -> None:
     exported = set(names.by_sample_name())
-    allowed = exported | recorded_names()
+    allowed = exported | recorded_names() | EXTERNAL_NAMES
     used = {_name(s) for s in _selectors(expr)}
     assert used, f"{where}: no metric in {expr!r}"
+    if ".json:" in where:  # only dashboards read the engines' own series
+        used = {u for u in used if not u.startswith(EXTERNAL_PREFIXES)}
     assert used <= allowed, f"{where}: not exported by kvwatch: {sorted(used - allowed)}"
 
 
@@ -377,12 +384,101 @@ def test_every_alert_has_for_severity_summary_description_and_a_runbook_anchor()
         assert alert["labels"]["severity"] in {"critical", "warning", "info"}
         annotations = alert["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url"}
-        assert "$labels" in annotations["description"], alert["alert"]
+        if alert["alert"] != "KVWatchAbsent":  # absent(): no series, so no labels to show
+            assert "$labels" in annotations["description"], alert["alert"]
         if not re.search(r"== [01]$", alert["expr"]):  # a 0/1 condition has no value worth showing
             assert "$value" in annotations["description"] or "| query" in annotations["description"]
         url, _, anchor = annotations["runbook_url"].partition("#")
         assert url == config.RUNBOOK_URL and url.endswith("docs/runbook.md")
         assert anchor == alert["alert"].lower() and anchor in anchors, alert["alert"]
+
+
+def test_every_page_names_the_pod_and_the_model() -> None:
+    """Summaries and descriptions say which pod (namespace/pod, else the kvwatch target) and which
+    model: from the alert's own model_name label, or looked up from kvwatch_engine_info."""
+    for alert in _alert_rules():
+        if alert["alert"] == "KVWatchAbsent":  # no target at all: there is no pod or model to name
+            continue
+        for key in ("summary", "description"):
+            text = alert["annotations"][key]
+            assert rules.POD in text, (alert["alert"], key)
+            assert "$labels.model_name" in text or 'label "model_name"' in text, (alert["alert"], key)
+
+
+def test_runbook_links_resolve_to_this_repository() -> None:
+    """The runbook URL is this repository's docs/runbook.md on GitHub (anchors: the test above)."""
+    url = config.RUNBOOK_URL
+    assert url.startswith("https://github.com/") and "/blob/main/" in url
+    assert (ROOT / url.partition("/blob/main/")[2]).is_file()
+
+
+def test_alertmanager_config_is_fresh_and_names_only_real_alerts() -> None:
+    from kvwatch.mixin import alertmanager
+
+    path = ROOT / "deploy" / "alertmanager" / alertmanager.ALERTMANAGER_FILE
+    assert alertmanager.rendered() == _read(path), "run `make generate` and commit it"
+    alerts = {a["alert"] for a in _alert_rules()}
+    doc = _yaml(path)
+    assert doc["inhibit_rules"]
+    for rule in doc["inhibit_rules"]:
+        for matcher in rule["source_matchers"] + rule["target_matchers"]:
+            name, _, value = matcher.partition("=")
+            value = value.lstrip("~").strip('"')
+            if name == "alertname" and value != "KV.*":
+                assert set(value.split("|")) <= alerts, matcher
+            if name == "severity":
+                assert set(value.split("|")) <= {"critical", "warning", "info"}, matcher
+        assert {"namespace", "instance"} <= set(rule["equal"])
+    severities = {r["matchers"][0] for r in doc["route"]["routes"]}
+    assert severities == {f'severity="{s}"' for s in ("critical", "warning", "info")}
+    assert "pod" in doc["route"]["group_by"] and config.MODEL in doc["route"]["group_by"]
+
+
+def test_sibling_comparisons_stay_within_one_named_model_and_one_card() -> None:
+    records = {r.record: r.expr for r in rules.recording_rules()}
+    assert config.MODEL in config.FLEET_LABELS and config.CARD_LABEL in config.SIBLING_LABELS
+    assert f"by ({', '.join(config.SIBLING_LABELS)})" in records[rules.SIBLING_POOL_MEDIAN]
+    (alert,) = [a for a in rules.alerts() if a.alert == "KVPoolBelowSiblingReplicas"]
+    assert f"on ({', '.join(config.SIBLING_LABELS)})" in alert.expr
+    # Every fleet aggregate leaves out ranks whose engine named no model.
+    for record, expr in records.items():
+        if record.startswith(("fleet:", "replica:")) or record == rules.RANK_POOL_BY_CARD:
+            assert f'{config.MODEL}!=""' in expr, record
+
+
+def test_gap_panels_show_negative_gaps_and_both_tolerance_bands() -> None:
+    limits = sorted(config.GAP_RATIO.values())
+    gap = names.KV_POOL_GAP_RATIO.sample_name
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(_read(path))
+        gaps = [
+            p
+            for p in _panels(board)
+            if p["type"] == "timeseries" and any(gap in t["expr"] for t in p["targets"])
+        ]
+        assert gaps, path.name
+        for panel in gaps:
+            defaults = panel["fieldConfig"]["defaults"]
+            assert defaults.get("min") is None, f"{path.name}: {panel['title']} hides negative gaps"
+            steps = {s["value"] for s in defaults["thresholds"]["steps"] if s["value"] is not None}
+            assert steps == {-limits[1], -limits[0], limits[0], limits[1]}, panel["title"]
+
+
+def test_kv_cache_pod_variable_comes_from_up_and_the_engine_row_is_there() -> None:
+    board = json.loads(_read(DASHBOARDS / "kvwatch-kv-cache.json"))
+    variables = {v["name"]: v["query"] for v in board["templating"]["list"] if v["type"] == "query"}
+    for name in ("job", "namespace", "pod"):
+        assert variables[name].startswith("label_values(up{"), name
+    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+    assert [r for r in rows if "Engine's own metrics" in r]
+    exprs = " ".join(t["expr"] for p in _panels(board) for t in p["targets"])
+    for series in (
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:num_requests_waiting",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:num_queue_reqs",
+    ):
+        assert series in exprs, series
 
 
 def test_the_issue_alerts_are_all_there() -> None:
@@ -397,6 +493,8 @@ def test_the_issue_alerts_are_all_there() -> None:
         "KVRankBelowSiblings",
         "KVWatchSourceDown",
         "KVWatchStale",
+        "KVWatchTargetDown",
+        "KVWatchAbsent",
     }
     assert expected <= {a["alert"] for a in _alert_rules()}
 
@@ -498,6 +596,11 @@ def test_deployment_runs_vllm_with_a_hardened_kvwatch_sidecar() -> None:
     # The log: vLLM tees its output into the shared emptyDir, kvwatch reads that file.
     (log_arg,) = args.log
     log_path = log_arg.split("=", 1)[1]
+    # Identity: the source is named after the pod, from the Downward API.
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in kvwatch["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    assert log_arg.split("=", 1)[0] == "$(POD_NAME)"
+    assert all(arg.split("=", 1)[0] == "$(POD_NAME)" for arg in args.metrics_url)
     log_mount = next(m for m in mounts.values() if log_path.startswith(m["mountPath"] + "/"))
     assert "emptyDir" in volumes[log_mount["name"]] and log_mount.get("readOnly") is True
     assert (
@@ -530,9 +633,15 @@ def test_service_and_podmonitor_select_the_pods_and_the_kvwatch_port() -> None:
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
     monitor = docs["PodMonitor"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] == "kvwatch" and endpoint["port"] in port_names
-    assert endpoint["path"] == "/metrics"
+    endpoints = {e["port"]: e for e in monitor["spec"]["podMetricsEndpoints"]}
+    # kvwatch and the engine's own /metrics, each with its own job (the alerts select job=~"kvwatch.*").
+    assert set(endpoints) == {"kvwatch", "http"} and set(endpoints) <= port_names
+    jobs = {}
+    for port, endpoint in endpoints.items():
+        assert endpoint["path"] == "/metrics"
+        (relabel,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
+        jobs[port] = relabel["replacement"]
+    assert re.fullmatch("kvwatch.*", jobs["kvwatch"]) and not re.fullmatch("kvwatch.*", jobs["http"])
 
 
 # --- Compose -------------------------------------------------------------------------------------

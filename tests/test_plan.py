@@ -23,6 +23,7 @@ from kvwatch.analysis.workload import (
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.cli import main
 from kvwatch.errors import ConfigError
 from kvwatch.units import GiB, KiB
@@ -227,7 +228,14 @@ def test_plan_rank_count_must_match() -> None:
 
 def test_plan_from_the_card_budget() -> None:
     m = load_model(LLAMA_8B)
-    d = Deployment(gpu_memory_bytes=gpus.lookup("h100").memory_bytes, gpu_name="H100", max_model_len=8192)
+    # The seed's inputs: nvidia-smi's 81,559 MiB, its 6.0 GiB allowance, the checkpoint's weights.
+    d = Deployment(
+        gpu_memory_bytes=gpus.lookup("h100").memory_bytes,
+        gpu_name="H100",
+        max_model_len=8192,
+        activation_bytes=6 * GiB,
+        weights_bytes=weights_per_rank(m, 1, 1).per_rank_bytes,
+    )
     p = make_plan(m, d, parse_inline("52x8192"))
     # The seed's H100 budget: 26,785 blocks of 16 = 428,560 tokens (from weights rounded to 14.96 GiB;
     # the recomputed weights land one block away); 52 requests of 512 blocks fit, 53 do not.

@@ -40,9 +40,12 @@ def test_demo_command_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["predict", LLAMA8, "--gpu", "H100-SXM-80GB", "--max-model-len", "8192"]) == 0
     out = capsys.readouterr().out
     assert "131,072 B per GPU" in out
-    assert "73.28 GiB (0.92)" in out
-    assert "14.96 GiB per GPU" in out
-    assert "52.32 GiB" in out
+    # The card as torch sees it (79.19 GiB), vLLM's loader (14.99 GiB with the rotary cache), the
+    # modelled profile run and the 0.20+ CUDA-graph subtraction (tests/apriori holds the real startups).
+    assert "79.19 GiB" in out
+    assert "72.85 GiB (0.92)" in out
+    assert "14.99 GiB per GPU" in out
+    assert "54.94 GiB ±" in out
     assert "x 16 tokens" in out
     bar = next(line for line in out.splitlines() if line.startswith("["))
     assert bar.index("W") < bar.index("A") < bar.index(".") < bar.index("K")

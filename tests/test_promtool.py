@@ -114,7 +114,10 @@ def test_rules_on_the_sidecars_own_exposition(promtool: str, tmp_path: Path) -> 
                 continue
             labels = {**sample.labels, **_TARGET} if "dp_rank" in sample.labels else dict(sample.labels)
             series.append({"series": _selector(sample.name, labels), "values": f"{sample.value:.6f}x70"})
-    fleet = {"namespace": "serving", "engine": "vllm", "model": _MODEL}
+    # Prometheus' own `up` of the sidecar's target (KVWatchTargetDown, KVWatchAbsent read it).
+    target = {k: v for k, v in _TARGET.items() if k != "source"}
+    series.append({"series": _selector("up", target), "values": "1x70"})
+    fleet = {"namespace": "serving", "engine_kind": "vllm", "model_name": _MODEL}
     rank = {**fleet, **_TARGET, "dp_rank": "0"}
     # 42.5 % of 428,560 tokens in use leaves 246,422 free: 30 requests of 8,192.
     document = {
@@ -152,3 +155,101 @@ def test_rules_on_the_sidecars_own_exposition(promtool: str, tmp_path: Path) -> 
     test_file.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
     result = _promtool(promtool, "test", "rules", str(test_file))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- Alertmanager: the shipped configuration and its inhibitions ----------------------------------
+
+ALERTMANAGER_CONFIG = ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+def test_amtool_check_config(amtool: str) -> None:
+    result = _promtool(amtool, "check-config", str(ALERTMANAGER_CONFIG))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        ("alertname=KVEngineStartupFailed severity=critical namespace=serving pod=p", "kvwatch-page"),
+        ("alertname=KVCacheNearlyFull severity=warning namespace=serving pod=p", "kvwatch-queue"),
+        ("alertname=KVPredictionUnavailable severity=info", "kvwatch-null"),
+    ],
+)
+def test_amtool_routes_each_severity_to_its_receiver(amtool: str, labels: str, receiver: str) -> None:
+    result = _promtool(
+        amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}", f"--verify.receivers={receiver}",
+        *labels.split(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alertmanager_inhibits_the_alerts_one_cause_explains(
+    alertmanager_server: str, tmp_path: Path
+) -> None:
+    """A live Alertmanager loaded with the shipped file: alerts posted for one rank below its siblings
+    and one pod whose engine failed to start leave one notifying alert per cause; the same alerts on
+    another pod are untouched."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        cluster_port = int(s.getsockname()[1])
+    base = f"http://127.0.0.1:{port}"
+    with (tmp_path / "am.stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            [alertmanager_server, f"--config.file={ALERTMANAGER_CONFIG}",
+             f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{port}",
+             f"--cluster.listen-address=127.0.0.1:{cluster_port}"],
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+    try:
+        rank = {"namespace": "serving", "instance": "10.0.0.1:9477", "source": "a", "dp_rank": "1"}
+        other = {**rank, "instance": "10.0.0.2:9477", "source": "b"}
+        failed = {"namespace": "serving", "instance": "10.0.0.3:9477", "source": "c", "dp_rank": "0"}
+        posted = [
+            ({**rank, "alertname": "KVRankBelowSiblings", "severity": "warning"}, "active"),
+            ({**rank, "alertname": "KVPoolBelowSiblingReplicas", "severity": "warning"}, "suppressed"),
+            ({**rank, "alertname": "KVPoolDriftsFromPrediction", "severity": "warning", "basis": "config"}, "suppressed"),
+            ({**other, "alertname": "KVPoolDriftsFromPrediction", "severity": "warning", "basis": "config"}, "active"),
+            ({**failed, "alertname": "KVEngineStartupFailed", "severity": "critical", "reason": "x"}, "active"),
+            ({**failed, "alertname": "KVPoolShrankSinceLastStart", "severity": "warning"}, "suppressed"),
+            ({**failed, "alertname": "KVPredictionUnavailable", "severity": "info", "state": "x"}, "suppressed"),
+        ]  # fmt: skip
+        body = json.dumps([{"labels": labels} for labels, _ in posted]).encode()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                request = urllib.request.Request(
+                    f"{base}/api/v2/alerts", data=body, headers={"Content-Type": "application/json"}
+                )
+                urllib.request.urlopen(request, timeout=5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        expected = {labels["alertname"] + "@" + labels["source"]: state for labels, state in posted}
+        seen: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{base}/api/v2/alerts", timeout=5) as resp:
+                alerts = json.loads(resp.read())
+            seen = {
+                a["labels"]["alertname"] + "@" + a["labels"]["source"]: a["status"]["state"] for a in alerts
+            }
+            if seen == expected:
+                break
+            time.sleep(0.2)
+        assert seen == expected
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)

@@ -11,6 +11,7 @@ for activations, the workload) and lets kvwatch's planner do the arithmetic. See
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -22,7 +23,9 @@ from kvwatch.analysis.plan import card_fits, make_plan, smallest_cards
 from kvwatch.analysis.workload import parse_inline, parse_rank_budgets
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.geometry import ModelGeometry, load_model
+from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.cli import main
 from kvwatch.units import GiB, KiB, MiB
 
@@ -32,18 +35,22 @@ CONFIGS = Path(__file__).parent / "model_configs"
 LLAMA_70B = CONFIGS / "meta-llama--Meta-Llama-3.1-70B.json"
 
 
-def seed000_h100(**kw: Any) -> Deployment:
+def seed000_h100(m: ModelGeometry, **kw: Any) -> Deployment:
     """Seed 000's box: an H100 SXM reporting 81,559 MiB, vLLM at its default 0.92, 8k requests.
 
-    Activations + CUDA graphs + non-torch: the seed's 6.0 GiB, which is kvwatch's default allowance
-    when nothing was measured (kvwatch.engines.vllm.budget.DEFAULT_OVERHEAD_BYTES).
+    The seed's own inputs, given: 6.0 GiB for activations + CUDA graphs + non-torch (its allowance,
+    where kvwatch now models each term; checked against real startups in test_accuracy.py) and the
+    weights as the checkpoint's files (kvwatch.capacity.weights).
     """
+    weights = weights_per_rank(m, kw.get("tp", 1), 1, kw.get("weights_dtype")).per_rank_bytes
     return Deployment(
         engine="vllm",
         gpu_memory_bytes=81559 * MiB,
         gpu_name="H100",
         gpu_memory_utilization=0.92,
         max_model_len=8192,
+        activation_bytes=6 * GiB,
+        weights_bytes=weights,
         **kw,
     )
 
@@ -133,18 +140,24 @@ def test_000_qwen3_32b_h100_three_then_eighteen_by_halving_the_weights() -> None
     """
     m = load_model(CONFIGS / "Qwen--Qwen3-32B.json")
     one_8k = parse_inline("8192")
-    bf16 = make_plan(m, seed000_h100(), one_8k)
+    bf16 = make_plan(m, seed000_h100(m), one_8k)
     assert bf16.bytes_per_token == 256 * KiB
     assert round(bf16.prediction.weights_bytes / GiB) == 61  # type: ignore[operator]
     assert round(bf16.ranks[0].budget_bytes / GiB, 1) == 6.3
     assert round(bf16.ranks[0].pool_tokens, -2) == 25_600
     assert bf16.copies == 3
-    fp8 = make_plan(m, seed000_h100(weights_dtype="fp8"), one_8k)
+    fp8 = make_plan(m, seed000_h100(m, weights_dtype="fp8"), one_8k)
     assert fp8.copies == 18
-    # The card search says the same: one H100 fits 18 such requests with fp8 weights, not 19.
-    fits = card_fits(m, seed000_h100(), parse_inline("18x8192"), cards=[gpus.lookup("h100")])
-    by = {(f.kv_cache_dtype, f.weights): f.fits for f in fits}
-    assert by[("bf16", "fp8")] and not by[("bf16", "checkpoint (bfloat16)")]
+    # The card search models vLLM's loader instead of "every parameter at one byte": runtime fp8 keeps
+    # the embedding and the head in bf16 (quantization/fp8.py), 31.97 GiB, so one H100 holds 17 such
+    # requests with fp8 weights, not the seed's 18.
+    base = seed000_h100(m).with_()
+    base = dataclasses.replace(base, weights_bytes=None)
+    for n, fp8_fits in ((17, True), (18, False)):
+        fits = card_fits(m, base, parse_inline(f"{n}x8192"), cards=smi(gpus.lookup("h100")))
+        by = {(f.kv_cache_dtype, f.weights): f for f in fits}
+        assert by[("bf16", "fp8")].fits is fp8_fits and not by[("bf16", "checkpoint (bfloat16)")].fits
+        assert round(by[("bf16", "fp8")].weights_bytes / GiB, 2) == 31.97
 
 
 def test_000_llama3_70b_bf16_does_not_fit_one_h100() -> None:
@@ -154,20 +167,20 @@ def test_000_llama3_70b_bf16_does_not_fit_one_h100() -> None:
     shorter contexts.
     """
     m = load_model(LLAMA_70B)
-    bf16 = make_plan(m, seed000_h100(), parse_inline("8192"))
+    bf16 = make_plan(m, seed000_h100(m), parse_inline("8192"))
     assert not bf16.fits and bf16.copies == 0
     assert bf16.ranks[0].budget_bytes < 0
     assert "the weights leave no KV budget on this card" in bf16.notes
-    fp8 = make_plan(m, seed000_h100(weights_dtype="fp8"), parse_inline("8192"))
+    fp8 = make_plan(m, seed000_h100(m, weights_dtype="fp8"), parse_inline("8192"))
     assert round(fp8.ranks[0].budget_bytes / GiB, 2) == 1.57
     assert not fp8.fits
-    assert make_plan(m, seed000_h100(weights_dtype="fp8"), parse_inline("4096")).fits
+    assert make_plan(m, seed000_h100(m, weights_dtype="fp8"), parse_inline("4096")).fits
 
 
 def test_000_llama3_70b_tp8_holds_1_33m_tokens_162_requests() -> None:
     """TP=8: one KV head per rank, 40 KiB per token per GPU; 1.33M resident tokens, 162 8k requests."""
     m = load_model(LLAMA_70B)
-    p = make_plan(m, seed000_h100(tp=8), parse_inline("8192"))
+    p = make_plan(m, seed000_h100(m, tp=8), parse_inline("8192"))
     assert p.bytes_per_token == 40 * KiB
     assert round(p.ranks[0].pool_tokens / 1e6, 2) == 1.33
     assert p.copies == 162
@@ -180,7 +193,7 @@ def test_000_deepseek_v3_16_gpus_52_requests() -> None:
     Sixteen GPUs (TP=16) split the weights, not the cache: 52 concurrent 8k requests.
     """
     m = load_model(CONFIGS / "deepseek-ai--DeepSeek-V3.json")
-    p = make_plan(m, seed000_h100(tp=16), parse_inline("8192"))
+    p = make_plan(m, seed000_h100(m, tp=16), parse_inline("8192"))
     assert p.bytes_per_token == 61 * (512 + 64) * 2
     assert round(p.bytes_per_token / KiB, 1) == 68.6
     assert p.copies == 52
@@ -189,19 +202,26 @@ def test_000_deepseek_v3_16_gpus_52_requests() -> None:
 # --- seed 002 ----------------------------------------------------------------------------------
 
 
-def seed002(**kw: Any) -> Deployment:
+def seed002(m: ModelGeometry, **kw: Any) -> Deployment:
     """92% of the card as nvidia-smi reports it, weights as the checkpoint's files, before activations."""
-    return Deployment(engine="vllm", activation_bytes=0, max_model_len=32768, **kw)
+    weights = weights_per_rank(m, 1, 1, kw.get("weights_dtype")).per_rank_bytes
+    return Deployment(engine="vllm", activation_bytes=0, weights_bytes=weights, max_model_len=32768, **kw)
+
+
+def smi(*cards: GpuSpec) -> list[GpuSpec]:
+    """The seed's card table computes from nvidia-smi's figure: cards whose total is that figure."""
+    chosen = cards or gpus.CATALOGUE
+    return [dataclasses.replace(c, measured_total_bytes=c.memory_bytes) for c in chosen]
 
 
 def test_002_llama33_70b_fp8_80gb_and_h200_nvl(tmp_path: Path) -> None:
     """Llama 3.3 70B FP8: 18,000-19,000 tokens on an 80 GB card, about 200,000 on an H200 NVL."""
     m = load_model(with_fp8_checkpoint(CONFIGS / "meta-llama--Llama-3.3-70B-Instruct.json", tmp_path))
-    cards = [gpus.lookup("h100"), gpus.lookup("h200-nvl")]
+    cards = smi(gpus.lookup("h100"), gpus.lookup("h200-nvl"))
     fits = {
         f.gpu.name: f
         for f in card_fits(
-            m, seed002(), parse_inline("6x32768"), cards=cards, kv_dtypes=("auto",), weights=(None,)
+            m, seed002(m), parse_inline("6x32768"), cards=cards, kv_dtypes=("auto",), weights=(None,)
         )
     }
     assert 18_000 <= fits["H100-SXM-80GB"].pool_tokens <= 19_000
@@ -213,7 +233,7 @@ def test_002_llama33_70b_fp8_80gb_and_h200_nvl(tmp_path: Path) -> None:
 def test_002_llama33_70b_fp8_six_32k_smallest_card_is_141gb(tmp_path: Path) -> None:
     m = load_model(with_fp8_checkpoint(CONFIGS / "meta-llama--Llama-3.3-70B-Instruct.json", tmp_path))
     smallest = smallest_cards(
-        card_fits(m, seed002(), parse_inline("6x32768"), kv_dtypes=("auto",), weights=(None,))
+        card_fits(m, seed002(m), parse_inline("6x32768"), cards=smi(), kv_dtypes=("auto",), weights=(None,))
     )
     (card,) = smallest.values()
     assert card is not None and card.gpu.memory_bytes == 143771 * MiB
@@ -223,8 +243,10 @@ def test_002_qwen3_8b_a6000_190k_210k_with_ecc_off() -> None:
     """Qwen3-8B: 144 KiB per token; 26.1 GiB after the weights on an RTX A6000 (46,068 MiB, ECC on)
     holds about 190,000 tokens, about 210,000 with ECC off (49,140 MiB)."""
     m = load_model(CONFIGS / "Qwen--Qwen3-8B.json")
-    cards = [gpus.lookup("a6000"), gpus.lookup("a6000-ecc-off")]
-    fits = card_fits(m, seed002(), parse_inline("5x32768"), cards=cards, kv_dtypes=("auto",), weights=(None,))
+    cards = smi(gpus.lookup("a6000"), gpus.lookup("a6000-ecc-off"))
+    fits = card_fits(
+        m, seed002(m), parse_inline("5x32768"), cards=cards, kv_dtypes=("auto",), weights=(None,)
+    )
     on, off = fits
     assert on.gpu.memory_bytes == 46068 * MiB and off.gpu.memory_bytes == 49140 * MiB
     assert round(on.kv_budget_bytes / GiB, 1) == 26.1
@@ -239,7 +261,7 @@ def test_002_qwen3_8b_a6000_190k_210k_with_ecc_off() -> None:
 def test_002_qwen3_8b_five_32k_smallest_card_is_48gb() -> None:
     m = load_model(CONFIGS / "Qwen--Qwen3-8B.json")
     smallest = smallest_cards(
-        card_fits(m, seed002(), parse_inline("5x32768"), kv_dtypes=("auto",), weights=(None,))
+        card_fits(m, seed002(m), parse_inline("5x32768"), cards=smi(), kv_dtypes=("auto",), weights=(None,))
     )
     (card,) = smallest.values()
     assert card is not None and card.gpu.memory_bytes == 46068 * MiB
@@ -249,7 +271,7 @@ def test_002_qwen3_32b_fp8_borderline_on_48gb(tmp_path: Path) -> None:
     """ "A 32B model at FP8 is the borderline case on 48 GB: one 32k conversation needs 8 GiB of the
     9.4 GiB left, before activations." """
     m = load_model(with_fp8_checkpoint(CONFIGS / "Qwen--Qwen3-32B.json", tmp_path))
-    d = seed002(gpu_memory_bytes=gpus.lookup("a6000").memory_bytes, gpu_memory_utilization=0.92)
+    d = seed002(m, gpu_memory_bytes=gpus.lookup("a6000").memory_bytes, gpu_memory_utilization=0.92)
     one = make_plan(m, d, parse_inline("32768"))
     assert round(one.ranks[0].budget_bytes / GiB, 1) == 9.4
     assert one.needed_bytes == 8 * GiB

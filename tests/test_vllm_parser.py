@@ -130,6 +130,28 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
         [{"kind": "pool", "pool": "full", "blocks": 512}],
     ),
     (
+        "0.18+ minimal profiling cache is not the pool",
+        "Overriding num_gpu_blocks=0 with num_gpu_blocks_override=512",
+        [],
+    ),
+    (
+        "0.19 engine default max_num_batched_tokens",
+        "Defaulting max_num_batched_tokens to 8192 for OPENAI_API_SERVER usage context.",
+        [{"kind": "settings", "starts_engine": False, "max_num_batched_tokens": 8192}],
+    ),
+    (
+        "0.19 engine default max_num_seqs",
+        "Defaulting max_num_seqs to 1024 for OPENAI_API_SERVER usage context.",
+        [{"kind": "settings", "starts_engine": False, "max_num_seqs": 1024}],
+    ),
+    (
+        "0.19 worker init memory snapshot",
+        "worker init memory snapshot: torch_peak=0.0GiB, free_memory=78.68GiB, total_memory=79.19GiB, "
+        "cuda_memory=0.51GiB, torch_memory=0.0GiB, non_torch_memory=0.51GiB, timestamp=1776870744.2147915, "
+        "auto_measure=True",
+        [{"kind": "memory", "total_bytes": 85029615043}],
+    ),
+    (
         "cache_config_info engine index",
         "Engine 001: vllm cache_config_info with initialization after num_gpu_blocks is: 27153",
         [{"kind": "pool", "pool": "full", "blocks": 27153}],

@@ -21,7 +21,7 @@ from kvwatch.analysis.levers import Lever, levers, tokens_from_budget
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.budget import Budget, predicted_budget
 from kvwatch.capacity.deployment import deployment_from_settings
-from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.engines import registry
 from kvwatch.errors import KvwatchError

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity.budget import Budget
 from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
-from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.weights import weight_bytes
 from kvwatch.engines import registry
 from kvwatch.errors import ConfigError, KvwatchError

@@ -19,8 +19,8 @@ from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.analysis.workload import Workload
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import ModelGeometry
 from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.engines import registry
 from kvwatch.errors import ConfigError
@@ -245,11 +245,24 @@ class CardFit:
     pool_tokens: int
     needed_tokens: int
     weights_bytes: int | None
+    # The card's memory and the part the engine's fraction allows (weights + non-KV + KV budget).
+    total_bytes: int | None = None
+    usable_bytes: int | None = None
 
     @property
     def pool_use(self) -> float | None:
-        """Share of the pool the workload takes (above 1: it does not fit)."""
+        """Share of the KV pool the workload takes (above 1: it does not fit)."""
         return self.needed_tokens / self.pool_tokens if self.pool_tokens > 0 else None
+
+    @property
+    def card_use(self) -> float | None:
+        """Share of the card's memory that weights, the non-KV allowance and the workload's share of
+        the KV pool take: the figure the utilisation target bounds (at most the target when it fits)."""
+        share = self.pool_use
+        if share is None or not self.total_bytes or self.usable_bytes is None:
+            return None
+        reserved = self.usable_bytes - self.kv_budget_bytes
+        return (reserved + share * self.kv_budget_bytes) / self.total_bytes
 
 
 def _kv_label(model: ModelGeometry, kv: str) -> str:
@@ -280,7 +293,7 @@ def card_fits(
         for w in weights:
             for card in chosen:
                 d = base.with_(
-                    gpu_memory_bytes=card.memory_bytes,
+                    gpu_memory_bytes=card.total_bytes,
                     gpu_name=card.name,
                     kv_cache_dtype=kv,
                     weights_dtype=w,
@@ -299,6 +312,8 @@ def card_fits(
                         pool_tokens=pool,
                         needed_tokens=needed,
                         weights_bytes=pred.weights_bytes,
+                        total_bytes=pred.total_bytes,
+                        usable_bytes=pred.usable_bytes,
                     )
                 )
     return out

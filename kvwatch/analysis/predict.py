@@ -10,7 +10,7 @@ printed its KV budget (the sidecar's 'engine_budget' basis).
 from __future__ import annotations
 
 from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
-from kvwatch.capacity.geometry import ModelGeometry, stage_layers
+from kvwatch.capacity.model import ModelGeometry, stage_layers
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.engines import registry

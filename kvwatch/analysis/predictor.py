@@ -17,7 +17,8 @@ from pathlib import Path
 from kvwatch.analysis.attribution import apriori_inputs
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity.deployment import deployment_from_settings
-from kvwatch.capacity.geometry import ModelGeometry, load_model
+from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.engines.kinds import EngineName
 from kvwatch.errors import KvwatchError
 from kvwatch.facts import MemoryFacts, SettingsFacts
@@ -44,6 +45,9 @@ class PredictionResult:
     memory: Mapping[str, int] = field(default_factory=dict)
     # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
     block_size: int | None = None
+    # The context length the engine runs with when neither its log nor /metrics says (the model's
+    # default): lets the collector derive headroom in requests for metrics-only sources.
+    max_model_len: int | None = None
 
 
 class Predictor:
@@ -126,6 +130,7 @@ class Predictor:
         concurrency: dict[str, float] = {}
         memory: dict[str, int] = {}
         bytes_per_token = block_size = None
+        max_model_len = model.max_position_embeddings
         state = "ok"
         try:
             # Basis 'config': only what is known before the engine starts (the card, the settings).
@@ -136,6 +141,7 @@ class Predictor:
             else:
                 pred = predict(model, deployment)
                 bytes_per_token, block_size = pred.bytes_per_token, pred.block_size
+                max_model_len = pred.max_model_len
                 tokens["config"] = pred.kv_pool_tokens
                 pool_bytes["config"] = pred.kv_pool_bytes
                 concurrency["config"] = float(pred.max_concurrency)
@@ -155,7 +161,12 @@ class Predictor:
                     concurrency["engine_budget"] = budget_tokens / max_len
         except KvwatchError as exc:
             log.info("no prediction source=%s dp_rank=%s err=%s", snap.source, snap.instance, exc)
-            return PredictionResult(state=exc.prediction_state, reason=str(exc), block_size=block_size)
+            return PredictionResult(
+                state=exc.prediction_state,
+                reason=str(exc),
+                block_size=block_size,
+                max_model_len=max_model_len,
+            )
         return PredictionResult(
             state=state,
             tokens=tokens,
@@ -164,4 +175,5 @@ class Predictor:
             bytes_per_token=bytes_per_token,
             memory=memory,
             block_size=block_size,
+            max_model_len=max_model_len,
         )

@@ -9,31 +9,20 @@ Deployment, so the prediction for a running engine uses every figure the engine 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.dtypes import KV_DTYPE_BYTES
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES, EngineName
 from kvwatch.errors import ConfigError
-from kvwatch.facts import MemoryFacts, SettingsFacts
+
+if TYPE_CHECKING:
+    # Annotations only: kvwatch.facts imports the event models (pydantic), which `kvwatch predict`
+    # never needs.
+    from kvwatch.facts import MemoryFacts, SettingsFacts
 
 # A value of one Deployment field, for changes by field name (command-line overrides).
 DeploymentValue: TypeAlias = str | int | float | bool | None
-
-# KV cache dtype names both engines accept, and their bytes per element ('auto' = model dtype).
-KV_DTYPE_BYTES: dict[str, int] = {
-    "bf16": 2,
-    "bfloat16": 2,
-    "fp16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "fp8_inc": 1,
-    "fp8_ds_mla": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
 
 
 @dataclass(frozen=True)
@@ -67,6 +56,12 @@ class Deployment:
     cuda_graph_max_bs: int | None = None
     max_num_batched_tokens: int | None = None
     hybrid_kv_cache_manager: bool = True
+    # The engine's own flags that move the non-KV terms (None = the release's default):
+    # --max-num-seqs, --enforce-eager, --dtype (activation dtype), --quantization (runtime).
+    max_num_seqs: int | None = None
+    enforce_eager: bool | None = None
+    dtype: str | None = None
+    quantization: str | None = None
 
     def with_(self, **changes: DeploymentValue) -> Deployment:
         """A copy with some fields changed (None values are ignored)."""
@@ -120,6 +115,7 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
         "chunked_prefill_size",
         "cuda_graph_max_bs",
         "max_num_batched_tokens",
+        "max_num_seqs",
     ):
         value = getattr(d, name)
         if value is not None and value < 1:
@@ -213,6 +209,10 @@ def deployment_from_settings(
         chunked_prefill_size=s.chunked_prefill_size,
         cuda_graph_max_bs=s.cuda_graph_max_bs,
         max_num_batched_tokens=s.max_num_batched_tokens,
+        max_num_seqs=s.max_num_seqs,
+        enforce_eager=s.enforce_eager,
+        dtype=s.dtype,
+        quantization=s.quantization,
     )
     known = {f.name for f in fields(Deployment)}
     for key in overrides:

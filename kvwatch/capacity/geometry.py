@@ -11,126 +11,30 @@ mis-state every gap and headroom figure downstream.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from kvwatch.capacity.architectures import (
+    HYBRID_PATTERN_KINDS,
+    layer_kinds,
+    normalise,
+    sliding_window,
+    wrapper_text_model_type,
+)
+from kvwatch.capacity.dims import dims_from_config
+from kvwatch.capacity.dtypes import served_dtype
+from kvwatch.capacity.model import LayerKind, LayerSpec, ModelGeometry
+from kvwatch.capacity.weights import count_params
 from kvwatch.errors import ModelConfigError, UnsupportedModelError
 from kvwatch.jsontypes import JsonObject, JsonValue
-
-LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "mamba", "none"]
-
-# Layers whose cache grows with every token of context.
-GROWING_KINDS: frozenset[str] = frozenset({"full", "mla"})
-# Layers that keep a per-token cache (growing or windowed) the engines page in blocks.
-PAGED_KINDS: frozenset[str] = frozenset({"full", "mla", "sliding", "chunked"})
-
-# transformers' defaults for Gemma-family configs that omit them (Gemma3TextConfig).
-_GEMMA3_SLIDING_WINDOW_PATTERN = 6
-_GEMMA3_SLIDING_WINDOW = 4096
-_GEMMA2_SLIDING_WINDOW = 4096
 
 # Far above any real model; guards against a corrupt file asking for billions of layer records.
 _MAX_LAYERS = 100_000
 
 # DeepSeek sparse-attention indexer key: fp8 values plus one fp32 scale per 128 (both engines).
 _DSA_QUANT_BLOCK = 128
-
-_DTYPE_BYTES: dict[str, int] = {
-    "float32": 4,
-    "float": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp16": 2,
-    "bf16": 2,
-}
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """The KV state of one decoder layer, before tensor parallelism.
-
-    ``num_kv_heads`` is the model's total (MLA: 1, the latent is not per head); ``head_size_k`` and
-    ``head_size_v`` are the stored widths (MLA: the latent width and 0, as vLLM's MLAAttentionSpec
-    and SGLang's MLA pool do). ``extra_bytes_per_token`` is per-token state stored outside K/V in
-    bytes (the DeepSeek sparse-attention indexer key).
-    """
-
-    kind: LayerKind
-    num_kv_heads: int = 0
-    head_size_k: int = 0
-    head_size_v: int = 0
-    window: int | None = None
-    extra_bytes_per_token: int = 0
-
-    @property
-    def is_paged(self) -> bool:
-        return self.kind in PAGED_KINDS
-
-    @property
-    def grows(self) -> bool:
-        return self.kind in GROWING_KINDS
-
-    def heads_per_rank(self, tp: int) -> int:
-        """KV heads one tensor-parallel rank stores: max(1, h_kv // tp); MLA latents are not split."""
-        if self.kind == "mla":
-            return 1
-        return max(1, self.num_kv_heads // tp)
-
-    def bytes_per_token(self, tp: int, elem_bytes: float) -> int:
-        """Cache bytes this layer stores per token on one rank (0 for fixed-state layers)."""
-        if not self.is_paged:
-            return 0
-        return (
-            int(self.heads_per_rank(tp) * (self.head_size_k + self.head_size_v) * elem_bytes)
-            + self.extra_bytes_per_token
-        )
-
-
-@dataclass(frozen=True)
-class ModelGeometry:
-    """What the capacity model needs to know about a checkpoint."""
-
-    name: str
-    architecture: str
-    model_type: str
-    dtype: str
-    dtype_bytes: int
-    layers: tuple[LayerSpec, ...]
-    hidden_size: int
-    num_attention_heads: int
-    vocab_size: int | None
-    max_position_embeddings: int | None
-    params: Mapping[str, int]
-    quantization: Mapping[str, JsonValue] | None
-    safetensors_total_size: int | None = None
-    # rope_scaling that extends the context beyond max_position_embeddings (yarn, dynamic, linear).
-    rope_scaled: bool = False
-    source: str = ""
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    @property
-    def is_mla(self) -> bool:
-        return any(layer.kind == "mla" for layer in self.layers)
-
-    @property
-    def param_count(self) -> int:
-        """Parameters recomputed from the shapes (decoder, embeddings, head; no MTP/vision towers)."""
-        return sum(self.params.values())
-
-    def count(self, *kinds: str) -> int:
-        return sum(1 for layer in self.layers if layer.kind in kinds)
-
-    def bytes_per_token(self, tp: int = 1, elem_bytes: float | None = None, growing_only: bool = True) -> int:
-        """Per-rank bytes one token of context costs across the layers whose cache grows with it."""
-        eb = float(self.dtype_bytes) if elem_bytes is None else elem_bytes
-        return sum(layer.bytes_per_token(tp, eb) for layer in self.layers if layer.grows or not growing_only)
 
 
 def find_config(path: str | Path) -> tuple[Path, Path | None]:
@@ -211,18 +115,6 @@ def _model_name(config_path: Path, raw: Mapping[str, Any]) -> str:
     return config_path.stem.replace("--", "/", 1)
 
 
-# transformers' class defaults for fields minimal hub files omit (Gemma3TextConfig).
-_LIBRARY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {
-        "vocab_size": 262208,
-        "max_position_embeddings": 131072,
-        "tie_word_embeddings": True,
-        "sliding_window": _GEMMA3_SLIDING_WINDOW,
-        "sliding_window_pattern": _GEMMA3_SLIDING_WINDOW_PATTERN,
-    },
-}
-
-
 def text_config(raw: Mapping[str, JsonValue]) -> JsonObject:
     """The language model's config: ``text_config`` of a multimodal wrapper, else the file itself.
 
@@ -232,17 +124,16 @@ def text_config(raw: Mapping[str, JsonValue]) -> JsonObject:
     inner = raw.get("text_config")
     if isinstance(inner, dict):
         merged = dict(inner)
-        if raw.get("model_type") == "gemma3" and "model_type" not in merged:
-            merged["model_type"] = "gemma3_text"
+        implied = wrapper_text_model_type(str(raw.get("model_type") or ""))
+        if implied is not None and "model_type" not in merged:
+            merged["model_type"] = implied
         for key in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings"):
             if key not in merged and key in raw:
                 merged[key] = raw[key]
         merged["_wrapper_architectures"] = raw.get("architectures")
     else:
         merged = dict(raw)
-    for key, value in _LIBRARY_DEFAULTS.get(str(merged.get("model_type")), {}).items():
-        merged.setdefault(key, value)
-    return merged
+    return normalise(merged)
 
 
 def _require_int(cfg: Mapping[str, Any], key: str, *, positive: bool = True) -> int:
@@ -267,15 +158,13 @@ def _opt_int(cfg: Mapping[str, Any], key: str) -> int | None:
 
 def _dtype(cfg: Mapping[str, Any]) -> tuple[str, int]:
     value = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-    name = str(value).removeprefix("torch.")
-    if name not in _DTYPE_BYTES:
+    # Engines serve float32 checkpoints in half precision by default (vLLM/SGLang dtype='auto').
+    served = served_dtype(str(value).removeprefix("torch."))
+    if served is None:
         raise UnsupportedModelError(
             f"config.json torch_dtype {value!r} is not one kvwatch knows (bfloat16, float16, float32)"
         )
-    # Engines serve float32 checkpoints in half precision by default (vLLM/SGLang dtype='auto').
-    if name in ("float32", "float"):
-        return "bfloat16", 2
-    return name, _DTYPE_BYTES[name]
+    return served
 
 
 def _attention_dims(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -298,69 +187,6 @@ def _attention_dims(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
     return kv_heads, head_dim, v_dim
 
 
-def _layer_kinds(cfg: Mapping[str, Any], n_layers: int) -> list[str]:
-    """The attention kind of every layer, from whichever convention the config uses."""
-    model_type = str(cfg.get("model_type") or "")
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
-        if len(types) != n_layers:
-            raise ModelConfigError(
-                f"config.json layer_types has {len(types)} entries but num_hidden_layers is {n_layers}"
-            )
-        mapping = {
-            "full_attention": "full",
-            "attention": "full",
-            "global": "full",
-            "sliding_attention": "sliding",
-            "local": "sliding",
-            "chunked_attention": "chunked",
-            "linear_attention": "linear",
-            "mamba": "mamba",
-        }
-        kinds = []
-        for t in types:
-            if t not in mapping:
-                raise UnsupportedModelError(
-                    f"config.json layer_types has {t!r}, a layer kind kvwatch cannot size"
-                )
-            kinds.append(mapping[t])
-        return kinds
-    interval = cfg.get("full_attention_interval")
-    if isinstance(interval, int) and interval > 0 and model_type.startswith("qwen3"):
-        # Qwen3-Next: every interval-th layer is full attention, the rest Gated DeltaNet.
-        return ["full" if (i + 1) % interval == 0 else "linear" for i in range(n_layers)]
-    if model_type.startswith("gemma3"):
-        pattern = cfg.get("sliding_window_pattern") or _GEMMA3_SLIDING_WINDOW_PATTERN
-        return ["full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(n_layers)]
-    if model_type.startswith("gemma2"):
-        return ["sliding" if i % 2 == 0 else "full" for i in range(n_layers)]
-    window = cfg.get("sliding_window")
-    if window is not None and cfg.get("use_sliding_window") is not False:
-        max_window_layers = cfg.get("max_window_layers")
-        if model_type.startswith("qwen2") and isinstance(max_window_layers, int):
-            # Qwen2-style: layers from max_window_layers on use the window.
-            return ["sliding" if i >= max_window_layers else "full" for i in range(n_layers)]
-        # Mistral-style: one global window on every layer.
-        return ["sliding"] * n_layers
-    return ["full"] * n_layers
-
-
-def _window(cfg: Mapping[str, Any]) -> int:
-    model_type = str(cfg.get("model_type") or "")
-    window = cfg.get("sliding_window")
-    if window is None:
-        if model_type.startswith("gemma3"):
-            return _GEMMA3_SLIDING_WINDOW
-        if model_type.startswith("gemma2"):
-            return _GEMMA2_SLIDING_WINDOW
-        raise ModelConfigError("config.json has sliding-window layers but no 'sliding_window'")
-    if not isinstance(window, int) or window <= 0:
-        raise ModelConfigError(
-            f"config.json field 'sliding_window' must be a positive integer, got {window!r}"
-        )
-    return window
-
-
 def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
     """One LayerSpec per decoder layer, plus notes on conventions applied."""
     notes: list[str] = []
@@ -372,11 +198,12 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
         kv_heads, hk, hv = _attention_dims(cfg)
         layers = []
         for ch in pattern:
-            if ch == "*":
+            kind = HYBRID_PATTERN_KINDS.get(ch)
+            if kind == "full":
                 layers.append(LayerSpec("full", kv_heads, hk, hv))
-            elif ch == "M":
+            elif kind == "mamba":
                 layers.append(LayerSpec("mamba"))
-            elif ch in "-E":
+            elif kind == "none":
                 layers.append(LayerSpec("none"))
             else:
                 raise UnsupportedModelError(
@@ -428,9 +255,9 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
             LayerSpec("mla", 1, rank + rope, 0, extra_bytes_per_token=extra) for _ in range(n_layers)
         ], notes
 
-    kinds = _layer_kinds(cfg, n_layers)
+    kinds = layer_kinds(cfg, n_layers)
     kv_heads, hk, hv = _attention_dims(cfg)
-    window = _window(cfg) if any(k == "sliding" for k in kinds) else None
+    window = sliding_window(cfg) if any(k == "sliding" for k in kinds) else None
     chunk = cfg.get("attention_chunk_size") if any(k == "chunked" for k in kinds) else None
     # Gemma-4 style: global layers have their own head settings.
     g_heads = _opt_int(cfg, "num_global_key_value_heads")
@@ -481,8 +308,6 @@ def geometry_from_config(
 def _geometry(
     raw: Mapping[str, Any], name: str, source: str, safetensors_total_size: int | None
 ) -> ModelGeometry:
-    from kvwatch.capacity.weights import count_params  # weights depends on geometry's helpers
-
     # config.json is a document of any shape: read dynamically here, checked by the helpers.
     cfg: Mapping[str, Any] = text_config(raw)
     layers, notes = _layers(cfg)
@@ -498,7 +323,15 @@ def _geometry(
     quant_config = cfg.get("quantization_config")
     quant: JsonObject | None = quant_config if isinstance(quant_config, dict) else None
     params = count_params(cfg, layers)
+    dims = dims_from_config(
+        cfg,
+        params,
+        num_layers=len(layers),
+        dtype_bytes=dtype_bytes,
+        has_vision_tower=isinstance(raw.get("vision_config"), dict),
+    )
     return ModelGeometry(
+        dims=dims,
         name=name,
         architecture=architecture,
         model_type=str(cfg.get("model_type") or ""),
@@ -524,19 +357,3 @@ def _rope_extends_context(cfg: Mapping[str, Any]) -> bool:
         return False
     kind = str(rope.get("rope_type") or rope.get("type") or "")
     return kind in ("yarn", "dynamic", "linear") and isinstance(rope.get("factor"), int | float)
-
-
-def ceil_div(a: int, b: int) -> int:
-    """Integer ceiling division (vLLM's cdiv)."""
-    return -(-a // b)
-
-
-def stage_layers(layers: Sequence[LayerSpec], pp: int) -> list[list[LayerSpec]]:
-    """Split layers into pp contiguous pipeline stages, the remainder going to the earlier stages."""
-    base, extra = divmod(len(layers), pp)
-    out, start = [], 0
-    for i in range(pp):
-        size = base + (1 if i < extra else 0)
-        out.append(list(layers[start : start + size]))
-        start += size
-    return out

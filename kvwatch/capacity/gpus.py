@@ -1,9 +1,14 @@
-"""GPU catalogue: the memory each card reports to the driver (nvidia-smi / rocm-smi), by name.
+"""GPU catalogue: each card's memory as the engines see it (the driver's total), and as nvidia-smi shows it.
 
-Capacity starts from this figure, not from the marketing size: an "80 GB" H100 SXM reports
-81,559 MiB, an RTX A6000 48 GB reports 46,068 MiB with ECC on and 49,140 MiB with it off. Names are
-matched case-insensitively, ignoring spaces, dashes and underscores; ``--gpu-memory`` overrides
-the catalogue for any card not listed or measured differently.
+Both engines size their budgets from ``torch.cuda.mem_get_info()``'s total, which is nvidia-smi's
+figure less a driver/firmware reservation of 430-620 MiB: an H100 80GB HBM3 reports 81,559 MiB in
+nvidia-smi and 79.19 GiB (81,091 MiB) to torch, as every vLLM 0.19 startup in the calibration set
+prints (``total_memory=79.19GiB``; vllm/utils/mem_utils.py:103). ``total_bytes`` is that figure --
+measured where a public log printed it (``total_source`` says where), else nvidia-smi's less
+``DEFAULT_RESERVED_MIB`` -- and is what predictions use; ``memory_bytes`` is nvidia-smi's, which
+SGLang's default memory fraction reads and the seeds' card tables quote. Names are matched
+case-insensitively, ignoring spaces, dashes and underscores; ``--gpu-memory`` overrides the
+catalogue for any card not listed or measured differently.
 """
 
 from __future__ import annotations
@@ -11,55 +16,200 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvwatch.errors import ConfigError
-from kvwatch.units import MiB
+from kvwatch.units import GiB, MiB
+
+# nvidia-smi MiB less the driver total, for a card no log has measured: 468 MiB on the H100,
+# 430-620 MiB on the cards below (it moves with the driver).
+DEFAULT_RESERVED_MIB = 480
 
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One card: its canonical name, the memory it reports, and the names users type for it."""
+    """One card: its canonical name, its memory (driver total and nvidia-smi), SMs, and aliases."""
 
     name: str
-    memory_bytes: int
+    memory_bytes: int  # as nvidia-smi shows it
     aliases: tuple[str, ...] = ()
     vendor: str = "nvidia"
     note: str = ""
+    # As torch.cuda.mem_get_info() reports it; None = nvidia-smi less DEFAULT_RESERVED_MIB.
+    measured_total_bytes: int | None = None
+    total_source: str = ""
+    sm_count: int | None = None
+    # Compute capability major (9 = Hopper): sets cuBLAS's default workspace and Hopper-only layouts.
+    sm_major: int = 8
 
     @property
     def memory_mib(self) -> int:
         return self.memory_bytes // MiB
+
+    @property
+    def total_bytes(self) -> int:
+        """The card's total as the engines' budgets see it."""
+        if self.measured_total_bytes is not None:
+            return self.measured_total_bytes
+        return self.memory_bytes - DEFAULT_RESERVED_MIB * MiB
+
+    @property
+    def total_measured(self) -> bool:
+        return self.measured_total_bytes is not None
 
 
 def _mib(n: int) -> int:
     return n * MiB
 
 
+def _gib(x: float) -> int:
+    return round(x * GiB)
+
+
+_APRIORI = "total_memory=79.19GiB in the 50 vLLM 0.19 startups of tests/apriori"
+_OOM_48 = "torch OOM messages 'total capacity of 44.52 GiB' on 48 GB L40S/A6000 cards"
+_OOM_24 = "torch OOM messages 21.96-21.99 GiB and a vLLM log 22.06 GiB on 24 GB datacenter cards"
+
 CATALOGUE: tuple[GpuSpec, ...] = (
-    GpuSpec("H100-SXM-80GB", _mib(81559), ("h100", "h100-sxm", "h100-sxm5", "h100-80gb", "h100-hbm3")),
-    GpuSpec("H100-PCIe-80GB", _mib(81559), ("h100-pcie",)),
-    GpuSpec("H100-NVL-94GB", _mib(95830), ("h100-nvl", "h100nvl")),
-    GpuSpec("H200-SXM-141GB", _mib(143771), ("h200", "h200-sxm", "h200-141gb")),
-    GpuSpec("H200-NVL-141GB", _mib(143771), ("h200-nvl",)),
-    GpuSpec("H20-96GB", _mib(97871), ("h20",)),
-    GpuSpec("GH200-96GB", _mib(97871), ("gh200",)),
-    GpuSpec("B200-180GB", _mib(183359), ("b200",)),
-    GpuSpec("A100-SXM-80GB", _mib(81920), ("a100", "a100-80gb", "a100-sxm", "a100-sxm4-80gb")),
-    GpuSpec("A100-PCIe-80GB", _mib(81920), ("a100-pcie", "a100-pcie-80gb")),
-    GpuSpec("A100-SXM-40GB", _mib(40960), ("a100-40gb", "a100-sxm4-40gb", "a100-pcie-40gb")),
-    GpuSpec("L40S-48GB", _mib(46068), ("l40s",), note="ECC on (default)"),
-    GpuSpec("L40-48GB", _mib(46068), ("l40",), note="ECC on (default)"),
-    GpuSpec("RTX-A6000-48GB", _mib(46068), ("a6000", "rtx-a6000", "a6000-ecc-on"), note="ECC on"),
-    GpuSpec("RTX-A6000-48GB-ECC-off", _mib(49140), ("a6000-ecc-off", "rtx-a6000-ecc-off"), note="ECC off"),
-    GpuSpec("RTX-6000-Ada-48GB", _mib(49140), ("rtx6000-ada", "6000-ada"), note="ECC off"),
-    GpuSpec("RTX-PRO-6000-96GB", _mib(97887), ("rtx-pro-6000", "pro6000")),
-    GpuSpec("L4-24GB", _mib(23034), ("l4",)),
-    GpuSpec("A10G-24GB", _mib(23028), ("a10g",)),
-    GpuSpec("A10-24GB", _mib(23028), ("a10",)),
-    GpuSpec("RTX-4090-24GB", _mib(24564), ("4090", "rtx4090")),
-    GpuSpec("RTX-3090-24GB", _mib(24576), ("3090", "rtx3090")),
-    GpuSpec("RTX-5090-32GB", _mib(32607), ("5090", "rtx5090")),
-    GpuSpec("T4-16GB", _mib(15360), ("t4",)),
-    GpuSpec("V100-32GB", _mib(32768), ("v100", "v100-32gb")),
-    GpuSpec("MI300X-192GB", 206141652992, ("mi300x", "mi300"), vendor="amd"),
+    GpuSpec(
+        "H100-SXM-80GB",
+        _mib(81559),
+        ("h100", "h100-sxm", "h100-sxm5", "h100-80gb", "h100-hbm3", "h100-80gb-hbm3"),
+        measured_total_bytes=_gib(79.19),
+        total_source=_APRIORI,
+        sm_count=132,
+        sm_major=9,
+    ),
+    GpuSpec(
+        "H100-PCIe-80GB",
+        _mib(81559),
+        ("h100-pcie",),
+        measured_total_bytes=_gib(79.19),
+        total_source="as the SXM card (the same nvidia-smi figure)",
+        sm_count=114,
+        sm_major=9,
+    ),
+    GpuSpec("H100-NVL-94GB", _mib(95830), ("h100-nvl", "h100nvl"), sm_count=132, sm_major=9),
+    GpuSpec(
+        "H200-SXM-141GB",
+        _mib(143771),
+        ("h200", "h200-sxm", "h200-141gb"),
+        measured_total_bytes=_gib(139.80),
+        total_source="torch OOM messages 'total capacity of 139.80 GiB' (public logs)",
+        sm_count=132,
+        sm_major=9,
+    ),
+    GpuSpec(
+        "H200-NVL-141GB",
+        _mib(143771),
+        ("h200-nvl",),
+        measured_total_bytes=_gib(139.80),
+        total_source="as the SXM card",
+        sm_count=132,
+        sm_major=9,
+    ),
+    GpuSpec("H20-96GB", _mib(97871), ("h20",), sm_count=78, sm_major=9),
+    GpuSpec("GH200-96GB", _mib(97871), ("gh200",), sm_count=132, sm_major=9),
+    GpuSpec("B200-180GB", _mib(183359), ("b200",), sm_count=148, sm_major=10),
+    GpuSpec(
+        "A100-SXM-80GB",
+        _mib(81920),
+        ("a100", "a100-80gb", "a100-sxm", "a100-sxm4-80gb"),
+        measured_total_bytes=_gib(79.15),
+        total_source="deviceQuery 'Total global mem: 81049 MB' (A100 80GB)",
+        sm_count=108,
+    ),
+    GpuSpec(
+        "A100-PCIe-80GB",
+        _mib(81920),
+        ("a100-pcie", "a100-pcie-80gb"),
+        measured_total_bytes=_gib(79.15),
+        total_source="deviceQuery 'Total global mem: 81049 MB' (A100 80GB PCIe)",
+        sm_count=108,
+    ),
+    GpuSpec(
+        "A100-SXM-40GB",
+        _mib(40960),
+        ("a100-40gb", "a100-sxm4-40gb", "a100-pcie-40gb"),
+        measured_total_bytes=42298834944,
+        total_source="deviceQuery 42,298,834,944 bytes (A100 40GB)",
+        sm_count=108,
+    ),
+    GpuSpec(
+        "L40S-48GB",
+        _mib(46068),
+        ("l40s",),
+        note="ECC on (default)",
+        measured_total_bytes=_gib(44.52),
+        total_source=_OOM_48,
+        sm_count=142,
+    ),
+    GpuSpec(
+        "L40-48GB",
+        _mib(46068),
+        ("l40",),
+        note="ECC on (default)",
+        measured_total_bytes=_gib(44.52),
+        total_source=_OOM_48,
+        sm_count=142,
+    ),
+    GpuSpec(
+        "RTX-A6000-48GB",
+        _mib(46068),
+        ("a6000", "rtx-a6000", "a6000-ecc-on"),
+        note="ECC on",
+        measured_total_bytes=_gib(44.52),
+        total_source=_OOM_48,
+        sm_count=84,
+    ),
+    GpuSpec(
+        "RTX-A6000-48GB-ECC-off",
+        _mib(49140),
+        ("a6000-ecc-off", "rtx-a6000-ecc-off"),
+        note="ECC off",
+        sm_count=84,
+    ),
+    GpuSpec("RTX-6000-Ada-48GB", _mib(49140), ("rtx6000-ada", "6000-ada"), note="ECC off", sm_count=142),
+    GpuSpec("RTX-PRO-6000-96GB", _mib(97887), ("rtx-pro-6000", "pro6000"), sm_count=188, sm_major=12),
+    GpuSpec(
+        "L4-24GB", _mib(23034), ("l4",), measured_total_bytes=_gib(21.98), total_source=_OOM_24, sm_count=58
+    ),
+    GpuSpec(
+        "A10G-24GB",
+        _mib(23028),
+        ("a10g",),
+        measured_total_bytes=_gib(21.98),
+        total_source=_OOM_24,
+        sm_count=80,
+    ),
+    GpuSpec(
+        "A10-24GB", _mib(23028), ("a10",), measured_total_bytes=_gib(21.98), total_source=_OOM_24, sm_count=72
+    ),
+    GpuSpec(
+        "RTX-4090-24GB",
+        _mib(24564),
+        ("4090", "rtx4090"),
+        measured_total_bytes=_gib(23.55),
+        total_source="vLLM log 'total_gpu_memory (23.55GiB)' on an RTX 4090",
+        sm_count=128,
+    ),
+    GpuSpec(
+        "RTX-3090-24GB",
+        _mib(24576),
+        ("3090", "rtx3090"),
+        measured_total_bytes=_gib(23.58),
+        total_source="vLLM log 'total_gpu_memory=23.58GiB' on an RTX 3090 (tests/log_samples/vllm/001)",
+        sm_count=82,
+    ),
+    GpuSpec("RTX-5090-32GB", _mib(32607), ("5090", "rtx5090"), sm_count=170, sm_major=12),
+    GpuSpec(
+        "T4-16GB",
+        _mib(15360),
+        ("t4",),
+        measured_total_bytes=_gib(14.56),
+        total_source="vLLM log 'total_gpu_memory (14.56GiB)' on a T4",
+        sm_count=40,
+        sm_major=7,
+    ),
+    GpuSpec("V100-32GB", _mib(32768), ("v100", "v100-32gb"), sm_count=80, sm_major=7),
+    GpuSpec("MI300X-192GB", 206141652992, ("mi300x", "mi300"), vendor="amd", sm_count=304),
 )
 
 
@@ -71,6 +221,11 @@ _INDEX: dict[str, GpuSpec] = {}
 for _spec in CATALOGUE:
     for _n in (_spec.name, *_spec.aliases):
         _INDEX.setdefault(_key(_n), _spec)
+
+
+def find(name: str | None) -> GpuSpec | None:
+    """The catalogue entry for a name or alias, or None (no error: a card kvwatch does not list)."""
+    return None if name is None else _INDEX.get(_key(name))
 
 
 def lookup(name: str) -> GpuSpec:

@@ -58,6 +58,18 @@ class Prediction:
     failure: str | None
     inputs: dict[str, InputSource] = field(default_factory=dict)
     assumptions: tuple[str, ...] = ()
+    # Expected error of available_kv_bytes (about one standard error of the accuracy report) when the
+    # figure is modelled before launch; None when it was given or came from the engine's own terms.
+    available_kv_band_bytes: int | None = None
+    # Whether the CUDA-graph figure is part of the budget (vLLM from 0.20); None when not applicable.
+    cuda_graphs_subtracted: bool | None = None
+
+    @property
+    def error_band_ratio(self) -> float | None:
+        """The band as a share of the available KV bytes (the drift alert's config-basis tolerance)."""
+        if self.available_kv_band_bytes is None or self.available_kv_bytes <= 0:
+            return None
+        return self.available_kv_band_bytes / self.available_kv_bytes
 
     def memory_terms(self) -> dict[str, int | None]:
         """The budget by kvwatch.names.MEMORY_TERMS term (bytes per rank; None = not part of this budget)."""
@@ -101,6 +113,8 @@ class Prediction:
             "weights_total_bytes": self.weights_total_bytes,
             "weights_scheme": self.weights_scheme,
             "available_kv_bytes": self.available_kv_bytes,
+            "available_kv_band_bytes": self.available_kv_band_bytes,
+            "cuda_graphs_subtracted": self.cuda_graphs_subtracted,
             "kv_pool_tokens": self.kv_pool_tokens,
             "kv_pool_blocks": self.kv_pool_blocks,
             "kv_pool_bytes": self.kv_pool_bytes,

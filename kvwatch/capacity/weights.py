@@ -11,24 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kvwatch.capacity.architectures import Architecture, architecture
+from kvwatch.capacity.dims import (
+    ATTENTION,
+    DENSE_MLP,
+    EMBED,
+    EXPERTS,
+    LM_HEAD,
+    MIXER,
+    NORMS,
+    ROUTER,
+    SHARED,
+)
+from kvwatch.capacity.dtypes import WEIGHT_DTYPES
+from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.errors import ConfigError, ModelConfigError
 from kvwatch.jsontypes import JsonValue
 
-if TYPE_CHECKING:
-    from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
-
 # Itemised parameter groups.
-EMBED = "embeddings"
-LM_HEAD = "lm_head"
-ATTENTION = "attention"
-DENSE_MLP = "dense_mlp"
-EXPERTS = "routed_experts"
-SHARED = "shared_experts"
-ROUTER = "router"
-MIXER = "mamba_linear_mixers"
-NORMS = "norms"
 
 
 def _i(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
@@ -43,8 +45,9 @@ def _find_multiple(n: int, k: int) -> int:
     return n if n % k == 0 else n + k - n % k
 
 
-def _attention_params(cfg: Mapping[str, Any], layer: LayerSpec, hidden: int, heads: int) -> int:
-    model_type = str(cfg.get("model_type") or "")
+def _attention_params(
+    cfg: Mapping[str, Any], arch: Architecture, layer: LayerSpec, hidden: int, heads: int
+) -> int:
     if layer.kind == "mla":
         q_lora = _i(cfg, "q_lora_rank")
         nope = _i(cfg, "qk_nope_head_dim")
@@ -63,16 +66,16 @@ def _attention_params(cfg: Mapping[str, Any], layer: LayerSpec, hidden: int, hea
         return q + kv + o + idx
     hq = layer.head_size_k
     q_out = heads * hq
-    if model_type.startswith(("qwen3_next", "qwen3_5")):
+    if arch.gated_attention:
         q_out *= 2  # gated attention output: q_proj also produces the gate
     k_out = layer.num_kv_heads * layer.head_size_k
     v_out = 0 if cfg.get("attention_k_eq_v") else layer.num_kv_heads * layer.head_size_v
     total = hidden * (q_out + k_out + v_out) + heads * layer.head_size_v * hidden
-    if cfg.get("attention_bias") is True:
+    if cfg.get("attention_bias") is True or arch.linear_bias:
         total += heads * hq + k_out + v_out + hidden
-    elif model_type.startswith("qwen2"):
-        total += heads * hq + k_out + v_out  # Qwen2 always has q/k/v biases
-    if model_type.startswith(("qwen3", "gemma3", "gemma4")):
+    elif arch.qkv_bias:
+        total += heads * hq + k_out + v_out  # q/k/v biases only (Qwen2)
+    if arch.qk_norm:
         total += 2 * layer.head_size_k  # q_norm / k_norm
     return total
 
@@ -126,29 +129,33 @@ def _count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[s
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     vocab = _i(cfg, "vocab_size")
-    model_type = str(cfg.get("model_type") or "")
+    arch = architecture(str(cfg.get("model_type") or ""))
     tied = cfg.get("tie_word_embeddings", True)
     n_experts = _i(cfg, "n_routed_experts", "num_experts", "num_local_experts")
     moe_inter = _i(cfg, "moe_intermediate_size", "intermediate_size")
     inter = _i(cfg, "intermediate_size", "ffn_dim")
     # relu2 (Nemotron-H) and OPT/GPT-2-style MLPs have no gate projection.
-    gated = 2 if model_type.startswith(("nemotron_h", "opt", "gpt2")) else 3
+    gated = arch.mlp_matrices
+    # LayerNorm: weight and bias; RMSNorm: weight only.
+    norm = 2 * hidden if arch.norm_bias else hidden
     out = dict.fromkeys((EMBED, LM_HEAD, ATTENTION, DENSE_MLP, EXPERTS, SHARED, ROUTER, MIXER, NORMS), 0)
     out[EMBED] = vocab * hidden
+    if arch.learned_positions:
+        out[EMBED] += _i(cfg, "max_position_embeddings") * hidden
     out[LM_HEAD] = 0 if tied else vocab * hidden
-    out[NORMS] = hidden  # final norm
+    out[NORMS] = norm  # final norm
     block_configs = cfg.get("block_configs") if isinstance(cfg.get("block_configs"), list) else None
     pattern = (
         cfg.get("hybrid_override_pattern") if isinstance(cfg.get("hybrid_override_pattern"), str) else None
     )
     for i, layer in enumerate(layers):
-        out[NORMS] += 2 * hidden
+        out[NORMS] += 2 * norm
         if layer.kind in ("full", "sliding", "chunked", "mla"):
             if block_configs is not None:
                 group = block_configs[i]["attention"]["n_heads_in_group"]
-                out[ATTENTION] += _attention_params(cfg, layer, hidden, heads) if group else 0
+                out[ATTENTION] += _attention_params(cfg, arch, layer, hidden, heads) if group else 0
             else:
-                out[ATTENTION] += _attention_params(cfg, layer, hidden, heads)
+                out[ATTENTION] += _attention_params(cfg, arch, layer, hidden, heads)
         elif layer.kind in ("mamba", "linear"):
             out[MIXER] += _mixer_params(cfg, layer.kind, hidden)
         elif block_configs is not None:
@@ -174,7 +181,7 @@ def _count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[s
                 out[DENSE_MLP] += gated * hidden * inter
             elif ch == "E":
                 out[EXPERTS] += n_experts * gated * hidden * moe_inter
-            out[NORMS] -= hidden  # Nemotron-H blocks have a single norm
+            out[NORMS] -= norm  # Nemotron-H blocks have a single norm
             continue
         if _is_moe_layer(cfg, i, n_experts):
             out[EXPERTS] += n_experts * 3 * hidden * moe_inter
@@ -191,6 +198,8 @@ def _count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[s
                     "config.json has no 'intermediate_size'; kvwatch cannot size the weights"
                 )
             out[DENSE_MLP] += gated * hidden * inter
+            if arch.linear_bias:
+                out[DENSE_MLP] += (gated - 1) * inter + hidden
     return out
 
 
@@ -241,23 +250,6 @@ def _quant_scheme(quant: Mapping[str, Any] | None) -> tuple[str, float, frozense
         group = int(w.get("group_size") or _INT4_DEFAULT_GROUP)
         return f"int{bits} compressed-tensors", bits + 16 / group, frozenset(groups)
     return None
-
-
-# Bytes per weight for a ``--weights-dtype`` what-if: every parameter at this width, as the seed
-# chapters size weights (parameter count x bytes per weight; scales and unquantised embeddings ignored).
-WEIGHT_DTYPES: dict[str, float] = {
-    "bf16": 2,
-    "bfloat16": 2,
-    "fp16": 2,
-    "float16": 2,
-    "fp8": 1,
-    "int8": 1,
-    "int4": 0.5,
-    "awq": 0.5,
-    "gptq": 0.5,
-    "mxfp4": 0.5,
-    "nvfp4": 0.5,
-}
 
 
 def _family(name: str) -> str:

@@ -10,7 +10,9 @@ from kvwatch.analysis.attribution import Attribution
 from kvwatch.analysis.explain import Explanation, Overrides, explain
 from kvwatch.capacity import gpus
 from kvwatch.capacity.budget import Budget
-from kvwatch.capacity.geometry import ModelGeometry, load_model
+from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.model import ModelGeometry
+from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.commands.predict import _positive_int
 from kvwatch.engines.kinds import ENGINE_CHOICES
 from kvwatch.errors import ConfigError
@@ -46,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", metavar="LOG", nargs="+", help="engine log file(s); '-' reads stdin")
     parser.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="engine (default: detect)")
     parser.add_argument(
-        "--model-config", metavar="PATH", help="the model's config.json (for the prediction and the levers)"
+        "--model-config",
+        metavar="CONFIG",
+        help="the model's config.json or Hub name ORG/NAME[@REVISION] (for the prediction and the levers)",
     )
     gpu = parser.add_mutually_exclusive_group()
     gpu.add_argument(
@@ -70,10 +74,12 @@ def _has_budget(e: Explanation) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    model: ModelGeometry | None = load_model(args.model_config) if args.model_config else None
+    model: ModelGeometry | None = (
+        load_model(resolve_model_config(args.model_config)) if args.model_config else None
+    )
     gpu_memory = None
     if args.gpu:
-        gpu_memory = gpus.lookup(args.gpu).memory_bytes
+        gpu_memory = gpus.lookup(args.gpu).total_bytes
     elif args.gpu_memory:
         gpu_memory = parse_size(args.gpu_memory)
     events: list[Event] = []

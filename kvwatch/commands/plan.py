@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from kvwatch.analysis.plan import (
@@ -18,6 +19,7 @@ from kvwatch.analysis.workload import load_workload, parse_rank_budgets
 from kvwatch.capacity import gpus
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.commands.predict import _positive_int, build_deployment
 from kvwatch.commands.predict import add_arguments as add_deployment_arguments
 from kvwatch.errors import ConfigError
@@ -59,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.model_config)
+    model = load_model(resolve_model_config(args.model_config))
     workload = load_workload(args.workload)
     budgets = parse_rank_budgets(args.available_kv_memory) if args.available_kv_memory else None
     args.available_kv_memory = None
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             "target": args.target,
             "cards": [_card_json(f) for f in fits],
             "smallest": [
-                {"kv_cache_dtype": kv, "weights": w, "gpu": f.gpu.name if f else None}
+                {"kv_cache_dtype": kv, "weights": w, **(_card_json(f) if f else {"gpu": None})}
                 for (kv, w), f in smallest_cards(fits).items()
             ],
         }
@@ -105,7 +107,15 @@ def _card_json(f: CardFit) -> JsonObject:
         "pool_tokens": f.pool_tokens,
         "needed_tokens": f.needed_tokens,
         "weights_bytes_per_rank": f.weights_bytes,
+        "card_memory_bytes": f.total_bytes,
+        "card_use": f.card_use,
+        "pool_use": f.pool_use,
     }
+
+
+def _percent(value: float | None) -> str:
+    """A share as the tables print it: one decimal, rounded down, so a row under 92% never reads 92.0%."""
+    return f"{math.floor(value * 1000) / 10:.1f}%" if value is not None else ""
 
 
 def render_plan(p: Plan) -> str:
@@ -159,13 +169,16 @@ def render_plan(p: Plan) -> str:
 def render_cards(fits: list[CardFit], target: float, ranks: int, show_all: bool) -> str:
     """Smallest card per cache dtype and weight quantisation (and every card when --gpus chose them)."""
     per = f" x {ranks}" if ranks > 1 else ""
-    lines = [f"smallest card{per} under {target:.0%} (weights + non-KV allowance + the workload's KV):"]
+    lines = [
+        f"smallest card{per} under {target:.0%} of its memory "
+        "(card used: weights + non-KV allowance + the workload's share of the KV pool):"
+    ]
     rows = []
     for (kv, w), f in smallest_cards(fits).items():
         if f is None:
-            rows.append([kv, w, "none of these cards" if show_all else "none in the catalogue", "", "", ""])
+            none = "none of these cards" if show_all else "none in the catalogue"
+            rows.append([kv, w, none, "", "", ""])
         else:
-            share = f.pool_use
             rows.append(
                 [
                     kv,
@@ -173,11 +186,15 @@ def render_cards(fits: list[CardFit], target: float, ranks: int, show_all: bool)
                     f.gpu.name,
                     format_bytes(f.weights_bytes),
                     f"{f.pool_tokens:,}",
-                    f"{share:.0%}" if share is not None else "",
+                    _percent(f.card_use),
                 ]
             )
     lines.append(
-        table(["KV cache", "weights", "card", "weights/rank", "pool tokens", "pool used"], rows, (3, 4, 5))
+        table(
+            ["KV cache", "weights", "card", "weights/rank", "pool tokens", "card used"],
+            rows,
+            (3, 4, 5),
+        )
     )
     if show_all:
         rows = [

@@ -11,11 +11,12 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.prediction import Prediction
+from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.engines import registry
 from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES
 from kvwatch.units import format_bytes, parse_size
 
-HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model config.json"
+HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model (config.json or Hub name)"
 
 BAR_WIDTH = 60
 
@@ -42,7 +43,9 @@ def _fraction(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model_config", metavar="MODEL_CONFIG", help="config.json, a model dir or a hub-cache dir"
+        "model_config",
+        metavar="MODEL_CONFIG",
+        help="config.json, a model dir, a hub-cache dir, or a Hub name ORG/NAME[@REVISION]",
     )
     parser.add_argument(
         "--engine",
@@ -95,7 +98,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
     gpu_memory = None
     if args.gpu:
         spec = gpus.lookup(args.gpu)
-        gpu_name, gpu_memory = spec.name, spec.memory_bytes
+        gpu_name, gpu_memory = spec.name, spec.total_bytes
     elif args.gpu_memory:
         gpu_memory = parse_size(args.gpu_memory)
     engine_flags = registry.get(args.engine).deployment_flags(
@@ -161,15 +164,18 @@ def render(p: Prediction) -> str:
     if p.weights_bytes is not None:
         rows.append(("weights", f"{format_bytes(p.weights_bytes)} per GPU ({p.weights_scheme})"))
     if p.activation_bytes is not None:
-        rows.append(
-            (
-                registry.get(p.engine).overhead_label,
-                format_bytes((p.activation_bytes or 0) + (p.cuda_graph_bytes or 0)),
-            )
-        )
+        rows.append((registry.get(p.engine).overhead_label, format_bytes(p.activation_bytes)))
+    if p.cuda_graph_bytes:
+        graphs = format_bytes(p.cuda_graph_bytes)
+        if p.cuda_graphs_subtracted is False:
+            graphs += " (estimated; this release does not subtract it)"
+        rows.append(("CUDA graphs", graphs))
     if p.non_torch_bytes:
         rows.append(("non-torch", format_bytes(p.non_torch_bytes)))
-    rows.append(("available KV", format_bytes(p.available_kv_bytes)))
+    kv = format_bytes(p.available_kv_bytes)
+    if p.available_kv_band_bytes is not None:
+        kv += f" ± {format_bytes(p.available_kv_band_bytes)} (modelled before launch)"
+    rows.append(("available KV", kv))
     if p.kv_pool_blocks is not None:
         rows.append(
             (
@@ -204,7 +210,7 @@ def render(p: Prediction) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.model_config)
+    model = load_model(resolve_model_config(args.model_config))
     prediction = predict(model, build_deployment(args))
     if args.json:
         json.dump(prediction.to_json_dict(), sys.stdout, indent=2)

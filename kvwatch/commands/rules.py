@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from kvwatch.errors import ConfigError
-from kvwatch.mixin import config, rules
+from kvwatch.mixin import alertmanager, config, rules
 
 HELP = "Write the Prometheus recording and alerting rules (and optionally a PrometheusRule) to a folder."
 
@@ -26,6 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write a prometheus-operator PrometheusRule carrying the same groups",
     )
     parser.add_argument(
+        "--alertmanager",
+        type=Path,
+        metavar="FILE",
+        help="also write an Alertmanager configuration: severity routing and kvwatch's inhibit_rules",
+    )
+    parser.add_argument(
         "--runbook-url",
         default=config.RUNBOOK_URL,
         metavar="URL",
@@ -39,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--runbook-url must be an http(s) URL without a #fragment, got {url!r}")
     try:
         written = rules.write(args.out, args.prometheus_rule, url)
+        if args.alertmanager is not None:
+            written.append(alertmanager.write(args.alertmanager))
     except OSError as exc:
         raise ConfigError(f"cannot write rules: {exc.strerror or exc} ({exc.filename})") from None
     for path in written:

@@ -1,4 +1,4 @@
-"""`kvwatch run`: the sidecar. Flags map onto kvwatch.config.Settings; the work is in kvwatch.app."""
+"""`kvwatch run`: the sidecar. Flags map onto kvwatch.config.Settings; the work is in kvwatch.sidecar."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-config",
         action="append",
         metavar="[NAME=]PATH",
-        help="model config.json or folder, for all sources or source NAME (default: found from the model the log names)",
+        help="model config.json, folder or Hub name ORG/NAME[@REV], for all sources or source NAME (default: found from the model the log names)",
     )
     add("--engine", choices=ENGINE_CHOICES, help="engine of every source (default: auto)")
     gpu = parser.add_mutually_exclusive_group()
@@ -48,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--scrape-interval", type=float, metavar="SECONDS", help="seconds between engine scrapes (default 5)")
     add("--scrape-timeout", type=float, metavar="SECONDS", help="timeout of one engine scrape (default 3)")
     add("--max-instances", type=int, metavar="N", help="cap on tracked engine instances (default 256)")
+    add(
+        "--fact-ttl",
+        type=float,
+        metavar="SECONDS",
+        help="a usage fact that stops arriving is stale after this long: no longer exported, flagged (default 60)",
+    )
     add("--poll", action="store_true", default=None, help="poll log files instead of using inotify")
     add("--log-level", choices=("debug", "info", "warning", "error"), help="kvwatch's own log level")
 
@@ -69,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             "scrape_interval",
             "scrape_timeout",
             "max_instances",
+            "fact_ttl",
             "poll",
             "log_level",
         )
@@ -79,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from kvwatch.app import Sidecar
+    from kvwatch.sidecar.app import Sidecar
 
     sidecar = Sidecar(settings)
 

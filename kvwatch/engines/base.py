@@ -12,38 +12,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
-
-import regex
+from typing import TYPE_CHECKING, Protocol
 
 from kvwatch.capacity.budget import Budget, Contribution, Term
 from kvwatch.capacity.deployment import Deployment, DeploymentValue
-from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
+from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.kinds import EngineName
-from kvwatch.events import Event
-from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
-from kvwatch.parsers.base import LineMeta
-from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader
 
-# Whole-line fast path: the events of a raw line in the engine's most frequent shape (prefixes
-# included), or None for any other line, which then goes through prefix peeling and ``parse``.
-LineParseFn = Callable[[str], "tuple[Event, ...] | None"]
-# The same for a list of raw UTF-8 lines without b'\n', one result per line.
-BlockParseFn = Callable[[list[bytes]], "list[tuple[Event, ...] | None]"]
+if TYPE_CHECKING:
+    # Types only: a prediction (``kvwatch predict``) needs no log or /metrics parsing, and these
+    # modules (kvwatch.facts: the events) import regex and pydantic.
+    import regex
+
+    from kvwatch.events import Event
+    from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
+    from kvwatch.parsers.base import LineMeta
+    from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader
+
+# Whole-line fast path, over raw UTF-8 lines without b'\n': per line, its events when it is in the
+# engine's most frequent shape (prefixes included), or None for any other line, which then goes
+# through prefix peeling and ``parse``. The pipeline calls it for the sidecar's lines (one at a
+# time) and replay's (a block's at once).
+FastPathFn = Callable[[list[bytes]], "list[tuple[Event, ...] | None]"]
 
 
 @dataclass(frozen=True)
 class LogDialect:
-    """How an engine's log reads: the body parser, its anchors, the fast paths, detection phrases."""
+    """How an engine's log reads: the body parser, its anchors, the fast path, detection phrases."""
 
     parse: Callable[[str, LineMeta], tuple[Event, ...]]
     # Substrings at least one of which every line ``parse`` claims contains (derived from its table).
     anchors: tuple[str, ...]
     # Phrases this engine prints in some release and the other engines never do.
     phrases: tuple[str, ...]
-    line_parser: LineParseFn | None = None
-    block_parser: BlockParseFn | None = None
+    fast_path: FastPathFn | None = None
 
 
 class MetricsDialect(Protocol):

@@ -7,6 +7,8 @@ the engines' own tables.
 
 from __future__ import annotations
 
+import functools
+
 from kvwatch.engines.base import Engine
 from kvwatch.engines.kinds import ENGINE_NAMES, EngineName
 from kvwatch.engines.sglang.engine import ENGINE as SGLANG
@@ -17,8 +19,12 @@ ENGINES: dict[EngineName, Engine] = {e.name: e for e in (VLLM, SGLANG)}
 if tuple(ENGINES) != ENGINE_NAMES:  # pragma: no cover - a packaging mistake, caught by any test
     raise RuntimeError(f"engine packages {tuple(ENGINES)} do not match kinds.EngineName {ENGINE_NAMES}")
 
-# Every anchor of every engine, for sources whose engine is not known yet.
-ALL_ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(a for e in ENGINES.values() for a in e.log.anchors))
+
+@functools.cache
+def all_anchors() -> tuple[str, ...]:
+    """Every anchor of every engine, for sources whose engine is not known yet (built on first use:
+    the log dialects import the line tables, which a prediction does not need)."""
+    return tuple(dict.fromkeys(a for e in ENGINES.values() for a in e.log.anchors))
 
 
 def get(name: str) -> Engine:

@@ -7,15 +7,32 @@ Each value says when to change it. After a change run ``kvwatch rules`` and ``kv
 from __future__ import annotations
 
 # --- Aggregation keys ------------------------------------------------------------------------------
+# Label names kvwatch exports (kvwatch/names.py): the served model and the engine kind.
+MODEL = "model_name"
+ENGINE_KIND = "engine_kind"
 # A "fleet" is every rank serving one model with one engine in one namespace of one cluster. `cluster`
 # and `namespace` are target labels (PodMonitor adds `namespace`; `cluster` is usually an external
-# label); where a label is absent it is empty and groups still work. Add a label here (e.g. `gpu`)
-# when one fleet mixes GPU types, or sibling comparisons will flag the smaller cards.
-FLEET_LABELS: tuple[str, ...] = ("cluster", "namespace", "model", "engine")
+# label); where a label is absent it is empty and groups still work. Ranks whose engine named no model
+# (model_name="") belong to no fleet: unrelated engines would otherwise be summed and compared.
+FLEET_LABELS: tuple[str, ...] = ("cluster", "namespace", MODEL, ENGINE_KIND)
+# Sibling comparisons (KVPoolBelowSiblingReplicas) also need one card type: ranks are grouped by the
+# GPU memory the engine logged, rounded to GiB, recorded into this label. A rank whose engine logged
+# no total memory (a metrics-only source) is compared only with others that logged none.
+CARD_LABEL = "gpu_memory_gib"
+SIBLING_LABELS: tuple[str, ...] = (*FLEET_LABELS, CARD_LABEL)
 # One replica: one engine server watched by one kvwatch (its ranks differ only in `dp_rank`).
 REPLICA_LABELS: tuple[str, ...] = (*FLEET_LABELS, "job", "instance", "source")
 # Target labels that identify a kvwatch sidecar, for joining per-source self-metrics.
 TARGET_LABELS: tuple[str, ...] = ("job", "instance", "source")
+# One engine rank seen by one kvwatch.
+RANK_LABELS: tuple[str, ...] = (*TARGET_LABELS, "dp_rank")
+# Prometheus jobs that scrape kvwatch (the PodMonitor relabels its job to `kvwatch`; name yours
+# kvwatch-<something> and they still match).
+KVWATCH_JOB = 'job=~"kvwatch.*"'
+# Labels an inhibition compares: the same sidecar target (and, where the alert has one, rank).
+INHIBIT_TARGET: tuple[str, ...] = ("cluster", "namespace", "instance")
+INHIBIT_SOURCE: tuple[str, ...] = (*INHIBIT_TARGET, "source")
+INHIBIT_RANK: tuple[str, ...] = (*INHIBIT_SOURCE, "dp_rank")
 
 # --- Thresholds ------------------------------------------------------------------------------------
 # Gap between the observed pool and kvwatch's prediction, by basis. `config` is the a-priori
@@ -42,6 +59,11 @@ STARTUP_FAILURE_WINDOW = "15m"
 # The sidecar scrapes the engine every 5 s by default; five minutes without a fact from /metrics
 # while the source is up means kvwatch reads the endpoint but recognises nothing in it.
 STALE_SECONDS = 300
+# A log whose stats went stale counts as frozen only while it still grows within this window (stats
+# stop on an idle engine, and so does its log). Keep it no longer than the sidecar's --fact-ttl
+# (60 s): then the last stats line of an engine that just went idle has left the window by the time
+# its facts go stale, and an idle engine never pages.
+LOG_GROWTH_WINDOW = "1m"
 PARSE_ERROR_WINDOW = "15m"
 
 # --- Alert durations (`for:`) ----------------------------------------------------------------------
@@ -55,7 +77,9 @@ FOR: dict[str, str] = {
     "KVPoolBelowSiblingReplicas": "15m",
     "KVRankBelowSiblings": "15m",
     "KVWatchSourceDown": "5m",
-    "KVWatchStale": "5m",
+    "KVWatchStale": "2m",
+    "KVWatchTargetDown": "5m",
+    "KVWatchAbsent": "15m",
     "KVWatchParseErrors": "15m",
     "KVPredictionUnavailable": "30m",
 }

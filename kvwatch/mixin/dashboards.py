@@ -43,11 +43,14 @@ KV_CACHE_UID = "kvwatch-kv-cache"
 KV_FLEET_UID = "kvwatch-kv-fleet"
 
 # Per-instance selector of the "KV cache" dashboard; self-metrics carry only `source`, not `model`.
-_INSTANCE = 'job=~"$job", namespace=~"$namespace", pod=~"$pod", source=~"$source", model=~"$model"'
+_INSTANCE = f'job=~"$job", namespace=~"$namespace", pod=~"$pod", source=~"$source", {config.MODEL}=~"$model"'
 _SOURCE = 'job=~"$job", namespace=~"$namespace", pod=~"$pod", source=~"$source"'
-_FLEET = 'cluster=~"$cluster", namespace=~"$namespace", model=~"$model"'
+_TARGET = 'job=~"$job", namespace=~"$namespace", pod=~"$pod"'
+# The engine's own series: scraped by their own job (the PodMonitor's `http` endpoint), so not $job.
+_ENGINE = f'namespace=~"$namespace", pod=~"$pod", {config.MODEL}=~"$model"'
+_FLEET = f'cluster=~"$cluster", namespace=~"$namespace", {config.MODEL}=~"$model"'
 _RANK_LEGEND = "{{source}} r{{dp_rank}} {{pod}}"
-_FLEET_LEGEND = "{{model}} ({{engine}}) {{namespace}}"
+_FLEET_LEGEND = "{{model_name}} ({{engine_kind}}) {{namespace}}"
 
 
 def sel(metric: names.Metric | str, matchers: str, extra: str = "") -> str:
@@ -103,6 +106,7 @@ def timeseries_panel(
     thresholds: dash.ThresholdsConfig | None = None,
     stacked: bool = False,
     bars: bool = False,
+    signed: bool = False,
 ) -> timeseries.Panel:
     """A time series with a table legend (mean, max, last) and the unit set."""
     panel = (
@@ -135,10 +139,17 @@ def timeseries_panel(
         ).fill_opacity(60)
     if bars:
         panel = panel.draw_style(common.GraphDrawStyle.BARS).fill_opacity(80)
-    if unit == PERCENT:
+    if unit == PERCENT and not signed:
         panel = panel.min(0)
     result: timeseries.Panel = _targets(panel, queries)
     return result
+
+
+def gap_thresholds() -> dash.ThresholdsConfig:
+    """Both tolerance bands of the drift alert (config ±10 %, engine_budget ±2 %), below and above 0:
+    green inside the tight band, orange inside the loose one, red outside both."""
+    tight, loose = sorted(config.GAP_RATIO.values())
+    return _steps((None, "red"), (-loose, "orange"), (-tight, "green"), (tight, "orange"), (loose, "red"))
 
 
 def stat_panel(
@@ -262,12 +273,7 @@ def kv_cache() -> dash.Dashboard:
     ids = _Ids()
     i = _INSTANCE
     src = _SOURCE
-    last_update = names.LAST_UPDATE.sample_name
-    gap_steps = _steps(
-        (None, "red"),
-        (-config.GAP_RATIO["config"], "green"),
-        (config.GAP_RATIO["config"], "red"),
-    )
+    gap_steps = gap_thresholds()
     usage_steps = _steps((None, "green"), (0.9, "orange"), (0.98, "red"))
     headroom_steps = _steps((None, "red"), (config.HEADROOM_REQUESTS_MIN, "green"))
     budget_terms = "weights|activation|non_torch|cuda_graphs|kv"
@@ -280,28 +286,24 @@ def kv_cache() -> dash.Dashboard:
             "headroom, scheduler pressure and the GPU memory budget behind the pool.",
         )
         .with_variable(_datasource_variable())
-        .with_variable(_variable("job", "Job", f"label_values({last_update}, job)"))
-        .with_variable(
-            _variable("namespace", "Namespace", f'label_values({last_update}{{job=~"$job"}}, namespace)')
-        )
-        .with_variable(
-            _variable(
-                "pod", "Pod", f'label_values({last_update}{{job=~"$job", namespace=~"$namespace"}}, pod)'
-            )
-        )
+        # Job, namespace and pod come from `up`, which every target has, so a pod whose kvwatch is
+        # down (and exports nothing) can still be picked; source from kvwatch_source_up, which
+        # kvwatch exports for every configured source, readable or not.
+        .with_variable(_variable("job", "Job", f"label_values(up{{{config.KVWATCH_JOB}}}, job)"))
+        .with_variable(_variable("namespace", "Namespace", 'label_values(up{job=~"$job"}, namespace)'))
+        .with_variable(_variable("pod", "Pod", 'label_values(up{job=~"$job", namespace=~"$namespace"}, pod)'))
         .with_variable(
             _variable(
                 "source",
                 "Source",
-                f'label_values({last_update}{{job=~"$job", namespace=~"$namespace", pod=~"$pod"}}, source)',
+                f"label_values({sel(names.SOURCE_UP, _TARGET)}, source)",
             )
         )
         .with_variable(
             _variable(
                 "model",
                 "Model",
-                f'label_values({last_update}{{job=~"$job", namespace=~"$namespace", pod=~"$pod", '
-                'source=~"$source"}, model)',
+                f"label_values({sel(names.ENGINE_INFO, _SOURCE)}, {config.MODEL})",
             )
         )
         .annotation(_annotation("Engine restarts", f"increase({sel(names.RESTARTS, i)}[2m]) > 0", "orange"))
@@ -387,11 +389,13 @@ def kv_cache() -> dash.Dashboard:
             timeseries_panel(
                 ids,
                 "Gap to prediction",
-                "Observed / predicted - 1, per basis. Dashed lines: the config-basis tolerance of the drift alert.",
+                "Observed / predicted - 1, per basis; negative: a smaller pool than predicted. Dashed lines: "
+                "the drift alert's tolerances, ±2 % (engine_budget) and ±10 % (config).",
                 PERCENT,
                 [(sel(names.KV_POOL_GAP_RATIO, i), "{{basis}} " + _RANK_LEGEND)],
                 thresholds=gap_steps,
-            ).min(-0.5),
+                signed=True,
+            ),
             timeseries_panel(
                 ids,
                 "Pool size per rank (bytes)",
@@ -516,6 +520,70 @@ def kv_cache() -> dash.Dashboard:
         ],
     )
 
+    # The engines' own series beside kvwatch's KV view (the PodMonitor scrapes the engine's /metrics).
+    e = _ENGINE
+    by_pod = f"le, namespace, pod, {config.MODEL}"
+    engine_legend = "{{pod}} {{model_name}}"
+
+    def p95(metric: str) -> str:
+        return f"histogram_quantile(0.95, sum by ({by_pod}) (rate({metric}{{{e}}}[$__rate_interval])))"
+
+    board = board.with_row(dash.Row("Engine's own metrics: latency and queue (vLLM, SGLang)").id(ids()))
+    board = _with_panels(
+        board,
+        [
+            timeseries_panel(
+                ids,
+                "Time to first token p95 (engine)",
+                "The engine's own TTFT histogram: vllm:time_to_first_token_seconds, "
+                "sglang:time_to_first_token_seconds. A full KV cache shows here as queueing before prefill.",
+                SECONDS,
+                [
+                    (p95("vllm:time_to_first_token_seconds_bucket"), "vLLM " + engine_legend),
+                    (p95("sglang:time_to_first_token_seconds_bucket"), "SGLang " + engine_legend),
+                ],
+            ),
+            timeseries_panel(
+                ids,
+                "End-to-end request latency p95 (engine)",
+                "The engine's own request latency histogram (vllm:/sglang:e2e_request_latency_seconds); "
+                "preemptions and retractions recompute requests and stretch it.",
+                SECONDS,
+                [
+                    (p95("vllm:e2e_request_latency_seconds_bucket"), "vLLM " + engine_legend),
+                    (p95("sglang:e2e_request_latency_seconds_bucket"), "SGLang " + engine_legend),
+                ],
+            ),
+            timeseries_panel(
+                ids,
+                "Queue: waiting and running (engine)",
+                "Requests the engine reports waiting and running (vllm:num_requests_waiting/running, "
+                "sglang:num_queue_reqs/num_running_reqs), per DP engine (vLLM's `engine` label).",
+                COUNT,
+                [
+                    (f"vllm:num_requests_waiting{{{e}}}", "vLLM waiting {{pod}} engine {{engine}}"),
+                    (f"vllm:num_requests_running{{{e}}}", "vLLM running {{pod}} engine {{engine}}"),
+                    (f"sglang:num_queue_reqs{{{e}}}", "SGLang waiting {{pod}}"),
+                    (f"sglang:num_running_reqs{{{e}}}", "SGLang running {{pod}}"),
+                ],
+            ),
+            timeseries_panel(
+                ids,
+                "KV usage: engine against kvwatch",
+                "The engine's own usage gauge (vllm:kv_cache_usage_perc, older vllm:gpu_cache_usage_perc, "
+                "sglang:token_usage) beside kvwatch_kv_usage_ratio; they join on namespace, pod and "
+                "model_name.",
+                PERCENT,
+                [
+                    (f"vllm:kv_cache_usage_perc{{{e}}}", "vLLM {{pod}} engine {{engine}}"),
+                    (f"vllm:gpu_cache_usage_perc{{{e}}}", "vLLM (old name) {{pod}} engine {{engine}}"),
+                    (f"sglang:token_usage{{{e}}}", "SGLang {{pod}}"),
+                    (sel(names.KV_USAGE_RATIO, i), "kvwatch " + _RANK_LEGEND),
+                ],
+            ).max(1),
+        ],
+    )
+
     board = board.with_row(dash.Row("Engine and kvwatch").id(ids()))
     board = _with_panels(
         board,
@@ -552,6 +620,28 @@ def kv_cache() -> dash.Dashboard:
                 SECONDS,
                 [(f"time() - {sel(names.LAST_UPDATE, i)}", "{{origin}} " + _RANK_LEGEND)],
             ),
+            timeseries_panel(
+                ids,
+                "Stale facts",
+                "1 for each fact that stopped arriving from the log or /metrics (no longer exported; the "
+                "KVWatchStale alert reads this).",
+                COUNT,
+                [(sel(names.FACTS_STALE, i), "{{origin}} {{fact}} " + _RANK_LEGEND)],
+                thresholds=_steps((None, "green"), (1, "red")),
+            )
+            .min(0)
+            .max(1),
+            timeseries_panel(
+                ids,
+                "kvwatch scraped by Prometheus",
+                "Prometheus' `up` for each kvwatch target: 0 when the sidecar cannot be scraped (it then "
+                "exports nothing else; KVWatchTargetDown).",
+                COUNT,
+                [(f"up{{{config.KVWATCH_JOB}, {_TARGET}}}", "{{job}} {{pod}} {{instance}}")],
+                thresholds=_steps((None, "red"), (1, "green")),
+            )
+            .min(0)
+            .max(1),
             timeseries_panel(
                 ids,
                 "Sources readable",
@@ -618,7 +708,10 @@ def kv_fleet() -> dash.Dashboard:
         gap_parts.append(f"({gap} > {limit:g} or {gap} < -{limit:g})")
     gap_filters = "\nor\n".join(gap_parts)
     pool = sel(names.KV_POOL_TOKENS, f)
-    relative_to_median = f"{pool}\n/ on ({', '.join(config.FLEET_LABELS)}) group_left()\n({sel(rules.FLEET_POOL_MEDIAN, f)} > 0)"
+    relative_to_median = (
+        f"{sel(rules.RANK_POOL_BY_CARD, f)}\n/ on ({', '.join(config.SIBLING_LABELS)}) group_left()\n"
+        f"({sel(rules.SIBLING_POOL_MEDIAN, f)} > 0)"
+    )
 
     board = (
         _base(
@@ -638,12 +731,14 @@ def kv_fleet() -> dash.Dashboard:
             _variable(
                 "model",
                 "Model",
-                f'label_values({fleet_pool}{{cluster=~"$cluster", namespace=~"$namespace"}}, model)',
+                f'label_values({fleet_pool}{{cluster=~"$cluster", namespace=~"$namespace"}}, {config.MODEL})',
             )
         )
         .annotation(
             _annotation(
-                "Engine restarts", f"sum by (model) (increase({sel(names.RESTARTS, f)}[2m])) > 0", "orange"
+                "Engine restarts",
+                f"sum by ({config.MODEL}) (increase({sel(names.RESTARTS, f)}[2m])) > 0",
+                "orange",
             )
         )
     )
@@ -779,7 +874,7 @@ def kv_fleet() -> dash.Dashboard:
                 "Headroom of every rank",
                 "Requests of max_model_len each rank's free pool holds.",
                 REQUESTS,
-                [(sel(names.KV_HEADROOM_REQUESTS, f), "{{model}} " + _RANK_LEGEND)],
+                [(sel(names.KV_HEADROOM_REQUESTS, f), "{{model_name}} " + _RANK_LEGEND)],
                 thresholds=headroom_steps,
             ).min(0),
         ],
@@ -800,9 +895,12 @@ def kv_fleet() -> dash.Dashboard:
             timeseries_panel(
                 ids,
                 "Gap to prediction of every rank (config basis)",
-                "Observed / predicted - 1 for each rank.",
+                "Observed / predicted - 1 for each rank; negative: a smaller pool than predicted. Dashed "
+                "lines: the drift alert's tolerances, ±2 % (engine_budget) and ±10 % (config).",
                 PERCENT,
-                [(sel(names.KV_POOL_GAP_RATIO, f, 'basis="config"'), "{{model}} " + _RANK_LEGEND)],
+                [(sel(names.KV_POOL_GAP_RATIO, f, 'basis="config"'), "{{model_name}} " + _RANK_LEGEND)],
+                thresholds=gap_thresholds(),
+                signed=True,
             ),
             table_panel(
                 ids,
@@ -830,7 +928,7 @@ def kv_fleet() -> dash.Dashboard:
                 "Pool relative to the fleet median",
                 "Each rank's pool over the median pool of its model's fleet; 100 % is a typical replica.",
                 PERCENT,
-                [(relative_to_median, "{{model}} " + _RANK_LEGEND)],
+                [(relative_to_median, "{{model_name}} " + _RANK_LEGEND)],
                 width=24,
             ),
         ],

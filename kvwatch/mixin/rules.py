@@ -39,6 +39,10 @@ SOURCE_UP = names.SOURCE_UP.sample_name
 LAST_UPDATE = names.LAST_UPDATE.sample_name
 PARSE_ERRORS = names.PARSE_ERRORS.sample_name
 PREDICTION = names.PREDICTION_AVAILABLE.sample_name
+STALE = names.FACTS_STALE.sample_name
+LINES_READ = names.LINES_READ.sample_name
+MEMORY = names.MEMORY_BYTES.sample_name
+ENGINE_INFO = names.ENGINE_INFO.sample_name
 
 
 def by(labels: tuple[str, ...]) -> str:
@@ -58,7 +62,6 @@ def fleet_record(metric: str, aggregation: str) -> str:
 
 # Recorded series other modules (dashboards, alerts) read.
 FLEET_POOL = fleet_record(POOL, "sum")
-FLEET_POOL_MEDIAN = fleet_record(POOL, "median")
 FLEET_USED = fleet_record(USED, "sum")
 FLEET_USAGE = fleet_record(USAGE, "ratio")
 FLEET_HEADROOM_TOKENS = fleet_record(HEADROOM_TOKENS, "sum")
@@ -72,6 +75,12 @@ LIMITING_HEADROOM_REQUESTS = fleet_record(HEADROOM_REQUESTS, "min")
 LIMITING_HEADROOM_TOKENS = fleet_record(HEADROOM_TOKENS, "min")
 LIMITING_RANK = fleet_record(HEADROOM_REQUESTS, "limiting_rank")
 REPLICA_POOL_MAX = f"replica:{POOL}:max"
+# The card of each rank (GPU memory the engine logged, in GiB, as a label) and the pool of each rank
+# with that label, so sibling comparisons stay within one model and one card type.
+RANK_CARD = f"rank:{MEMORY}:gpu_card"
+RANK_POOL_BY_CARD = f"rank:{POOL}:by_card"
+SIBLING_POOL_MEDIAN = f"siblings:{POOL}:median"
+SIBLING_RANKS = f"siblings:{POOL}:count"
 
 
 @dataclass(frozen=True)
@@ -109,27 +118,49 @@ class Alert:
         }
 
 
+def named(metric: str) -> str:
+    """The series of ranks whose engine named its model: only those belong to a fleet."""
+    return f'{metric}{{{config.MODEL}!=""}}'
+
+
 def recording_rules() -> list[Record]:
-    """Fleet aggregates by (cluster, namespace, model, engine) and the limiting rank of each fleet."""
+    """Fleet aggregates by (cluster, namespace, model_name, engine_kind), the limiting rank of each
+    fleet, and the per-card sibling median."""
     fleet = by(config.FLEET_LABELS)
+    rank = on(config.RANK_LABELS)
+    gib = 2**30
     return [
-        Record(FLEET_POOL, f"sum {fleet} ({POOL})"),
-        Record(FLEET_RANKS, f"count {fleet} ({POOL})"),
-        Record(FLEET_POOL_MEDIAN, f"quantile {fleet} (0.5, {POOL})"),
-        Record(FLEET_USED, f"sum {fleet} ({USED})"),
-        Record(FLEET_USAGE, f"sum {fleet} ({USED})\n/\n(sum {fleet} ({POOL}) > 0)"),
-        Record(FLEET_HEADROOM_TOKENS, f"sum {fleet} ({HEADROOM_TOKENS})"),
-        Record(FLEET_HEADROOM_REQUESTS, f"sum {fleet} ({HEADROOM_REQUESTS})"),
-        Record(FLEET_CONCURRENCY, f'sum {fleet} ({CONCURRENCY}{{basis="observed"}})'),
-        Record(FLEET_RUNNING, f"sum {fleet} ({RUNNING})"),
-        Record(FLEET_WAITING, f"sum {fleet} ({WAITING})"),
-        Record(FLEET_PREEMPTIONS, f"sum {fleet} (rate({PREEMPTIONS}[5m]))"),
+        Record(FLEET_POOL, f"sum {fleet} ({named(POOL)})"),
+        Record(FLEET_RANKS, f"count {fleet} ({named(POOL)})"),
+        Record(FLEET_USED, f"sum {fleet} ({named(USED)})"),
+        Record(FLEET_USAGE, f"sum {fleet} ({named(USED)})\n/\n(sum {fleet} ({named(POOL)}) > 0)"),
+        Record(FLEET_HEADROOM_TOKENS, f"sum {fleet} ({named(HEADROOM_TOKENS)})"),
+        Record(FLEET_HEADROOM_REQUESTS, f"sum {fleet} ({named(HEADROOM_REQUESTS)})"),
+        Record(
+            FLEET_CONCURRENCY,
+            f'sum {fleet} ({CONCURRENCY}{{{config.MODEL}!="", basis="observed"}})',
+        ),
+        Record(FLEET_RUNNING, f"sum {fleet} ({named(RUNNING)})"),
+        Record(FLEET_WAITING, f"sum {fleet} ({named(WAITING)})"),
+        Record(FLEET_PREEMPTIONS, f"sum {fleet} (rate({named(PREEMPTIONS)}[5m]))"),
         # The limiting rank: a fleet can take only as many long requests as its fullest rank allows
         # before that rank preempts, whatever the sum says.
-        Record(LIMITING_HEADROOM_REQUESTS, f"min {fleet} ({HEADROOM_REQUESTS})"),
-        Record(LIMITING_HEADROOM_TOKENS, f"min {fleet} ({HEADROOM_TOKENS})"),
-        Record(LIMITING_RANK, f"bottomk {fleet} (1, {HEADROOM_REQUESTS})"),
-        Record(REPLICA_POOL_MAX, f"max {by(config.REPLICA_LABELS)} ({POOL})"),
+        Record(LIMITING_HEADROOM_REQUESTS, f"min {fleet} ({named(HEADROOM_REQUESTS)})"),
+        Record(LIMITING_HEADROOM_TOKENS, f"min {fleet} ({named(HEADROOM_TOKENS)})"),
+        Record(LIMITING_RANK, f"bottomk {fleet} (1, {named(HEADROOM_REQUESTS)})"),
+        Record(REPLICA_POOL_MAX, f"max {by(config.REPLICA_LABELS)} ({named(POOL)})"),
+        # The card type as a label: the total GPU memory the engine logged, rounded to GiB.
+        Record(
+            RANK_CARD,
+            f'count_values without (term, basis) ("{config.CARD_LABEL}",\n'
+            f'  round({MEMORY}{{basis="observed", term="total"}} / {gib})\n)',
+        ),
+        Record(
+            RANK_POOL_BY_CARD,
+            f"{named(POOL)}\n* {rank} group_left({config.CARD_LABEL})\n{RANK_CARD}\nor {rank}\n{named(POOL)}",
+        ),
+        Record(SIBLING_POOL_MEDIAN, f"quantile {by(config.SIBLING_LABELS)} (0.5, {RANK_POOL_BY_CARD})"),
+        Record(SIBLING_RANKS, f"count {by(config.SIBLING_LABELS)} ({RANK_POOL_BY_CARD})"),
     ]
 
 
@@ -137,22 +168,52 @@ def _label(name: str) -> str:
     return "{{ $labels." + name + " }}"
 
 
-def _lookup(metric: str, labels: tuple[str, ...], fmt: str = "%.0f") -> str:
-    """A template that queries one more value for the alert's own series (shown in the description)."""
+def _lookup(metric: str, labels: tuple[str, ...], fmt: str = "%.0f", close: str = "") -> str:
+    """A template that queries one more value for the alert's own series (shown in the description);
+    ``metric`` may open a function call that ``close`` ends after the selector."""
     matchers = ",".join(f"{label}=%q" for label in labels)
     args = " ".join(f"$labels.{label}" for label in labels)
-    query = f'printf "{metric}{{{matchers}}}" {args}'
+    query = f'printf "{metric}{{{matchers}}}{close}" {args}'
     return (
         "{{ with " + query + ' | query }}{{ . | first | value | printf "' + fmt + '" }}{{ else }}?{{ end }}'
     )
 
 
+def _label_lookup(query: str, labels: tuple[str, ...], label: str, missing: str) -> str:
+    """A template that reads one label of the first series a query returns (`missing` when none)."""
+    args = " ".join(f"$labels.{name}" for name in labels)
+    return (
+        "{{ with printf "
+        + f'"{query}" {args}'
+        + " | query }}{{ . | first | label "
+        + f'"{label}"'
+        + " }}{{ else }}"
+        + missing
+        + "{{ end }}"
+    )
+
+
+# Who is in trouble, for every summary and description: the pod (namespace/pod from the target
+# labels; the kvwatch target address where Prometheus attaches no pod) and the model it serves.
+POD = "{{ if $labels.pod }}{{ $labels.namespace }}/{{ $labels.pod }}{{ else }}{{ $labels.instance }}{{ end }}"
+MODEL_NAME = "{{ with $labels." + config.MODEL + " }}{{ . }}{{ else }}(model not named){{ end }}"
+
+
+def _model_of(labels: tuple[str, ...]) -> str:
+    """The model an alert without a model_name label is about, looked up from kvwatch's engine info
+    (over the last day, so a target that is down still names the model it served)."""
+    matchers = ",".join(f"{label}=%q" for label in labels)
+    query = f"last_over_time({ENGINE_INFO}{{{matchers}}}[1d])"
+    return _label_lookup(query, labels, config.MODEL, "(model unknown)")
+
+
 # Where an instance-level alert happened, for summaries and descriptions.
+_WHO = f"{POD} ({MODEL_NAME})"
 _WHERE = (
-    f"{_label('source')} rank {_label('dp_rank')} ({_label('engine')}, model {_label('model')}) "
-    f"on {_label('instance')}"
+    f"{POD} (model {MODEL_NAME}, {_label(config.ENGINE_KIND)} rank {_label('dp_rank')}, "
+    f"source {_label('source')}" + "{{ if $labels.pod }}, kvwatch at {{ $labels.instance }}{{ end }})"
 )
-_SERIES = ("job", "instance", "source", "dp_rank")
+_SERIES = config.RANK_LABELS
 
 
 def _gap_expr() -> str:
@@ -163,10 +224,24 @@ def _gap_expr() -> str:
     return "\nor\n".join(parts)
 
 
+def _stale_expr() -> str:
+    """A source whose facts froze: /metrics answers but a fact vanished from it (or nothing at all is
+    recognised any more), or the log keeps growing without the stats lines it carried."""
+    target = on(config.TARGET_LABELS)
+    stale = f"max without (fact) ({STALE}{{{{origin={{}}}}}})"
+    return (
+        f"({stale.format(chr(34) + 'metrics' + chr(34))} == 1\nunless {target} ({SOURCE_UP} == 0))\n"
+        f"or\n({stale.format(chr(34) + 'log' + chr(34))} == 1\n"
+        f"and {target} (increase({LINES_READ}[{config.LOG_GROWTH_WINDOW}]) > 0))\n"
+        f'or\n(time() - {LAST_UPDATE}{{origin="metrics"}} > {config.STALE_SECONDS}\n'
+        f"unless {target} ({SOURCE_UP} == 0))"
+    )
+
+
 def alerts() -> list[Alert]:
     """Every alert, in the order of docs/runbook.md."""
-    fleet = config.FLEET_LABELS
     replica = config.REPLICA_LABELS
+    siblings = config.SIBLING_LABELS
     gap_limits = ", ".join(f"±{limit:.0%} for basis {basis}" for basis, limit in config.GAP_RATIO.items())
     failure_window = config.STARTUP_FAILURE_WINDOW
     return [
@@ -174,7 +249,7 @@ def alerts() -> list[Alert]:
             "KVPoolDriftsFromPrediction",
             _gap_expr(),
             "warning",
-            f"KV pool of {_label('source')} differs from kvwatch's prediction.",
+            f"KV pool of {_WHO} differs from kvwatch's prediction.",
             f"The KV pool of {_WHERE} is {{{{ $value | humanizePercentage }}}} off the "
             f"{_label('basis')} prediction: observed {_lookup(POOL, _SERIES)} tokens, predicted "
             + _lookup(PREDICTED, (*_SERIES, "basis"))
@@ -184,7 +259,7 @@ def alerts() -> list[Alert]:
             "KVCacheNearlyFull",
             f"{USAGE} > {config.USAGE_RATIO_FULL:g}",
             "warning",
-            f"KV cache of {_label('source')} is nearly full.",
+            f"KV cache of {_WHO} is nearly full.",
             f"{_WHERE} has used {{{{ $value | humanizePercentage }}}} of its KV pool "
             f"({_lookup(POOL, _SERIES)} tokens) for {config.FOR['KVCacheNearlyFull']}; "
             f"{_lookup(WAITING, _SERIES)} requests are waiting.",
@@ -193,7 +268,7 @@ def alerts() -> list[Alert]:
             "KVHeadroomBelowOneRequest",
             f"{HEADROOM_REQUESTS} < {config.HEADROOM_REQUESTS_MIN:g}",
             "warning",
-            f"{_label('source')} cannot fit one more max-length request in its KV cache.",
+            f"{_WHO} cannot fit one more max-length request in its KV cache.",
             f"The free KV pool of {_WHERE} holds {{{{ $value }}}} requests of "
             f"max_model_len ({_lookup(HEADROOM_TOKENS, _SERIES)} free tokens); a long request now "
             "waits or preempts another.",
@@ -202,7 +277,7 @@ def alerts() -> list[Alert]:
             "KVPreemptionsRising",
             f"rate({PREEMPTIONS}[{config.PREEMPTION_WINDOW}]) > {config.PREEMPTION_RATE:g}",
             "warning",
-            f"{_label('source')} is evicting requests from its KV cache.",
+            f"{_WHO} is evicting requests from its KV cache.",
             f'{_WHERE} preempts (vLLM) or retracts (SGLang) {{{{ $value | printf "%.3g" }}}} requests per '
             f"second over {config.PREEMPTION_WINDOW}; evicted requests are recomputed, which costs "
             "latency and throughput.",
@@ -212,7 +287,7 @@ def alerts() -> list[Alert]:
             f"increase({STARTUP_FAILURES}[{failure_window}]) > 0\n"
             f"or\n({STARTUP_FAILURES} > 0 unless {STARTUP_FAILURES} offset {failure_window})",
             "critical",
-            f"{_label('source')} failed to start: not enough memory for the KV cache.",
+            f"{_WHO} failed to start: not enough memory for the KV cache.",
             f"The engine of {_WHERE} failed to start in the last {failure_window} for lack of KV-cache "
             f"memory (reason {_label('reason')}; failed starts counted so far: "
             f"{_lookup(STARTUP_FAILURES, (*_SERIES, 'reason'))}); it is not serving.",
@@ -221,24 +296,26 @@ def alerts() -> list[Alert]:
             "KVPoolShrankSinceLastStart",
             f"{POOL}\n/\n(max_over_time({POOL}[{config.SHRINK_LOOKBACK}]) > 0)\n< {1 - config.SHRINK_RATIO:g}",
             "warning",
-            f"KV pool of {_label('source')} came back smaller after a restart.",
+            f"KV pool of {_WHO} came back smaller after a restart.",
             f"The KV pool of {_WHERE} is {{{{ $value | humanizePercentage }}}} of the largest pool the "
             f"same engine had in the last {config.SHRINK_LOOKBACK} (now {_lookup(POOL, _SERIES)} tokens).",
         ),
         Alert(
             "KVPoolBelowSiblingReplicas",
-            f"{POOL}\n/ {on(fleet)} group_left()\n({FLEET_POOL_MEDIAN} > 0)\n< {1 - config.SIBLING_RATIO:g}",
+            f"{RANK_POOL_BY_CARD}\n/ {on(siblings)} group_left()\n({SIBLING_POOL_MEDIAN} > 0)\n"
+            f"< {1 - config.SIBLING_RATIO:g}",
             "warning",
-            f"KV pool of {_label('source')} is smaller than its sibling replicas'.",
+            f"KV pool of {_WHO} is smaller than its sibling replicas'.",
             f"The KV pool of {_WHERE} is {{{{ $value | humanizePercentage }}}} of the median pool of "
-            f"the replicas serving {_label('model')} in namespace {_label('namespace')}.",
+            f"the ranks serving the same model on the same card ({_label(config.CARD_LABEL)} GiB) in "
+            f"namespace {_label('namespace')}.",
         ),
         Alert(
             "KVRankBelowSiblings",
-            f"{POOL}\n/ {on(replica)} group_left()\n({REPLICA_POOL_MAX} > 0)\n< {1 - config.SIBLING_RATIO:g}",
+            f"{named(POOL)}\n/ {on(replica)} group_left()\n({REPLICA_POOL_MAX} > 0)\n< {1 - config.SIBLING_RATIO:g}",
             "warning",
-            f"A rank of {_label('source')} has a much smaller KV pool than the others.",
-            f"Rank {_label('dp_rank')} of {_label('source')} on {_label('instance')} has "
+            f"A rank of {_WHO} has a much smaller KV pool than the others.",
+            f"Rank {_label('dp_rank')} of {_WHERE} has "
             f"{{{{ $value | humanizePercentage }}}} of the KV pool of the largest rank of the same engine; "
             "the fleet's headroom is bounded by this rank.",
         ),
@@ -246,33 +323,57 @@ def alerts() -> list[Alert]:
             "KVWatchSourceDown",
             f"{SOURCE_UP} == 0",
             "warning",
-            f"kvwatch cannot read {_label('source')}.",
-            f"kvwatch on {_label('instance')} could not read source {_label('source')} (log file or "
-            f"/metrics URL) for {config.FOR['KVWatchSourceDown']}; its KV metrics are frozen or absent.",
+            f"kvwatch cannot read {_label('source')} of {POD} ({_model_of(config.TARGET_LABELS)}).",
+            f"kvwatch in {POD} could not read source {_label('source')} (log file "
+            f"or /metrics URL) of the engine serving {_model_of(config.TARGET_LABELS)} for "
+            f"{config.FOR['KVWatchSourceDown']}; its KV metrics are stale or absent.",
         ),
         Alert(
             "KVWatchStale",
-            f'time() - {LAST_UPDATE}{{origin="metrics"}} > {config.STALE_SECONDS}\n'
-            f"unless {on(config.TARGET_LABELS)}\n({SOURCE_UP} == 0)",
+            _stale_expr(),
             "warning",
-            f"kvwatch has learnt nothing from {_label('source')} /metrics for a while.",
-            f"The last fact kvwatch took from the /metrics of {_WHERE} is {{{{ $value | humanizeDuration }}}} "
-            "old although the endpoint answers: the engine's metric names may have changed.",
+            f"kvwatch's facts from {_label('origin')} of {_WHO} froze.",
+            f"{_WHERE}: facts kvwatch took from the engine's {_label('origin')} stopped arriving although "
+            "the source is still read (a series vanished from /metrics, e.g. renamed, or the log grows "
+            "without its stats lines); kvwatch no longer exports them, so usage, headroom and the fleet "
+            "sums leave this rank out (facts stale: "
+            + _lookup(f"count({STALE}", (*_SERIES, "origin"), close=" == 1) or vector(0)")
+            + "; last fact of any kind from it "
+            + _lookup(f"time() - {LAST_UPDATE}", (*_SERIES, "origin"))
+            + " s ago).",
+        ),
+        Alert(
+            "KVWatchTargetDown",
+            f"up{{{config.KVWATCH_JOB}}} == 0",
+            "warning",
+            f"Prometheus cannot scrape kvwatch in {POD} ({_model_of(('job', 'instance'))}).",
+            f"Scrapes of kvwatch at {_label('instance')} (job {_label('job')}, pod {POD}) failed for "
+            f"{config.FOR['KVWatchTargetDown']}; nothing is known about the KV cache of the engine "
+            f"serving {_model_of(('job', 'instance'))} and its KV alerts cannot fire.",
+        ),
+        Alert(
+            "KVWatchAbsent",
+            f"absent(up{{{config.KVWATCH_JOB}}})",
+            "warning",
+            "No kvwatch target is scraped by Prometheus (model: none known).",
+            f"Prometheus has no target in a job matching {config.KVWATCH_JOB} for "
+            f"{config.FOR['KVWatchAbsent']} (value {{{{ $value }}}}): the sidecars, the PodMonitor or the "
+            "scrape config are gone, so no KV alert can fire for any pod or model_name.",
         ),
         Alert(
             "KVWatchParseErrors",
             f"increase({PARSE_ERRORS}[{config.PARSE_ERROR_WINDOW}]) > 0",
             "info",
-            f"kvwatch skips log lines of {_label('source')} it cannot convert.",
-            f'kvwatch on {_label("instance")} skipped {{{{ $value | printf "%.0f" }}}} lines of '
-            f"{_label('source')} in {config.PARSE_ERROR_WINDOW} that matched a pattern but did not convert; "
-            "the engine's log format may have changed.",
+            f"kvwatch skips log lines of {_label('source')} in {POD} ({_model_of(config.TARGET_LABELS)}).",
+            f'kvwatch in {POD} skipped {{{{ $value | printf "%.0f" }}}} lines of '
+            f"{_label('source')} (model {_model_of(config.TARGET_LABELS)}) in {config.PARSE_ERROR_WINDOW} "
+            "that matched a pattern but did not convert; the engine's log format may have changed.",
         ),
         Alert(
             "KVPredictionUnavailable",
             f'{PREDICTION}{{state!="ok"}} == 1',
             "info",
-            f"kvwatch cannot predict the KV pool of {_label('source')}.",
+            f"kvwatch cannot predict the KV pool of {_WHO}.",
             f"kvwatch has no prediction for {_WHERE}: {_label('state')}. Gap and drift alerts cannot "
             "fire for it.",
         ),

@@ -22,15 +22,102 @@ import regex
 
 from kvwatch.parsers.base import LineMeta
 
+# --- the prefix grammar -------------------------------------------------------------------------
+# Each layer below is written once, as a tuple of atoms in syntax both stdlib ``re`` and ``regex``
+# read. This module compiles them (Unicode, one layer at a time, in _peel's loop); the engines'
+# whole-line fast paths compose the same atoms into one bytes pattern with ``fast_prefix`` (ANSI
+# escapes allowed between atoms, ASCII lines only). tests/test_prefix_grammar.py holds the two
+# readings equal.
+Atoms = tuple[str, ...]
+
 # ANSI SGR and other CSI sequences (vLLM always coloured its process prefix up to 0.11.2).
-_ANSI = regex.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ANSI_TEXT = r"\x1b\[[0-9;?]*[A-Za-z]"
 
 # Container runtimes: '2026-05-12T08:01:39.331095044Z ' (docker --timestamps, kubectl --timestamps)
 # optionally followed by the CRI stream and tag: '... stdout F ' (containerd/cri-o log files).
-_RFC3339 = regex.compile(
+CONTAINER: Atoms = (
     r"(?P<ts>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s+"
-    r"(?:(?:stdout|stderr)\s+[FP]\s)?"
+    r"(?:(?:stdout|stderr)\s+[FP]\s)?",
 )
+
+# Process prefixes: vLLM '(EngineCore_DP0 pid=5012)', '(VllmWorker rank=0 pid=4312)',
+# '(VllmWorker PP0_TP1 pid=7)', '(Worker_DP0_TP0_EP0 pid=8)', '(VllmWorkerProcess pid=6496)',
+# '(APIServer pid=4801)'; Ray '(pid=123, ip=10.0.0.1)', '(RayWorkerWrapper pid=9, ip=10.0.0.2)',
+# SGLang under Ray '(SchedulerActor pid=123, ip=10.0.0.1)'.
+PROCESS: Atoms = (
+    r"\((?:(?P<name>[A-Za-z_][\w.\-]*(?: [\w=]+)*) )?pid=\d+(?:,\s*ip=[^)\s]+)?\)",
+    r"\s?",
+)
+
+# vLLM's own level prefix: '<= 0.7.3: INFO 06-05 10:00:00 gpu_executor.py:122] ', 0.8+: with '[' and
+# at DEBUG a path; ColoredFormatter output (0.11+ colours each part) is plain once ANSI is gone.
+# Continuation lines of a multi-line record repeat it and may be empty after it.
+VLLM_LEVEL: Atoms = (
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)",
+    " ",
+    r"(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d+)?)",
+    " ",
+    r"\[?[^\s\]]+:\d+\]",
+    r"(?: |$)",
+)
+
+# SGLang: '[2025-01-01 10:00:00 DP0 TP0] ', '[16:43:29 TP0] ' (0.2.x time only), '[ts.mmm ATTN_CP0 TP0] '.
+# Launchers using Python's default '%(asctime)s' look the same with ',mmm'.
+SGLANG: Atoms = (
+    r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3,6})?)"
+    r"(?P<tags>(?: [A-Z]+(?:_[A-Z]+)*\d+)*+)\]",
+    r"(?::)?",
+    r"(?: |$)",
+)
+
+_GROUP = re.compile(r"\(\?P<(\w+)>")
+
+
+def layer(atoms: Atoms, between: str = "", group_prefix: str = "") -> str:
+    """One layer's pattern text: its atoms joined by ``between``, its groups renamed ``group_prefix + name``."""
+    text = between.join(atoms)
+    if group_prefix:
+        text = _GROUP.sub(lambda m: f"(?P<{group_prefix}{m.group(1)}>", text)
+    return text
+
+
+# Processes a fast path reads before the engine's own prefix (a Ray actor's, then vLLM's).
+FAST_PROCESSES = 2
+
+
+def fast_prefix(engine_layer: Atoms) -> str:
+    """Pattern text, for a bytes pattern, of the prefixes ``strip_prefixes`` reads most often in front
+    of ``engine_layer``: ANSI escapes, an optional container stamp (``cts``), up to two process
+    prefixes (``p1name``, ``p2name``), then the engine's layer (its own group names).
+
+    Only ASCII lines without control characters other than TAB, CR and ESC can match (on those the
+    bytes and Unicode readings of every class agree), ANSI escapes only between atoms (where
+    removing them, as strip_prefixes does first, leaves exactly the layers' text). Where this
+    matches, strip_prefixes peels the same layers in the same order, into the same groups.
+    """
+    a = f"(?:{ANSI_TEXT})*"
+    processes = "".join(f"(?:{layer(PROCESS, a, f'p{i}')}{a})?" for i in range(1, FAST_PROCESSES + 1))
+    return (
+        r"(?=[\t\r\x1b\x20-\x7e]*$)"
+        + a
+        + f"(?:{layer(CONTAINER, a, 'c')}{a})?"
+        + processes
+        + layer(engine_layer, a)
+        + a
+    )
+
+
+def fast_identity(p1name: str | None, p2name: str | None) -> tuple[str | None, int | None]:
+    """(instance, rank) that the process names of a ``fast_prefix`` match give, as _peel reads them."""
+    meta = _Meta()
+    for name in (p1name, p2name):
+        if name:
+            _process_name(name, meta)
+    return meta.instance, meta.rank
+
+
+_ANSI = regex.compile(ANSI_TEXT)
+_RFC3339 = regex.compile(layer(CONTAINER))
 
 # kubectl logs --prefix: '[pod/vllm-0/vllm] '.
 _KUBECTL = regex.compile(r"\[pod/[^\]\s]+\]\s")
@@ -38,42 +125,22 @@ _KUBECTL = regex.compile(r"\[pod/[^\]\s]+\]\s")
 # syslog / journald short format: 'Nov 30 10:00:00 host vllm[123]: '.
 _SYSLOG = regex.compile(r"(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}) [\w.\-]+ [\w.\-/@]+(?:\[\d+\])?: ")
 
-# Process prefixes: vLLM '(EngineCore_DP0 pid=5012)', '(VllmWorker rank=0 pid=4312)',
-# '(VllmWorker PP0_TP1 pid=7)', '(Worker_DP0_TP0_EP0 pid=8)', '(VllmWorkerProcess pid=6496)',
-# '(APIServer pid=4801)'; Ray '(pid=123, ip=10.0.0.1)', '(RayWorkerWrapper pid=9, ip=10.0.0.2)',
-# SGLang under Ray '(SchedulerActor pid=123, ip=10.0.0.1)'.
-_PROCESS = regex.compile(r"\((?:(?P<name>[A-Za-z_][\w.\-]*(?: [\w=]+)*) )?pid=\d+(?:,\s*ip=[^)\s]+)?\)\s?")
+_PROCESS = regex.compile(layer(PROCESS))
 
 # torch.distributed elastic: '[rank0]: '.
 _TORCH_RANK = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
 
-# vLLM's own level prefix: '<= 0.7.3: INFO 06-05 10:00:00 gpu_executor.py:122] ', 0.8+: with '[' and
-# at DEBUG a path; ColoredFormatter output is plain once ANSI is gone. Continuation lines of a
-# multi-line record repeat it and may be empty after it.
-_VLLM_LEVEL = regex.compile(
-    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
-    r"(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:[.,]\d+)?) "
-    r"\[?[^\s\]]+:\d+\](?: |$)"
-)
+_VLLM_LEVEL = regex.compile(layer(VLLM_LEVEL))
 
 # The shape of nearly every line of a vLLM server log, process prefix and level prefix in one match
-# (stdlib re: this runs on every claimed line and is faster than the general loop).
-# vllm.parse_line's fast pattern holds an ASCII-only narrowing of this one: keep the two in step.
-_VLLM_COMMON = re.compile(
-    r"(?:\((?P<name>[A-Za-z_][\w.\-]*(?: [\w=]+)*) pid=\d+\) )?"
-    r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) "
-    r"(?P<ts>\d{2}-\d{2} \d{2}:\d{2}:\d{2}) \[?[^\s\]]+:\d+\](?: |$)"
-)
+# (stdlib re: this runs on every claimed line and is faster than the general loop, which would
+# peel the same two layers).
+_VLLM_COMMON = re.compile(f"(?:{layer(PROCESS)})?{layer(VLLM_LEVEL)}")
 
 # A bare '[file.py:123] ' left when a user stripped only the level and time.
 _FILE_LINE = regex.compile(r"\[[\w./\-]+\.py:\d+\](?: |$)")
 
-# SGLang: '[2025-01-01 10:00:00 DP0 TP0] ', '[16:43:29 TP0] ' (0.2.x time only), '[ts.mmm ATTN_CP0 TP0] '.
-# Launchers using Python's default '%(asctime)s' look the same with ',mmm'.
-_SGLANG = regex.compile(
-    r"\[(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3,6})?)"
-    r"(?P<tags>(?: [A-Z]+(?:_[A-Z]+)*\d+)*+)\](?::)?(?: |$)"
-)
+_SGLANG = regex.compile(layer(SGLANG))
 _SGLANG_TAG = regex.compile(r"(?P<kind>[A-Z]+(?:_[A-Z]+)*)(?P<n>\d+)")
 
 # Launcher level brackets after a timestamp: lighteval '[    INFO]: ', Python 'name - INFO - ',

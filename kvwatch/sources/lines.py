@@ -1,12 +1,25 @@
-"""Turn a byte stream into whole text lines, the unit every parser works on.
+"""Turn a byte stream into whole lines, the unit every parser works on: the only splitter.
 
 Reads arrive in arbitrary chunks (a write may be split across two reads), so the unfinished tail is
 kept until its newline arrives. Logs are not trusted: bytes that are not UTF-8 become U+FFFD instead
 of an exception, and a line longer than the cap is truncated (and counted) so that a runaway writer
 without newlines cannot make the sidecar's memory grow without bound.
+
+``LineSplitter`` gives either decoded lines (``feed``, the tailer and stdin) or blocks of raw
+whole lines (``feed_raw``, replay's bulk path, which decodes only the lines it must);
+``read_blocks`` drives the raw form over a binary stream.
 """
 
 from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+# Replay's read size: one reused buffer of this many bytes.
+READ_BLOCK_BYTES = 1 << 20
+
+# (block, pos, endpos): ``block[pos:endpos]`` is whole raw lines, each preceded by b"\n".
+RawBlock = tuple["bytes | bytearray", int, int]
 
 # A UTF-8 character is at most 4 bytes, so keeping 4 bytes per allowed character is always enough
 # to decode the first ``max_line_chars`` characters of a line.
@@ -27,7 +40,9 @@ class LineSplitter:
         self.max_line_chars = max_line_chars
         # Lines cut to max_line_chars so far (the metric 'lines truncated').
         self.truncated = 0
-        self._cap = max_line_chars * _BYTES_PER_CHAR
+        # Room for max_line_chars + 1 characters: enough to tell an over-long line (feed_raw hands
+        # the pipeline that many, so it can see and count the line as over-long).
+        self._cap = (max_line_chars + 1) * _BYTES_PER_CHAR
         self._buf = bytearray()
         # Bytes of the current partial line that were discarded because it passed the cap.
         self._dropped = 0
@@ -67,6 +82,45 @@ class LineSplitter:
         self._keep(tail)
         return out
 
+    def feed_raw(self, data: bytes | bytearray, size: int | None = None) -> list[RawBlock]:
+        """The lines completed by ``data[:size]`` as raw blocks (no decoding, no CR stripping).
+
+        At most two blocks: the line the previous chunk left unfinished (kept to max_line_chars + 1
+        characters), then the whole lines inside ``data``, handed on without copying ``data`` (read
+        it before reusing the buffer). What follows the last newline is kept, as ``feed`` keeps it.
+        """
+        end = len(data) if size is None else size
+        first = data.find(b"\n", 0, end)
+        if first < 0:
+            self._keep(data[:end])
+            return []
+        self._keep(data[:first])
+        line = b"\n" + self._first_chars()
+        self.reset()
+        out: list[RawBlock] = [(line, 0, len(line))]
+        last = data.rfind(b"\n", 0, end)
+        if last > first:
+            out.append((data, first, last))
+        self._keep(data[last + 1 : end])
+        return out
+
+    def flush_raw(self) -> list[RawBlock]:
+        """The unfinished line as a raw block (the stream ended without a newline), or none."""
+        if not self._buf:
+            self.reset()
+            return []
+        line = b"\n" + self._first_chars()
+        self.reset()
+        return [(line, 0, len(line))]
+
+    def _first_chars(self) -> bytes:
+        """The kept line's first max_line_chars + 1 characters (invalid bytes count as replaced), as UTF-8."""
+        data = bytes(self._buf)
+        keep = self.max_line_chars + 1
+        if len(data) <= keep:
+            return data
+        return data.decode("utf-8", "replace")[:keep].encode("utf-8")
+
     def flush(self) -> str | None:
         """Return the unfinished line as a line (the stream ended without a newline), or None."""
         if not self._buf and not self._dropped:
@@ -80,7 +134,7 @@ class LineSplitter:
         self._buf.clear()
         self._dropped = 0
 
-    def _keep(self, tail: bytes) -> None:
+    def _keep(self, tail: bytes | bytearray) -> None:
         if not tail:
             return
         room = self._cap - len(self._buf)
@@ -102,3 +156,18 @@ class LineSplitter:
             self.truncated += 1
             text = text[: self.max_line_chars]
         return text
+
+
+def read_blocks(
+    stream: io.BufferedIOBase, max_line_chars: int, block_bytes: int = READ_BLOCK_BYTES
+) -> Iterator[RawBlock]:
+    """A binary stream read to EOF as raw blocks of whole lines (``LineSplitter.feed_raw``).
+
+    Memory stays bounded by the block size: one buffer for the whole stream (a fresh object per
+    read costs page faults and zeroing); each block is yielded before the next read overwrites it.
+    """
+    splitter = LineSplitter(max_line_chars)
+    buffer = bytearray(block_bytes)
+    while size := stream.readinto(buffer):
+        yield from splitter.feed_raw(buffer, size)
+    yield from splitter.flush_raw()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvwatch.capacity.deployment import Deployment, version_tuple
-from kvwatch.capacity.geometry import LayerSpec, ModelGeometry, stage_layers
+from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
 from kvwatch.units import GiB, MiB
 
 # Memory torch.distributed and the CUDA context take before weights load (the 'Init torch

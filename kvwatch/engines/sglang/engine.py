@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
 from kvwatch.capacity.deployment import Deployment, DeploymentValue
-from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
+from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName
-from kvwatch.engines.sglang import budget, log, observed, predict
-from kvwatch.engines.sglang.metrics import SglangMetrics
+from kvwatch.engines.sglang import budget, observed, predict
 from kvwatch.errors import ConfigError
-from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
+
+if TYPE_CHECKING:
+    # Annotations only: kvwatch.facts imports the event models (pydantic).
+    from kvwatch.engines.sglang.metrics import SglangMetrics
+    from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 # Phrases that appear in SGLang output of some release and never in vLLM's (engine detection).
 PHRASES: tuple[str, ...] = (
@@ -41,11 +46,18 @@ class Sglang:
     """The SGLang engine."""
 
     name: EngineName = "sglang"
-    log = LogDialect(parse=log.parse, anchors=log.ANCHORS, phrases=PHRASES)
-    metrics = SglangMetrics()
     fraction_setting = "mem_fraction_static"
     fraction_label = "static (mem_fraction)"
     overhead_label = "reserved (1 - fraction)"
+
+    # Built on first use (see _log_dialect); cached on the instance, so tests may replace them.
+    @functools.cached_property
+    def log(self) -> LogDialect:
+        return _log_dialect()
+
+    @functools.cached_property
+    def metrics(self) -> SglangMetrics:
+        return _metrics()
 
     def default_block_size(self, model: ModelGeometry | None) -> int | None:
         return None
@@ -124,6 +136,21 @@ class Sglang:
                 "--gpu-memory-utilization is a vLLM setting; use --mem-fraction-static with SGLang"
             )
         return {"mem_fraction_static": static_fraction, "page_size": block_size}
+
+
+# Built on first use, as in the vLLM package: a prediction never parses a log or /metrics.
+@functools.cache
+def _log_dialect() -> LogDialect:
+    from kvwatch.engines.sglang import log
+
+    return LogDialect(parse=log.parse, anchors=log.ANCHORS, phrases=PHRASES)
+
+
+@functools.cache
+def _metrics() -> SglangMetrics:
+    from kvwatch.engines.sglang.metrics import SglangMetrics
+
+    return SglangMetrics()
 
 
 ENGINE = Sglang()

@@ -4,10 +4,14 @@ activations and CUDA graphs (model_runner.py profile_max_num_token)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvwatch.capacity.budget import Budget, Term, TermSource, printed_fraction, putter
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.engines.sglang import budget
-from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
+
+if TYPE_CHECKING:
+    from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 
 def observed_budget(

@@ -7,7 +7,7 @@ budget together from what was measured, given or estimated and records which.
 from __future__ import annotations
 
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import ModelGeometry
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.sglang import budget
 from kvwatch.units import format_bytes

@@ -11,52 +11,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvwatch.capacity.deployment import Deployment, version_tuple
-from kvwatch.capacity.geometry import LayerSpec, ModelGeometry, ceil_div, stage_layers
-from kvwatch.units import GiB
+from kvwatch.capacity.model import LayerSpec, ModelGeometry, ceil_div, stage_layers
 
 DEFAULT_BLOCK_SIZE = 16
 # MLA backends force their own block size (FlashMLA 64; vllm/platforms/cuda.py).
 DEFAULT_MLA_BLOCK_SIZE = 64
-# Everything non-weight, non-KV (activation peak + non-torch + CUDA graphs) when not measured:
-# the seed chapter's 6.0 GiB allowance for an H100, between vLLM's profiled figure and SGLang's reserve.
-DEFAULT_OVERHEAD_BYTES = 6 * GiB
 # FP8 DeepSeek-sparse MLA cache entry (vllm MLAAttentionSpec with cache_dtype_str 'fp8_ds_mla').
 FP8_DS_MLA_BYTES = 656
-
-
-def default_utilization(version: str | None) -> float:
-    """0.90 up to 0.19, 0.92 from 0.20 (vllm/config/cache.py)."""
-    v = version_tuple(version)
-    return 0.9 if v is not None and v < (0, 20) else 0.92
-
-
-def subtracts_cuda_graphs(version: str | None) -> bool:
-    """CUDA-graph memory comes out of the KV budget by default from 0.21.0."""
-    v = version_tuple(version)
-    return v is None or v >= (0, 21)
 
 
 def logs_tokens_from_concurrency(version: str | None) -> bool:
     """0.20+ logs int(max_concurrency * max_model_len); earlier num_blocks // groups * block_size."""
     v = version_tuple(version)
     return v is None or v >= (0, 20)
-
-
-def default_max_num_batched_tokens(gpu_memory_bytes: int | None, gpu_name: str | None = None) -> int:
-    """The API server's chunked-prefill budget (vllm/engine/arg_utils.py, 0.20+).
-
-    16384 on >= 160 GiB cards, 8192 on >= 70 GiB cards other than the A100, else 2048.
-    """
-    if gpu_memory_bytes is None:
-        return 2048
-    if gpu_memory_bytes >= 160 * GiB:
-        return 16384
-    if gpu_memory_bytes >= 70 * GiB and "a100" not in (gpu_name or "").lower():
-        return 8192
-    return 2048
 
 
 def hybrid_manager(d: Deployment) -> bool:
@@ -145,8 +116,13 @@ def plan(
     available: int,
     max_model_len: int,
     max_num_batched_tokens: int,
+    stage_available: Sequence[int] | None = None,
 ) -> VllmPool:
-    """Group layers, divide the available bytes, and work out tokens and concurrency as vLLM does."""
+    """Group layers, divide the available bytes, and work out tokens and concurrency as vLLM does.
+
+    ``stage_available`` gives each pipeline stage its own budget (else every stage has ``available``):
+    every stage allocates the smallest stage's block count.
+    """
     block = block_size_for(model, d)
     notes: list[str] = []
     exact = True
@@ -158,12 +134,13 @@ def plan(
         )
     stages = stage_layers(model.layers, d.pp)
     best: VllmPool | None = None
-    for stage in stages:
+    for i, stage in enumerate(stages):
         paged = [layer for layer in stage if layer.is_paged]
         if not paged:
             continue
         specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in paged]
-        pool = _plan_stage(specs, available, max_model_len, max_num_batched_tokens, d, block, notes)
+        own = stage_available[i] if stage_available is not None else available
+        pool = _plan_stage(specs, own, max_model_len, max_num_batched_tokens, d, block, notes)
         if best is None or pool.num_blocks < best.num_blocks:
             best = pool
     if best is None:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
 from kvwatch.capacity.deployment import Deployment, DeploymentValue
-from kvwatch.capacity.geometry import LayerSpec, ModelGeometry
+from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName
-from kvwatch.engines.vllm import budget, fastpath, log, observed, predict
-from kvwatch.engines.vllm.metrics import VllmMetrics
+from kvwatch.engines.vllm import budget, memory, observed, predict
 from kvwatch.errors import ConfigError
-from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
+
+if TYPE_CHECKING:
+    # Annotations only: kvwatch.facts imports the event models (pydantic).
+    from kvwatch.engines.vllm.metrics import VllmMetrics
+    from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 # Phrases that appear in vLLM output of some release and never in SGLang's (engine detection).
 PHRASES: tuple[str, ...] = (
@@ -47,17 +52,18 @@ class Vllm:
     """The vLLM engine."""
 
     name: EngineName = "vllm"
-    log = LogDialect(
-        parse=log.parse,
-        anchors=log.ANCHORS,
-        phrases=PHRASES,
-        line_parser=fastpath.parse_line,
-        block_parser=fastpath.parse_lines,
-    )
-    metrics = VllmMetrics()
     fraction_setting = "gpu_memory_utilization"
     fraction_label = "requested (util)"
-    overhead_label = "activation+graphs"
+    overhead_label = "activation peak"
+
+    # Built on first use (see _log_dialect); cached on the instance, so tests may replace them.
+    @functools.cached_property
+    def log(self) -> LogDialect:
+        return _log_dialect()
+
+    @functools.cached_property
+    def metrics(self) -> VllmMetrics:
+        return _metrics()
 
     def default_block_size(self, model: ModelGeometry | None) -> int | None:
         return budget.DEFAULT_BLOCK_SIZE
@@ -79,8 +85,9 @@ class Vllm:
         max_model_len = d.max_model_len or model.max_position_embeddings
         if max_model_len is None:
             raise ConfigError("config.json has no max_position_embeddings; pass --max-model-len")
-        mnbt = d.max_num_batched_tokens or budget.default_max_num_batched_tokens(
-            d.gpu_memory_bytes, d.gpu_name
+        mnbt = (
+            d.max_num_batched_tokens
+            or memory.default_batch_limits(d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len)[1]
         )
         p = budget.plan(model, d, elem_bytes, available, max_model_len, mnbt)
         return p.tokens, p.num_blocks
@@ -151,6 +158,27 @@ class Vllm:
                 "--mem-fraction-static is an SGLang setting; use --gpu-memory-utilization with vLLM"
             )
         return {"gpu_memory_utilization": utilization, "block_size": block_size}
+
+
+# The log and /metrics dialects are built on first use: their line tables import regex and the
+# event models (pydantic), which a prediction never needs.
+@functools.cache
+def _log_dialect() -> LogDialect:
+    from kvwatch.engines.vllm import fastpath, log
+
+    return LogDialect(
+        parse=log.parse,
+        anchors=log.ANCHORS,
+        phrases=PHRASES,
+        fast_path=fastpath.parse_lines,
+    )
+
+
+@functools.cache
+def _metrics() -> VllmMetrics:
+    from kvwatch.engines.vllm.metrics import VllmMetrics
+
+    return VllmMetrics()
 
 
 ENGINE = Vllm()

@@ -1,40 +1,34 @@
 """vLLM's whole-line fast path: the periodic stats line, prefixes included, in one stdlib match.
 
-On a busy server the stats line is nearly every line that carries a fact; the sidecar's tailer and
-replay both call ``parse_line`` / ``parse_lines`` (through the engine's ``LogDialect``) before the
-general path (prefix peeling + ``log.parse``), and tests hold the two equal event for event.
+On a busy server the stats line is nearly every line that carries a fact. The pipeline hands every
+claimed line to ``parse_lines`` (the engine's ``LogDialect.fast_path``) before the general path
+(prefix peeling + ``log.parse``), the sidecar one line at a time and replay a block's lines at once;
+tests hold the two paths equal event for event.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel
 
 from kvwatch.events import Event, Preemption, UsageSample
-from kvwatch.parsers.prefix import process_identity
-
-# --- whole-line fast path for the stats line ----------------------------------------------------
+from kvwatch.parsers.prefix import VLLM_LEVEL, fast_identity, fast_prefix
 
 # The periodic stats line in the shapes vLLM prints it (V0 0.4.3+ and V1, their optional fields in
-# vLLM's order), process and level prefix included, as one stdlib pattern over the raw line: on a
-# busy server it is nearly every line that carries a fact, and this single match replaces prefix
-# stripping, the key/value split and pydantic validation. The prefix part is strip_prefixes'
-# _VLLM_COMMON pattern narrowed to ASCII classes (a sub-language of it: where this matches, that
-# matches the same span with the same groups, since the process name cannot contain ')' and the
-# location cannot contain ']'), so the whole pattern only matches ASCII lines without ANSI
-# escapes. Every value group admits only ASCII digits in the shape the converters accept, so a
-# match cannot fail to convert; fields the general parser ignores (Deferred, Corrupted,
-# External/MM hit rates) are matched and ignored here. Anything else is left to the general path.
-# It matches bytes: replay hands over the raw lines, which then need no decoding (a line with bytes
-# outside ASCII cannot match, exactly as its decoded form could not).
+# vLLM's order) behind the prefixes strip_prefixes reads most often (container stamps, CRI, ANSI,
+# Ray and vLLM process prefixes, vLLM's level prefix: prefix.fast_prefix, built from the same
+# layer definitions strip_prefixes compiles), as one stdlib bytes pattern over the raw lines: this
+# single match replaces prefix stripping, the key/value split and pydantic validation. Only ASCII
+# lines can match, so a raw line needs no decoding. Every value group admits only ASCII digits in
+# the shape the converters accept, so a match cannot fail to convert; fields the general parser
+# ignores (Deferred, Corrupted, External/MM hit rates) are matched and ignored here. Anything else
+# is left to the general path.
 _N = r"[0-9]+(?:\.[0-9]+)?"
-_FAST_STATS_TEXT = (
-    r"(?:\((?P<name>[A-Za-z_][A-Za-z0-9_.\-]*(?: [A-Za-z0-9_=]+)*) pid=[0-9]+\) )?"
-    r"(?:INFO|DEBUG|WARNING|WARN|ERROR|CRITICAL) "
-    r"(?P<ts>[0-9][0-9]-[0-9][0-9] [0-9][0-9]:[0-9][0-9]:[0-9][0-9]) \[?[A-Za-z0-9_./\-]+:[0-9]+\] "
+_STATS_BODY = (
     r"(?:Engine (?P<engine>[0-9]+): |(?P<agg>[0-9]+) Engines Aggregated: )?"
     rf"Avg prompt throughput: (?P<prompt>{_N}) tokens/s, Avg generation throughput: (?P<gen>{_N}) tokens/s, "
     r"Running: (?P<running>[0-9]+) reqs, (?:Swapped: (?P<swapped>[0-9]+) reqs, )?"
@@ -43,9 +37,30 @@ _FAST_STATS_TEXT = (
     rf"GPU KV cache usage: (?P<kv>{_N})%(?:, CPU KV cache usage: (?P<cpu>{_N})%)?"
     rf"(?:, Prefix cache hit rate: (?P<hit>{_N})%)?(?:, Corrupted: [0-9]+ reqs)?"
     rf"(?:, External prefix cache hit rate: {_N}%)?(?:, MM cache hit rate: {_N}%)?"
-    r"\.?[\r\n]*\Z"
+    r"\.?\r*"
 )
-_FAST_STATS = re.compile(_FAST_STATS_TEXT.encode("ascii"))
+# Over many lines joined by b'\n', one findall row per line: the second alternative takes any other
+# line (its groups are all empty), so the per-line match calls are made in C.
+_FAST_STATS_LINES = re.compile(
+    ("^(?:" + fast_prefix(VLLM_LEVEL) + _STATS_BODY + "|[^\n]*)$").encode("ascii"), re.MULTILINE
+)
+# The row of a match, in group order: _fast_stats_events unpacks it.
+_ROW: tuple[str, ...] = (
+    "cts",
+    "p1name",
+    "p2name",
+    "level",
+    "ts",
+    "engine",
+    "agg",
+    "prompt",
+    "gen",
+    "running",
+)
+_ROW += ("swapped", "waiting", "preemptions", "kv", "cpu", "hit")
+if tuple(sorted(_FAST_STATS_LINES.groupindex, key=_FAST_STATS_LINES.groupindex.__getitem__)) != _ROW:
+    raise AssertionError("fast stats pattern: its groups are not in _ROW's order")
+_TS = _ROW.index("ts")
 
 
 _MODEL_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
@@ -81,41 +96,51 @@ _usage_sample = _constructor(UsageSample)
 _preemption = _constructor(Preemption)
 
 
-def parse_line(line: str) -> tuple[Event, ...] | None:
-    """Events of a raw stats line in a common shape; None for any other line (use strip_prefixes + parse).
-
-    Equal, event for event, to ``parse(*strip_prefixes(line))`` on every line it answers: the
-    prefix is read as strip_prefixes reads it, the instance and rank come from the same
-    process-name reading, and the values go through the same conversions as ``_stats``.
-    """
-    m = _FAST_STATS.match(line.encode("utf-8", "surrogatepass"))
-    return None if m is None else _fast_stats_events(m.groups())
-
-
-# The same pattern applied to many lines joined by '\n' in one findall: one row per line (the
-# second alternative takes any other line), so the per-line match calls are made in C.
-_FAST_STATS_LINES = re.compile(
-    ("^(?:" + _FAST_STATS_TEXT.removesuffix(r"\.?[\r\n]*\Z") + r"\.?\r*$|[^\n]*)$").encode("ascii"),
-    re.MULTILINE,
-)
+@lru_cache(maxsize=256)
+def _identity(p1name: bytes, p2name: bytes) -> tuple[str, int | None]:
+    instance, rank = fast_identity(p1name.decode(), p2name.decode())
+    return ("0" if instance is None else instance), rank
 
 
 def parse_lines(lines: list[bytes]) -> list[tuple[Event, ...] | None]:
-    """``parse_line`` over raw UTF-8 lines without a b'\\n' (a block's non-access lines, as read),
-    matched in one call; a line's result is its decoded form's (invalid bytes replaced)."""
+    """Per raw line (UTF-8, no b'\\n'), its events when it is a stats line in a common shape, else
+    None (then prefix peeling + ``log.parse`` read it).
+
+    Equal, event for event, to ``parse(*strip_prefixes(line))`` on every line it answers: the
+    prefixes are read as strip_prefixes reads them, the instance and rank come from the same
+    process-name reading, and the values go through the same conversions as ``_stats``. All lines
+    are matched in one call. A line with b'\\n' in it (not a line) leaves every answer None.
+    """
     if not lines:
         return []
     rows = _FAST_STATS_LINES.findall(b"\n".join(lines))
-    if len(rows) != len(lines):  # a line with b'\n' in it: not this function's input
-        return [parse_line(line.decode("utf-8", "replace")) for line in lines]
-    return [_fast_stats_events(row) if row[1] else None for row in rows]
+    if len(rows) != len(lines):
+        return [None] * len(lines)
+    return [_fast_stats_events(row) if row[_TS] else None for row in rows]
 
 
-def _fast_stats_events(groups: tuple[bytes, ...]) -> tuple[Event, ...]:
-    """The events of a _FAST_STATS match (absent groups are None or b'': every group that takes
-    part in a match is non-empty). All groups are ASCII: float() and int() take them as bytes."""
-    name, ts_b, engine, agg, prompt, gen, running, swapped, waiting, preemptions, kv, cpu, hit = groups
-    instance, rank = process_identity(name.decode()) if name else ("0", None)
+def _fast_stats_events(row: tuple[bytes, ...]) -> tuple[Event, ...]:
+    """The events of one matched row (absent groups are b'': every group that takes part in a match
+    is non-empty). All groups are ASCII: float() and int() take them as bytes."""
+    (
+        _,
+        p1name,
+        p2name,
+        _,
+        ts_b,
+        engine,
+        agg,
+        prompt,
+        gen,
+        running,
+        swapped,
+        waiting,
+        preemptions,
+        kv,
+        cpu,
+        hit,
+    ) = row
+    instance, rank = _identity(p1name, p2name) if p1name or p2name else ("0", None)
     if engine:
         instance = engine.lstrip(b"0").decode() or "0"  # str(int(engine)) for ASCII digits
     elif agg:

@@ -390,10 +390,27 @@ def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
                 meta = LineMeta(instance=str(int(m.group("engine"))), rank=meta.rank, ts=meta.ts)
             return (PoolSized(**ident(meta), blocks=int(m.group("n"))),)
         o = _OVERRIDE.search(body)
+        if o is not None and body.startswith("Overriding num_gpu_blocks=0 "):
+            # 0.18+ sizes a minimal cache for CUDA-graph profiling with available_memory=0 and the
+            # capture size as override (gpu_model_runner.py:5797 _init_minimal_kv_cache_for_profiling
+            # in 0.19.0): not the pool, which is sized (and logged) after profiling.
+            return NO_EVENTS
         if o is not None and body.startswith("Overriding num_gpu_blocks"):
             return (PoolSized(**ident(meta), blocks=int(o.group("n"))),)
         return NO_EVENTS
     return _pool(body, meta)
+
+
+# 0.11+ DEBUG (v1/worker/gpu_worker.py:284 in 0.19.0), the MemorySnapshot repr before weights load:
+# 'worker init memory snapshot: torch_peak=0.0GiB, free_memory=78.68GiB, total_memory=79.19GiB,
+# cuda_memory=0.51GiB, torch_memory=0.0GiB, non_torch_memory=0.51GiB, timestamp=..., auto_measure=True'.
+# total_memory is the card as torch.cuda.mem_get_info reports it, the total the budget multiplies.
+_INIT_SNAPSHOT = regex.compile(r"^worker init memory snapshot: .*?\btotal_memory=(?P<v>" + NUM + r")GiB")
+
+
+def _init_snapshot(body: str, meta: LineMeta) -> tuple[Event, ...]:
+    m = _INIT_SNAPSHOT.match(body)
+    return (MemoryBudget(**ident(meta), total_bytes=gib(m.group("v"))),) if m else NO_EVENTS
 
 
 def _concurrency(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -446,6 +463,8 @@ _TABLE: tuple[tuple[str, Handler], ...] = (
     ("equested", _requested),
     ("max model len", settings.max_model_len_line),
     ("max_num_batched_tokens", settings.chunked_prefill_line),
+    ("Defaulting ", settings.defaulting_line),
+    ("memory snapshot", _init_snapshot),
     ("block size", settings.forced_block_line),
     ("Prefix cache hit rate", _v0_hit_rate),
     ("█  model", settings.logo_line),

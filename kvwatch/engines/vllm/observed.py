@@ -4,14 +4,19 @@ one term a release did not print (vllm/v1/worker/gpu_worker.py determine_availab
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvwatch.capacity.budget import Budget, Term, TermSource, printed_fraction, putter
 from kvwatch.engines.vllm import budget
-from kvwatch.facts import MemoryFacts, SettingsFacts
+from kvwatch.engines.vllm import memory as terms_model
+
+if TYPE_CHECKING:
+    from kvwatch.facts import MemoryFacts, SettingsFacts
 
 
 def graphs_in_budget(version: str | None) -> bool:
     """Whether vLLM takes CUDA-graph memory out of the KV budget (0.21+, or an unknown version)."""
-    return budget.subtracts_cuda_graphs(version or None)
+    return terms_model.subtracts_cuda_graphs(version or None)
 
 
 def observed_budget(
@@ -25,7 +30,7 @@ def observed_budget(
     frac, frac_source = printed_fraction(memory.gpu_memory_utilization, settings.gpu_memory_utilization)
     if frac is None and total is not None:
         default: TermSource = "engine_default"
-        frac, frac_source = budget.default_utilization(settings.version or None), default
+        frac, frac_source = terms_model.default_utilization(settings.version or None), default
     put("usable", memory.requested_bytes, "printed")
     if total is not None and frac is not None:
         put("usable", budget.requested_bytes(total, frac), "derived", "total x gpu_memory_utilization")

@@ -1,75 +1,196 @@
 """vLLM's prediction: the budget of gpu_worker.py subtracted, then divided by kv_cache_utils' rules.
 
 The division (groups, blocks, tokens, concurrency, the 'To serve at least one request' check) is
-budget.py; this module puts the budget together from what was measured, given or estimated and
-records which, then builds the Prediction.
+budget.py; the non-KV terms before launch are memory.py and weights.py. This module puts the budget
+together from what was measured, given or modelled, records which, and builds the Prediction with
+the error band of its available-KV figure.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+
+from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import ModelGeometry
-from kvwatch.capacity.prediction import Basis, Prediction
-from kvwatch.engines.vllm import budget
+from kvwatch.capacity.model import ModelGeometry
+from kvwatch.capacity.prediction import Basis, InputSource, Prediction
+from kvwatch.engines.vllm import budget, memory, weights
 from kvwatch.units import GiB, format_bytes
+
+# Error band of a card total: measured in a log, estimated from nvidia-smi, or given by the user.
+_TOTAL_BAND_MEASURED = int(0.01 * GiB)
+_TOTAL_BAND_ESTIMATED = int(0.15 * GiB)
+
+
+@dataclass
+class _Budget:
+    """The subtraction for one rank (stage 0, as logged) and the per-stage available bytes."""
+
+    requested: int
+    weights: int
+    activation: int
+    non_torch: int
+    graphs: int
+    graphs_applied: int
+    stage_available: list[int]
+    band: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def available(self) -> int:
+        return self.stage_available[0]
+
+
+def _limits(model: ModelGeometry, d: Deployment, max_model_len: int) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) as given or as the release resolves them."""
+    seqs, tokens = memory.default_batch_limits(
+        d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len
+    )
+    return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
+
+
+def _terms(
+    model: ModelGeometry, d: Deployment, basis: Basis, total: int, util: float, inputs: dict[str, InputSource]
+) -> _Budget:
+    """Each term as given, else modelled (memory.py / weights.py: the engine's loader and profile run).
+
+    A given activation figure is --activation-memory's "activation + non-torch + CUDA graphs": the
+    other two are then taken as inside it unless given too.
+    """
+    dims = model.dims
+    card = gpus.find(d.gpu_name)
+    requested = budget.requested_bytes(total, util)
+    seqs, tokens = _limits(model, d, basis.max_model_len)
+    notes: list[str] = []
+    w_band = 0
+    if d.weights_bytes is not None or dims is None:
+        assert basis.weights_bytes is not None
+        stage_weights = [basis.weights_bytes] * d.pp
+    else:
+        # The checkpoint-level estimate is replaced by vLLM's loader model.
+        basis.assumptions[:] = [a for a in basis.assumptions if not a.startswith("weights:")]
+        stage_weights, quant = weights.weights_per_stage(dims, d, card)
+        act_bytes = memory.activation_dtype_bytes(dims, d)
+        scheme_name = quant or ("float32" if act_bytes == 4 else model.dtype)
+        basis.weights_bytes, basis.weights_scheme = stage_weights[0], scheme_name
+        basis.weights_total_bytes = sum(stage_weights) * d.tp
+        inputs["weights"] = "estimated"
+        w_band = int(0.01 * stage_weights[0] + 0.02 * GiB)
+        notes.append(
+            f"weights: vLLM's loader modelled from config.json ({scheme_name}; vocabulary padded to 64 per "
+            "rank, embedding on the first stage, head on the last)"
+        )
+    inside = d.activation_bytes is not None
+    if d.activation_bytes is not None or dims is None:
+        stage_act = [memory.Term(d.activation_bytes or 0, 0, "given")] * d.pp
+        inputs["activation"] = "given" if d.activation_bytes is not None else "estimated"
+    else:
+        stage_act = memory.activation(dims, d, card, seqs, tokens)
+        inputs["activation"] = "estimated"
+        notes.append(
+            f"activation peak: the profile run modelled ({stage_act[-1].note} pass; max_num_seqs {seqs}, "
+            f"max_num_batched_tokens {tokens}, sampler path {memory.sampler_path(d.engine_version)})"
+        )
+    if d.non_torch_bytes is not None:
+        nt = memory.Term(d.non_torch_bytes, 0)
+    else:
+        nt = memory.Term(0, 0) if inside or dims is None else memory.non_torch(d)
+    if d.cuda_graph_bytes is not None:
+        graphs = memory.Term(d.cuda_graph_bytes, 0)
+    elif inside or dims is None:
+        graphs = memory.Term(0, 0)
+    else:
+        graphs = memory.cuda_graphs(dims, d, seqs, tokens, weights.stage_layers(dims.num_layers, d.pp)[0])
+    for name, value in (("non_torch", d.non_torch_bytes), ("cuda_graphs", d.cuda_graph_bytes)):
+        inputs[name] = "given" if value is not None else "estimated"
+    if inside and (d.non_torch_bytes is None or d.cuda_graph_bytes is None):
+        notes.append("terms not given (non-torch, CUDA graphs) taken as included in the activation figure")
+    applied = graphs.bytes if memory.subtracts_cuda_graphs(d.engine_version) else 0
+    available = [
+        requested - w - a.bytes - nt.bytes - applied for w, a in zip(stage_weights, stage_act, strict=True)
+    ]
+    band = None
+    if dims is not None and not (inside and d.weights_bytes is not None):
+        card_band = 0
+        if card is not None and card.total_bytes == total:
+            card_band = _TOTAL_BAND_MEASURED if card.total_measured else _TOTAL_BAND_ESTIMATED
+            if not card.total_measured:
+                notes.append(
+                    f"{card.name}: total = nvidia-smi's {card.memory_mib:,} MiB less "
+                    f"{gpus.DEFAULT_RESERVED_MIB} MiB (no log has measured this card; --gpu-memory gives "
+                    "the driver's figure)"
+                )
+        band = math.isqrt(
+            w_band**2
+            + stage_act[0].band ** 2
+            + nt.band**2
+            + (graphs.band if applied else 0) ** 2
+            + int(card_band * util) ** 2
+        )
+    return _Budget(
+        requested,
+        stage_weights[0],
+        stage_act[0].bytes,
+        nt.bytes,
+        graphs.bytes,
+        applied,
+        available,
+        band,
+        notes,
+    )
 
 
 def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     """vLLM's budget: requested = total x utilisation, minus weights, the profiled peak, non-torch and,
-    from 0.21, CUDA graphs; then the KV groups and blocks of kv_cache_utils."""
+    from 0.20, the CUDA-graph estimate; then the KV groups and blocks of kv_cache_utils."""
     elem, max_model_len = basis.kv_elem_bytes, basis.max_model_len
-    per_rank, all_ranks = basis.bytes_per_token, basis.bytes_per_token_all_ranks
-    weights_rank, weights_total, scheme = basis.weights_bytes, basis.weights_total_bytes, basis.weights_scheme
     inputs, assumptions = basis.inputs, basis.assumptions
     util = d.gpu_memory_utilization
     total = d.gpu_memory_bytes
-    requested = activation = non_torch = graphs = None
+    requested = activation = non_torch = graphs = band = None
+    stage_available: list[int] | None = None
     if d.available_kv_bytes is not None:
         available = d.available_kv_bytes
         inputs["available_kv"] = "given"
         assumptions.append("available KV memory given: the engine's own figure, no subtraction")
     else:
-        assert total is not None and weights_rank is not None
+        assert total is not None
         inputs["gpu_memory"] = "given"
         if util is None:
-            util = budget.default_utilization(d.engine_version)
+            util = memory.default_utilization(d.engine_version)
             inputs["gpu_memory_utilization"] = "engine_default"
             assumptions.append(
                 f"gpu_memory_utilization = {util} (vLLM {d.engine_version or 'newest'} default)"
             )
         else:
             inputs["gpu_memory_utilization"] = "given"
-        requested = budget.requested_bytes(total, util)
-        measured = [x for x in (d.activation_bytes, d.non_torch_bytes, d.cuda_graph_bytes) if x is not None]
-        if not measured:
-            activation = budget.DEFAULT_OVERHEAD_BYTES
-            non_torch = graphs = 0
-            inputs["activation"] = "estimated"
+        terms = _terms(model, d, basis, total, util, inputs)
+        assumptions.extend(terms.notes)
+        if terms.graphs and not terms.graphs_applied:
             assumptions.append(
-                f"activation peak + non-torch + CUDA graphs = {format_bytes(activation)} "
-                "(kvwatch's default allowance; vLLM measures it by profiling)"
+                "CUDA-graph memory estimated but not subtracted from the KV budget (subtracted from vLLM 0.20)"
             )
-        else:
-            activation = d.activation_bytes or 0
-            non_torch = d.non_torch_bytes or 0
-            graphs = d.cuda_graph_bytes or 0
-            inputs["activation"] = "given" if d.activation_bytes is not None else "estimated"
-            for name, value in (("non_torch", d.non_torch_bytes), ("cuda_graphs", d.cuda_graph_bytes)):
-                inputs[name] = "given" if value is not None else "estimated"
-            if d.non_torch_bytes is None or d.cuda_graph_bytes is None:
-                assumptions.append(
-                    "terms not given (non-torch, CUDA graphs) taken as included in the activation figure"
-                )
-        graphs_applied = graphs if budget.subtracts_cuda_graphs(d.engine_version) else 0
-        if graphs and not graphs_applied:
-            assumptions.append("CUDA-graph memory not subtracted from the KV budget before vLLM 0.21")
-        available = requested - weights_rank - activation - non_torch - graphs_applied
-    mnbt = d.max_num_batched_tokens or budget.default_max_num_batched_tokens(total, d.gpu_name)
+        requested, activation, non_torch, graphs = (
+            terms.requested,
+            terms.activation,
+            terms.non_torch,
+            terms.graphs,
+        )
+        available, stage_available, band = terms.available, terms.stage_available, terms.band
+        if d.pp > 1 and min(stage_available) < available:
+            assumptions.append(
+                f"pipeline stages: the pool is sized from the smallest stage ({format_bytes(min(stage_available))}); "
+                f"stage 0 logs {format_bytes(available)}"
+            )
+    per_rank, all_ranks = basis.bytes_per_token, basis.bytes_per_token_all_ranks
+    weights_rank, weights_total, scheme = basis.weights_bytes, basis.weights_total_bytes, basis.weights_scheme
+    mnbt = _limits(model, d, max_model_len)[1]
     if any(layer.kind in ("sliding", "chunked") for layer in model.layers):
         inputs["max_num_batched_tokens"] = "given" if d.max_num_batched_tokens else "engine_default"
     if d.block_size is None:
         inputs["block_size"] = "engine_default"
-    plan = budget.plan(model, d, elem, available, max_model_len, mnbt)
+    plan = budget.plan(model, d, elem, available, max_model_len, mnbt, stage_available)
     assumptions.extend(plan.notes)
     if plan.padding_layers:
         assumptions.append(
@@ -78,17 +199,19 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     needed = budget.needed_bytes(model, d, elem, max_model_len, mnbt)
     failure = None
     estimated = None
-    if available <= 0:
+    # The pool is sized from the smallest stage's budget (all stages allocate the same blocks).
+    limiting = min(stage_available) if stage_available else available
+    if limiting <= 0:
         failure = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
         fits = False
         estimated = 0
-    elif needed > available:
+    elif needed > limiting:
         fits = False
-        estimated = budget.estimate_max_model_len(model, d, elem, available, max_model_len, mnbt)
+        estimated = budget.estimate_max_model_len(model, d, elem, limiting, max_model_len, mnbt)
         failure = (
             f"To serve at least one request with the model's max seq len ({max_model_len}), "
             f"({needed / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
-            f"memory ({available / GiB:.2f} GiB)."
+            f"memory ({limiting / GiB:.2f} GiB)."
             + (
                 f" Based on the available memory, the estimated maximum model length is {estimated}."
                 if estimated
@@ -134,6 +257,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         needed_kv_bytes=needed,
         gpu_memory_utilization=util,
         mem_fraction_static=None,
+        available_kv_band_bytes=band,
+        cuda_graphs_subtracted=memory.subtracts_cuda_graphs(d.engine_version) if graphs else None,
         exact=plan.exact,
         failure=failure,
         inputs=inputs,

@@ -162,6 +162,23 @@ def chunked_prefill_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     return (EngineSettings(**ident(meta), max_num_batched_tokens=int(m.group("n"))),) if m else NO_EVENTS
 
 
+# 0.10+ (vllm/engine/arg_utils.py:2233 and :2243 in 0.19.0), DEBUG: the defaults the engine resolved for
+# its entry point -- 'Defaulting max_num_batched_tokens to 8192 for OPENAI_API_SERVER usage context.',
+# 'Defaulting max_num_seqs to 1024 for OPENAI_API_SERVER usage context.'
+_DEFAULTING = regex.compile(r"^Defaulting (?P<key>max_num_batched_tokens|max_num_seqs) to (?P<n>\d+) for ")
+
+
+def defaulting_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    """An engine default resolved at startup; None for other 'Defaulting' lines."""
+    m = _DEFAULTING.match(body)
+    if m is None:
+        return None
+    n = int(m.group("n"))
+    if m.group("key") == "max_num_seqs":
+        return (EngineSettings(**ident(meta), max_num_seqs=n),)
+    return (EngineSettings(**ident(meta), max_num_batched_tokens=n),)
+
+
 def forced_block_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     """'Forcing kv cache block size to 64 for FlashMLA backend.'"""
     m = _FORCED_BLOCK.match(body)

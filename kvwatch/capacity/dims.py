@@ -1,0 +1,155 @@
+"""The shapes of a model that set its non-KV memory: what an engine's memory model reads.
+
+Engine-neutral: widths, vocabulary, experts, the parameter groups by how a loader stores them
+(decoder linears that quantisation covers, routed experts, embeddings, head, small tensors), the
+checkpoint's quantisation and the rotary table. Built once from the text config and the itemised
+parameter count (``dims_from_config``); kvwatch/engines/vllm/memory.py and weights.py turn it into
+bytes the way vLLM's loader and profile run do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvwatch.jsontypes import JsonValue
+
+# Parameter groups of the itemised count (kvwatch.capacity.weights.count_params).
+EMBED = "embeddings"
+LM_HEAD = "lm_head"
+ATTENTION = "attention"
+DENSE_MLP = "dense_mlp"
+EXPERTS = "routed_experts"
+SHARED = "shared_experts"
+ROUTER = "router"
+MIXER = "mamba_linear_mixers"
+NORMS = "norms"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Whole-model shapes (not per rank) of the text decoder; a vision tower only as a flag."""
+
+    hidden_size: int
+    intermediate_size: int  # dense MLP intermediate (0 when every layer is MoE)
+    num_layers: int
+    vocab_size: int
+    embed_params: int
+    lm_head_params: int  # 0 when tied
+    # Decoder linears quantisation covers: attention, dense MLP, shared experts, mixers.
+    linear_params: int
+    expert_params: int  # routed experts
+    other_params: int  # norms and routers, kept in the activation dtype
+    tied_embeddings: bool
+    n_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    dtype_bytes: int  # the checkpoint's torch_dtype
+    # 'fp8' | 'int8' | 'w4a16' | 'mxfp4' | None, from quantization_config; and its group size.
+    checkpoint_quant: str | None
+    quant_group: int
+    has_vision_tower: bool
+    # Length and width of the rotary cos/sin cache the loader builds.
+    rope_positions: int
+    rotary_dim: int
+
+
+def _int(cfg: Mapping[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
+    """(scheme, group size) a checkpoint's quantization_config declares (absent or not an object:
+    none)."""
+    if not isinstance(config, Mapping):
+        return None, 128
+    # A document of any shape: read dynamically here, each value checked.
+    quant: Mapping[str, Any] = config
+    method = str(quant.get("quant_method") or "").lower()
+    if method == "mxfp4":
+        return "mxfp4", 32
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8", 128
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
+        return "w4a16", _int(quant, "group_size") or 128
+    if method == "compressed-tensors":
+        groups = quant.get("config_groups")
+        first: object = next(iter(groups.values()), None) if isinstance(groups, Mapping) else None
+        found = first.get("weights") if isinstance(first, Mapping) else None
+        weights: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        bits = _int(weights, "num_bits") or 8
+        if bits <= 4:
+            return "w4a16", _int(weights, "group_size") or 128
+        return ("fp8" if str(weights.get("type")) == "float" else "int8"), 128
+    if method == "bitsandbytes":
+        return ("int8" if quant.get("load_in_8bit") else "w4a16"), 64
+    return None, 128
+
+
+def _rope_positions(cfg: Mapping[str, Any], max_position: int) -> int:
+    """Rows of the rotary cache (vllm rotary_embedding get_rope): YaRN builds original x factor,
+    linear/dynamic scaling max_position x factor, the others max_position."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, Mapping):
+        return max_position
+    kind = str(rope.get("rope_type") or rope.get("type") or "")
+    factor = rope.get("factor")
+    if not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 0:
+        return max_position
+    if kind == "yarn":
+        original = _int(rope, "original_max_position_embeddings") or max_position
+        return int(original * factor)
+    if kind in ("dynamic", "linear"):
+        return int(max_position * factor)
+    return max_position
+
+
+def dims_from_config(
+    config: Mapping[str, JsonValue],
+    params: Mapping[str, int],
+    *,
+    num_layers: int,
+    dtype_bytes: int,
+    has_vision_tower: bool,
+) -> ModelDims:
+    """The shapes of a text config (``params`` is its itemised count by the groups above)."""
+    cfg: Mapping[str, Any] = config  # a document of any shape, read dynamically
+    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
+    heads = _int(cfg, "num_attention_heads", "n_head") or 1
+    head_dim = _int(cfg, "head_dim") or hidden // heads
+    n_experts = _int(cfg, "n_routed_experts", "num_experts", "num_local_experts")
+    moe_inter = _int(cfg, "moe_intermediate_size") or (_int(cfg, "intermediate_size") if n_experts else 0)
+    inter = _int(cfg, "intermediate_size", "ffn_dim", "n_inner")
+    if n_experts and not params.get(DENSE_MLP):
+        # Every layer is MoE: the dense intermediate is the shared expert's (if any).
+        inter = _int(cfg, "shared_expert_intermediate_size") or _int(cfg, "n_shared_experts") * moe_inter
+    quant, group = checkpoint_quant(cfg.get("quantization_config"))
+    partial = cfg.get("partial_rotary_factor")
+    rotary = int(head_dim * partial) if isinstance(partial, int | float) and 0 < partial <= 1 else head_dim
+    max_position = _int(cfg, "max_position_embeddings", "n_positions", "max_sequence_length")
+    return ModelDims(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_layers=num_layers,
+        vocab_size=_int(cfg, "vocab_size"),
+        embed_params=params.get(EMBED, 0),
+        lm_head_params=params.get(LM_HEAD, 0),
+        linear_params=sum(params.get(k, 0) for k in (ATTENTION, DENSE_MLP, SHARED, MIXER)),
+        expert_params=params.get(EXPERTS, 0),
+        other_params=params.get(NORMS, 0) + params.get(ROUTER, 0),
+        tied_embeddings=params.get(LM_HEAD, 0) == 0,
+        n_experts=n_experts,
+        top_k=_int(cfg, "num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token"),
+        moe_intermediate_size=moe_inter,
+        dtype_bytes=dtype_bytes,
+        checkpoint_quant=quant,
+        quant_group=group,
+        has_vision_tower=has_vision_tower,
+        rope_positions=_rope_positions(cfg, max_position),
+        rotary_dim=rotary,
+    )

@@ -1,0 +1,125 @@
+"""What the capacity model knows about a checkpoint: one ``LayerSpec`` per decoder layer in a ``ModelGeometry``.
+
+The types only, with the arithmetic that follows from them (bytes per token, pipeline stages).
+geometry.py builds them from a config.json, weights.py counts their bytes; both import this module
+and neither imports the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvwatch.capacity.dims import ModelDims
+from kvwatch.jsontypes import JsonValue
+
+LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "mamba", "none"]
+
+# Layers whose cache grows with every token of context.
+GROWING_KINDS: frozenset[str] = frozenset({"full", "mla"})
+# Layers that keep a per-token cache (growing or windowed) the engines page in blocks.
+PAGED_KINDS: frozenset[str] = frozenset({"full", "mla", "sliding", "chunked"})
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """The KV state of one decoder layer, before tensor parallelism.
+
+    ``num_kv_heads`` is the model's total (MLA: 1, the latent is not per head); ``head_size_k`` and
+    ``head_size_v`` are the stored widths (MLA: the latent width and 0, as vLLM's MLAAttentionSpec
+    and SGLang's MLA pool do). ``extra_bytes_per_token`` is per-token state stored outside K/V in
+    bytes (the DeepSeek sparse-attention indexer key).
+    """
+
+    kind: LayerKind
+    num_kv_heads: int = 0
+    head_size_k: int = 0
+    head_size_v: int = 0
+    window: int | None = None
+    extra_bytes_per_token: int = 0
+
+    @property
+    def is_paged(self) -> bool:
+        return self.kind in PAGED_KINDS
+
+    @property
+    def grows(self) -> bool:
+        return self.kind in GROWING_KINDS
+
+    def heads_per_rank(self, tp: int) -> int:
+        """KV heads one tensor-parallel rank stores: max(1, h_kv // tp); MLA latents are not split."""
+        if self.kind == "mla":
+            return 1
+        return max(1, self.num_kv_heads // tp)
+
+    def bytes_per_token(self, tp: int, elem_bytes: float) -> int:
+        """Cache bytes this layer stores per token on one rank (0 for fixed-state layers)."""
+        if not self.is_paged:
+            return 0
+        return (
+            int(self.heads_per_rank(tp) * (self.head_size_k + self.head_size_v) * elem_bytes)
+            + self.extra_bytes_per_token
+        )
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """What the capacity model needs to know about a checkpoint."""
+
+    name: str
+    architecture: str
+    model_type: str
+    dtype: str
+    dtype_bytes: int
+    layers: tuple[LayerSpec, ...]
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int | None
+    max_position_embeddings: int | None
+    params: Mapping[str, int]
+    quantization: Mapping[str, JsonValue] | None
+    safetensors_total_size: int | None = None
+    # rope_scaling that extends the context beyond max_position_embeddings (yarn, dynamic, linear).
+    rope_scaled: bool = False
+    source: str = ""
+    notes: tuple[str, ...] = field(default=())
+    # The shapes that set the non-KV memory (engines' memory models); None only for hand-built geometries.
+    dims: ModelDims | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def is_mla(self) -> bool:
+        return any(layer.kind == "mla" for layer in self.layers)
+
+    @property
+    def param_count(self) -> int:
+        """Parameters recomputed from the shapes (decoder, embeddings, head; no MTP/vision towers)."""
+        return sum(self.params.values())
+
+    def count(self, *kinds: str) -> int:
+        return sum(1 for layer in self.layers if layer.kind in kinds)
+
+    def bytes_per_token(self, tp: int = 1, elem_bytes: float | None = None, growing_only: bool = True) -> int:
+        """Per-rank bytes one token of context costs across the layers whose cache grows with it."""
+        eb = float(self.dtype_bytes) if elem_bytes is None else elem_bytes
+        return sum(layer.bytes_per_token(tp, eb) for layer in self.layers if layer.grows or not growing_only)
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Integer ceiling division (vLLM's cdiv)."""
+    return -(-a // b)
+
+
+def stage_layers(layers: Sequence[LayerSpec], pp: int) -> list[list[LayerSpec]]:
+    """Split layers into pp contiguous pipeline stages, the remainder going to the earlier stages."""
+    base, extra = divmod(len(layers), pp)
+    out, start = [], 0
+    for i in range(pp):
+        size = base + (1 if i < extra else 0)
+        out.append(list(layers[start : start + size]))
+        start += size
+    return out

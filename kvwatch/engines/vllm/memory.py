@@ -1,0 +1,264 @@
+"""vLLM's non-KV memory before launch: the terms ``determine_available_memory`` measures, modelled.
+
+The budget identity (vllm 0.19.0 v1/worker/gpu_worker.py:384-421, v1/worker/utils.py:403-409)::
+
+    requested = ceil(total x gpu_memory_utilization)     total = torch.cuda.mem_get_info()[1]
+    available = requested - weights - torch peak increase - non-torch increase
+                - CUDA-graph estimate (only where the release subtracts it)
+
+Each term below names the source it is read from (file:line of the release named, from
+``pip download vllm==X --no-deps``); the few coefficients the source leaves open are fitted on the
+real startups of tests/apriori and say so. Every term carries an error band, sized from the
+accuracy report (bench/accuracy.py), which ``predict`` prints and the drift alert's tolerance
+follows. Weights as loaded are weights.py. Citations are for 0.19.0 unless a line says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvwatch.capacity.deployment import Deployment, version_tuple
+from kvwatch.capacity.dims import ModelDims
+from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.units import GiB, MiB
+
+# --- engine defaults -----------------------------------------------------------------------------
+
+
+def default_utilization(version: str | None) -> float:
+    """0.90 up to 0.19 (config/cache.py:41), 0.92 from 0.20 (0.20.0 config/cache.py:66)."""
+    v = version_tuple(version)
+    return 0.9 if v is not None and v < (0, 20) else 0.92
+
+
+def is_v1(version: str | None) -> bool:
+    """V1 is the default engine from 0.8.0 (V0 before; VLLM_USE_V1=0 is not modelled)."""
+    v = version_tuple(version)
+    return v is None or v >= (0, 8)
+
+
+def default_batch_limits(
+    version: str | None, total_bytes: int | None, gpu_name: str | None, max_model_len: int
+) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) the API server resolves when the user sets neither.
+
+    V1 (engine/arg_utils.py:2053-2071, the same table 0.11-0.21): a card reporting >= 70 GiB that is
+    not an A100 gets 1024 / 8192, every other card 256 / 2048; >= 160 GiB raises the tokens to 16384
+    from 0.20 (0.20.0 arg_utils.py). V0 (< 0.8) schedules 256 sequences and, without chunked
+    prefill, max(max_model_len, 2048) tokens (config.py SchedulerConfig).
+    """
+    if not is_v1(version):
+        return 256, max(max_model_len, 2048)
+    v = version_tuple(version)
+    total = total_bytes or 0
+    if total >= 70 * GiB and "a100" not in (gpu_name or "").lower():
+        tokens = 16384 if total >= 160 * GiB and (v is None or v >= (0, 20)) else 8192
+        return 1024, tokens
+    return 256, 2048
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """How many CUDA-graph sizes vLLM captures: [1, 2, 4] + 8..248 step 8 + 256.. step 16 up to
+    min(2 x max_num_seqs, 512, max_num_batched_tokens) (config/vllm.py:1349-1353, 1389-1403)."""
+    top = min(max_num_seqs * 2, 512, max_num_batched_tokens)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
+    return sum(1 for s in sizes if s <= top)
+
+
+def subtracts_cuda_graphs(version: str | None) -> bool:
+    """VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 from 0.20.0 (0.20.0 envs.py:1724; 0.19.0
+    envs.py:1654 has "0"): the estimate comes out of the KV budget. The source wins over 0.21's log
+    text ("default since v0.21.0")."""
+    v = version_tuple(version)
+    return v is None or v >= (0, 20)
+
+
+def estimates_cuda_graphs(version: str | None) -> bool:
+    """0.18+ profiles CUDA-graph memory before sizing the pool (gpu_worker.py profile_cudagraph_memory)."""
+    v = version_tuple(version)
+    return v is None or v >= (0, 18)
+
+
+# --- terms ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Term:
+    """One modelled term: bytes and the error band (about one standard error of the report)."""
+
+    bytes: int
+    band: int
+    note: str = ""
+
+
+# Sampler bytes per [rows x vocab] element alive at the profile's peak, counted from the source:
+# bf16 logits held by _dummy_sampler_run (gpu_model_runner.py:5571) 2, their fp32 copy
+# (sample/sampler.py:90) 4, softmax probs (topk_topp_sampler.py:112) 4, q = empty_like(probs) (:240) 4.
+SAMPLER_NATIVE_BYTES = 12
+# 0.15/0.16 sort the whole [rows, vocab] (0.15.0 topk_topp_sampler.py:262): sorted fp32 4 + int64
+# indices 8 + top-k mask 1 + probs_sort 4 + top-p mask 1 + CUB radix double buffers 12, on top of the
+# bf16 (2) and fp32 (4) logits = 36 counted, and 1.9 B FITTED on the 0.15/0.16 startups.
+SAMPLER_SORT_BYTES = 36 + 1.9
+# FlashInfer (default in 0.11 when installed): the 2 + 4 logits, the top-k masked logits 4, probs 4.
+SAMPLER_FLASHINFER_BYTES = 12
+# V0 (< 0.8): fp32 logits, probs and logprobs over the last token of each scheduled sequence.
+SAMPLER_V0_BYTES = 12
+# Torch's cuBLAS workspace (":4096:8" = 32 MiB on sm90+, ~8 MiB before Hopper) and a FITTED 10 MiB
+# of small tensors alive at the peak.
+CUBLAS_WORKSPACE_HOPPER = 32 * MiB
+CUBLAS_WORKSPACE = 8 * MiB + 128 * 1024
+SMALL_TENSORS = 10 * MiB
+# V1 forward transient per token, in elements of the activation dtype: FORWARD_H x hidden +
+# 3 x intermediate / tp. Residual, normed input, gate_up (2I) and act (I) are 2H + 3I counted; q/k/v,
+# attention output and torch.compile buffers make the rest, FITTED: 4.5 (CodeLlama-7B, phi-2, the
+# PP stages that do not sample). V0 runs no compile: 2H + 3I, counted.
+FORWARD_H = 4.5
+FORWARD_H_V0 = 2.0
+# Multimodal models: the encoder cache left alive by the encoder profile (gpu_model_runner.py:5721-5780),
+# a FITTED lump (Gemma-3, Kimi-VL startups without a config in the set: not validated).
+VISION_ENCODER = int(0.15 * GiB)
+
+
+def sampler_path(version: str | None) -> str:
+    """Which top-k/top-p implementation the profile's dummy sampler run takes on CUDA.
+
+    0.11: FlashInfer when installed (0.11.0 topk_topp_sampler.py:39-50). 0.12-0.16: PyTorch sort.
+    0.17-0.20: the Triton kernel for >= 8 rows (0.19.0 topk_topp_sampler.py:251) with a cached
+    [SMs, vocab] fp32 buffer (topk_topp_triton.py:1018). 0.21: FlashInfer by default, but
+    _dummy_sampler_run also warms forward_native, so the native peak is the larger. V0: its own.
+    """
+    v = version_tuple(version)
+    if not is_v1(version):
+        return "v0"
+    if v is not None and v < (0, 12):
+        return "flashinfer"
+    if v is not None and v < (0, 17):
+        return "sort"
+    return "triton"
+
+
+def activation_dtype_bytes(dims: ModelDims, d: Deployment) -> int:
+    """--dtype float32 keeps 4 bytes; 'auto' serves a float32 checkpoint in 16 bits (config/model.py
+    _get_and_verify_dtype)."""
+    name = (d.dtype or "auto").lower().removeprefix("torch.")
+    if name in ("float32", "fp32", "float"):
+        return 4
+    if name in ("float16", "half", "fp16", "bfloat16", "bf16"):
+        return 2
+    return 2 if dims.dtype_bytes >= 4 else dims.dtype_bytes
+
+
+def _sampler_bytes(dims: ModelDims, d: Deployment, rows: int, act: int, sms: int) -> int:
+    """Torch bytes the dummy sampler run adds (_dummy_sampler_run, gpu_model_runner.py:5556).
+
+    Logits are full-vocab on every TP rank (logits_processor.py:75-83 all-gathers them), which is
+    why activation does not change with TP; an fp32 model's .to(float32) is a no-op (sampler.py:90).
+    """
+    path = sampler_path(d.engine_version)
+    logits16 = 2 if act == 2 else 0
+    extra = 0
+    if path == "sort":
+        per = SAMPLER_SORT_BYTES - (2 - logits16)
+    elif path == "triton":
+        per = SAMPLER_NATIVE_BYTES + logits16
+        extra = min(sms, rows) * dims.vocab_size * 4
+    elif path == "flashinfer":
+        per = SAMPLER_FLASHINFER_BYTES + logits16
+    else:
+        per = SAMPLER_V0_BYTES
+    # The last hidden states gathered for sampling and rand_like (gpu_model_runner.py:5553, :5569).
+    small = 2 * rows * dims.hidden_size * act
+    return int(rows * dims.vocab_size * per + extra + small)
+
+
+def _moe_workspace(dims: ModelDims, tp: int, tokens: int, act: int) -> int:
+    """The fused-MoE workspace the profile forward grows and keeps until lock_workspace, so it is
+    alive through the sampler pass (v1/worker/workspace.py; modular_kernel.py:1036-1066,
+    fused_moe.py:1976-1991): M x topk x max(N/2, K) + M x topk x max(N, K), N = 2 x moe_I / tp, K = H.
+    MXFP4 MoE (mxfp4.py, OAI triton kernels) allocates per call instead."""
+    if not dims.n_experts or not dims.top_k or dims.checkpoint_quant == "mxfp4":
+        return 0
+    n = 2 * dims.moe_intermediate_size // tp
+    k = dims.hidden_size
+    ws13 = max(tokens * dims.top_k * max(n // 2, k), tokens * k)
+    ws2 = tokens * dims.top_k * max(n, k)
+    return (ws13 + ws2) * act
+
+
+def activation(
+    dims: ModelDims, d: Deployment, gpu: GpuSpec | None, max_num_seqs: int, tokens: int
+) -> list[Term]:
+    """The torch peak increase of the profile run, per pipeline stage (gpu_worker.py:372-386).
+
+    profile_run (gpu_model_runner.py:5721-5800): the forward over max_num_batched_tokens, then -- on
+    the last PP stage only (:5792) -- the dummy sampler over min(tokens, max_num_seqs) rows while the
+    forward's hidden states are still referenced. Peak = persistent (cuBLAS workspace, MoE workspace,
+    PP buffers) + max(forward transient, hidden out + sampler). Stages that do not sample hold the
+    received and sent intermediate tensors, 2 x tokens x H (gpu_model_runner.py:5441).
+    """
+    act = activation_dtype_bytes(dims, d)
+    v1 = is_v1(d.engine_version)
+    rows = min(tokens, max_num_seqs)
+    hopper = gpu is None or gpu.sm_major >= 9
+    persistent = (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE) + SMALL_TENSORS
+    persistent += _moe_workspace(dims, d.tp, tokens, act)
+    if dims.has_vision_tower:
+        persistent += VISION_ENCODER
+    coefficient = FORWARD_H if v1 else FORWARD_H_V0
+    forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
+    sampler = tokens * dims.hidden_size * act + _sampler_bytes(
+        dims, d, rows, act, (gpu.sm_count if gpu and gpu.sm_count else 132)
+    )
+    pp_buffers = 2 * tokens * dims.hidden_size * act if d.pp > 1 else 0
+    out: list[Term] = []
+    for stage in range(d.pp):
+        last = stage == d.pp - 1
+        body = max(forward, sampler) if last else forward
+        total = persistent + body + pp_buffers
+        band = int(0.05 * total + 0.03 * GiB)
+        if act == 4:
+            band += int(0.35 * GiB)  # fp32 runs TRITON_ATTN, whose buffers are not modelled
+        if not v1:
+            band += int(0.1 * total)  # V0 is checked on one startup only
+        out.append(Term(total, band, "sampler" if last and sampler >= forward else "forward"))
+    return out
+
+
+def non_torch(d: Deployment) -> Term:
+    """The non-torch increase since the worker's init snapshot (mem_utils.py:288-291).
+
+    cuBLAS/cuBLASLt handles and kernel modules of the first forward at TP1; from 0.18 the CUDA-graph
+    profile runs inside the memory_profiling context (gpu_worker.py:366-381), which leaves more; at
+    TP >= 2 the communication buffers (NCCL, custom all-reduce) allocated outside torch. With PP the
+    NCCL set-up already sits in the init snapshot. Values FITTED per release class on tests/apriori:
+    the allocation behind the ~2 GiB at TP >= 2 is not traced to one line of the source.
+    """
+    v = version_tuple(d.engine_version)
+    new = v is None or v >= (0, 18)
+    if d.tp >= 2:
+        gib, band = (2.07 + 0.045 * (d.tp - 2), 0.08) if new else (0.55, 0.1)
+    elif d.pp >= 2:
+        gib, band = 0.07, (0.03 if new else 0.1)
+    else:
+        gib, band = (0.25, 0.03) if new else (0.135, 0.03)
+    if not is_v1(d.engine_version):
+        band = max(band, 0.15)
+    return Term(int(gib * GiB), int(band * GiB))
+
+
+# CUDA-graph estimate, FITTED on the 0.19 'Estimated CUDA graph memory' lines: c0 + c1 x layers on the
+# rank x sqrt(sizes / 51) + c2 for MoE, GiB. The estimate itself is the first capture plus (n - 1) x
+# the second (gpu_model_runner.py:5862-5955).
+GRAPHS_BASE, GRAPHS_PER_LAYER, GRAPHS_MOE = 0.35, 0.0135, 0.45
+
+
+def cuda_graphs(dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, layers: int) -> Term:
+    """The estimate 0.18+ prints; none with --enforce-eager (gpu_worker.py:380) or before 0.18."""
+    if d.enforce_eager or not estimates_cuda_graphs(d.engine_version):
+        return Term(0, 0, "none")
+    n = capture_sizes(max_num_seqs, tokens)
+    gib = (
+        GRAPHS_BASE + GRAPHS_PER_LAYER * layers * math.sqrt(n / 51) + (GRAPHS_MOE if dims.n_experts else 0.0)
+    )
+    return Term(int(gib * GiB), int(0.25 * GiB), f"{n} capture sizes")

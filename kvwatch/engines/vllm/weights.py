@@ -1,0 +1,108 @@
+"""vLLM's weights as loaded: the bytes ``Model loading took`` reports, per pipeline stage.
+
+Rules (vllm 0.19.0):
+- ``--dtype`` sets every unquantised tensor (float32 doubles them); 'auto' serves a float32
+  checkpoint in 16 bits.
+- Runtime ``--quantization fp8`` (quantization/fp8.py, Fp8LinearMethod.process_weights_after_loading)
+  stores every decoder linear in one byte; embeddings, lm_head, norms and routers stay 16-bit.
+  compressed-tensors w8a8 (int8/fp8) is 1 B per parameter, w4a16 packed int4 plus a 16-bit scale
+  per group; MXFP4 (gpt-oss) covers the routed experts only.
+- The vocabulary is padded to 64 and split over TP (vocab_parallel_embedding.py:28, :75); tied
+  embeddings load one matrix, except under PP, where the last stage builds its own lm_head.
+- Linears split 1/tp; norms and the rotary cos/sin cache (max positions x rotary dim, in the
+  activation dtype; rotary_embedding get_rope) are replicated on every rank.
+- PP (distributed/utils.py get_pp_indices): the embedding on the first stage, the head on the last.
+"""
+
+from __future__ import annotations
+
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.dims import ModelDims
+from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.engines.vllm.memory import activation_dtype_bytes
+
+# Bytes per quantised parameter, values and scales.
+_QUANT_BYTES = {"fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8}
+_INT4 = ("w4a16", "int4", "awq", "gptq")
+# --weights-dtype / --quantization spellings -> the scheme above.
+_RUNTIME = {
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "int8": "int8",
+    "w8a8": "int8",
+    "int4": "w4a16",
+    "w4a16": "w4a16",
+    "awq": "w4a16",
+    "gptq": "w4a16",
+    "bitsandbytes": "w4a16",
+    "mxfp4": "mxfp4",
+}
+
+
+def _bytes_per_param(scheme: str, group: int) -> float:
+    if scheme in _QUANT_BYTES:
+        return _QUANT_BYTES[scheme]
+    return 0.5 + 2.0 / max(group, 1)  # packed int4 + one 16-bit scale per group
+
+
+def pad_vocab(vocab: int, tp: int) -> int:
+    """Rows per rank of VocabParallelEmbedding / ParallelLMHead (padded to 64, split over TP)."""
+    padded = -(-vocab // 64) * 64
+    return -(-padded // tp)
+
+
+def stage_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per PP stage: an even split, the remainder on the first stages (get_pp_indices)."""
+    base, rem = divmod(num_layers, pp)
+    return [base + (1 if i < rem else 0) for i in range(pp)]
+
+
+_UNQUANTISED = frozenset({"bf16", "bfloat16", "fp16", "float16", "half", "auto"})
+
+
+def scheme(dims: ModelDims, d: Deployment) -> str | None:
+    """The quantisation the loader applies.
+
+    ``--weights-dtype`` is a what-if over the checkpoint (bf16/fp16 = unquantised); the engine's own
+    ``--quantization`` flag quantises a 16-bit checkpoint at load (fp8) but does not re-quantise one
+    that ships int8/int4/MXFP4 weights; otherwise the checkpoint's quantization_config.
+    """
+    what_if = (d.weights_dtype or "").lower()
+    if what_if in _UNQUANTISED:
+        return None
+    if what_if in _RUNTIME:
+        return _RUNTIME[what_if]
+    runtime = _RUNTIME.get((d.quantization or "").lower())
+    if runtime is not None and dims.checkpoint_quant not in ("int8", "w4a16", "mxfp4"):
+        return runtime
+    return dims.checkpoint_quant
+
+
+def weights_per_stage(dims: ModelDims, d: Deployment, gpu: GpuSpec | None) -> tuple[list[int], str | None]:
+    """Bytes on TP rank 0 of each PP stage, and the quantisation applied (None: unquantised)."""
+    act = activation_dtype_bytes(dims, d)
+    q = scheme(dims, d)
+    linear = _bytes_per_param(q, dims.quant_group) if q in ("fp8", "int8", *_INT4) else act
+    experts = _bytes_per_param(q, dims.quant_group) if q is not None else act
+    if q == "mxfp4" and gpu is not None and gpu.sm_major == 9:
+        # Hopper's triton_kernels MX layout pads the 4-bit values' K dimension to a multiple of 256
+        # (2880 -> 3072 for gpt-oss); inferred from the gpt-oss-120b startup (64.38 GiB against
+        # 60.77 unpadded), not read line by line.
+        pad = -(-dims.hidden_size // 256) * 256 / max(dims.hidden_size, 1)
+        experts = (4.0 * pad + 0.25) / 8
+    rows = pad_vocab(dims.vocab_size, d.tp)
+    embed = rows * dims.hidden_size * act
+    head = rows * dims.hidden_size * act
+    rope = dims.rope_positions * dims.rotary_dim * act
+    layers = max(dims.num_layers, 1)
+    per_layer = (dims.linear_params * linear + dims.expert_params * experts) / layers / d.tp
+    per_layer += dims.other_params * act / layers
+    out: list[int] = []
+    for i, n in enumerate(stage_layers(dims.num_layers, d.pp)):
+        b = n * per_layer + rope
+        if i == 0:
+            b += embed
+        if i == d.pp - 1 and (not dims.tied_embeddings or d.pp > 1):
+            b += head
+        out.append(int(b))
+    return out, q

@@ -1,0 +1,1 @@
+"""Exposition: how kvwatch's metric samples become the bytes a scrape returns."""

@@ -1,0 +1,133 @@
+"""The Prometheus text exposition (format 0.0.4) of one scrape, rendered without prometheus_client.
+
+``Rows`` holds a scrape's samples in ``kvwatch.names.METRICS`` order, each with its text line
+rendered once when it is added (the collector caches an instance's rows between scrapes), so
+``Rows.text`` is a join. ``Rows.families`` gives the same samples as prometheus_client families
+(the registry path: OpenMetrics negotiation, tests). tests/test_exposition.py holds ``text`` byte
+for byte equal to prometheus_client's ``generate_latest`` over ``families``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import cast
+
+from prometheus_client import utils as _prom_utils
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from kvwatch import names
+
+# One sample: (metric name, label values in the metric's label order, value, its exposition line).
+Row = tuple[str, tuple[str, ...], float, str]
+
+
+# prometheus_client's own float formatting (Go-style: +Inf, 1e+21), so both output paths agree.
+_float_text = cast(Callable[[float], str], _prom_utils.floatToGoString)
+
+
+def escape(value: str) -> str:
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
+
+
+def _template(metric: names.Metric) -> str:
+    """'name{a="{1}",b="{0}"} ' for str.format: labels sorted by name, as the text format lists them."""
+    if not metric.labels:
+        return metric.sample_name + " "
+    order = sorted(range(len(metric.labels)), key=lambda i: metric.labels[i])
+    pairs = ",".join(f'{metric.labels[i]}="{{{i}}}"' for i in order)
+    return f"{metric.sample_name}{{{{{pairs}}}}} "
+
+
+_TEMPLATES = {m.name: _template(m) for m in names.METRICS}
+_FLOATS: dict[float, str] = {}
+
+
+def _float(value: float) -> str:
+    if value == 0:
+        # 0.0 and -0.0 are one key of the cache but two texts ('0.0', '-0.0').
+        return _float_text(value)
+    text = _FLOATS.get(value)
+    if text is None:
+        if len(_FLOATS) > 4096:
+            _FLOATS.clear()
+        text = _FLOATS[value] = _float_text(value)
+    return text
+
+
+def _line(metric: names.Metric, escaped: Sequence[str], value: float) -> str:
+    """The text-format (0.0.4) line of one sample (label values already escaped)."""
+    return _TEMPLATES[metric.name].format(*escaped) + _float(value) + "\n"
+
+
+class Rows:
+    """Samples of one scrape, grouped by metric, in names.METRICS order."""
+
+    def __init__(self) -> None:
+        self.by_metric: dict[str, list[Row]] = {m.name: [] for m in names.METRICS}
+
+    def add(
+        self,
+        metric: names.Metric,
+        labels: tuple[str, ...],
+        value: float,
+        escaped: Sequence[str] | None = None,
+    ) -> None:
+        """One sample; ``escaped`` are the label values escaped for the text format, when the caller has them."""
+        text = _line(metric, escaped if escaped is not None else [escape(v) for v in labels], value)
+        self.by_metric[metric.name].append((metric.name, labels, value, text))
+
+    def rows(self) -> list[Row]:
+        """Every sample, in names.METRICS order."""
+        return [row for m in names.METRICS for row in self.by_metric[m.name]]
+
+    def extend(self, rows: Iterable[Row]) -> None:
+        for row in rows:
+            self.by_metric[row[0]].append(row)
+
+    def families(self) -> Iterator[Metric]:
+        """prometheus_client families (the registry path: tests, OpenMetrics negotiation)."""
+        for m in names.METRICS:
+            family: Metric
+            rows = self.by_metric[m.name]
+            if m.type == "gauge":
+                gauge = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
+                for _, labels, value, _line_text in rows:
+                    gauge.add_metric(labels, value)
+                family = gauge
+            elif m.type == "counter":
+                counter = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
+                for _, labels, value, _line_text in rows:
+                    counter.add_metric(labels, value)
+                family = counter
+            else:
+                # Info labels beyond the identity ones are the info's value, not family labels.
+                n = len(
+                    [label for label in m.labels if label in (*names.INSTANCE_LABELS, *names.SOURCE_LABELS)]
+                )
+                info = InfoMetricFamily(m.name, m.help, labels=list(m.labels[:n]))
+                for _, labels, _value, _line_text in rows:
+                    info.add_metric(labels[:n], dict(zip(m.labels[n:], labels[n:], strict=True)))
+                family = info
+            yield family
+
+    def text(self) -> bytes:
+        """The whole exposition in text format 0.0.4, from the pre-rendered lines."""
+        out: list[str] = []
+        for m in names.METRICS:
+            out.append(_HEADERS[m.name])
+            out.extend(row[3] for row in self.by_metric[m.name])
+        return "".join(out).encode("utf-8")
+
+
+_HEADERS = {
+    m.name: f"# HELP {m.sample_name} {m.help.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}\n"
+    f"# TYPE {m.sample_name} {'gauge' if m.type == 'info' else m.type}\n"
+    for m in names.METRICS
+}

@@ -1,0 +1,35 @@
+"""`kvwatch run`, the sidecar: tail engine logs, scrape engine /metrics, serve kvwatch's /metrics.
+
+Modules, by concern: ``app`` (the Sidecar: wiring and lifecycle, the consumer), ``server`` (the
+bounded HTTP server: sockets, timeouts, connection cap), ``wire`` (HTTP/1.1 message format), ``http`` (endpoints, TLS context), ``auth``
+(basic auth, failure limiter), ``saving`` (when the state file is written, and its
+consistent cut), ``discovery`` (a logged model name -> its config.json), ``sources`` (per-source
+readers and counters), ``messages`` (what goes on the consumer's queue).
+
+Threading model -- every thread, what it may touch, and why that is safe:
+
+* **main** -- ``start()``, then sleeps in ``wait()`` until a signal; ``stop()``.
+* **tailer** (one per ``--log`` file or glob, ``LogTailer``'s own thread, plus watchdog's observer
+  thread that only rings its doorbell) -- reads appended lines and applies each at once:
+  ``LogSource.on_line`` -> ``LinePipeline.feed`` -> ``Fleet.apply``, under that tailer's delivery
+  lock, then ``SaveSchedule.mark``.
+* **HTTP selector** (``kvwatch-http``) -- all socket I/O of kvwatch's port: accepts (at most
+  ``server.MAX_CONNECTIONS``), TLS handshakes, reads request heads and writes responses, each under a
+  deadline; it never runs a handler and touches no state.
+* **HTTP workers** (``kvwatch-http-worker-N``, ``server.WORKERS`` of them) -- run the handler for a
+  complete request: basic auth (``auth.BasicAuth``, its own lock), and for /metrics
+  ``Sidecar.refresh``, which reads the tailers' appends *in the worker*, under the same delivery lock
+  and in file order, so a scrape is never behind the log; then it renders a ``Fleet.snapshot``
+  (frozen copies). /healthz and / touch no state.
+* **scrape** (one per ``--metrics-url``) -- fetches the engine's /metrics and puts a ``Scraped``
+  message on the queue; it never touches the fleet.
+* **stdin** (``--log -``) -- puts ``StdinLine`` / ``StdinClosed`` messages on the queue.
+* **consumer** (``kvwatch-consumer``) -- the only reader of the queue: applies scrape results and
+  stdin lines, and is the only thread that writes the state file (``SaveSchedule.save``).
+
+So ``Fleet.apply`` is called from several threads (tailers, HTTP workers, consumer); the fleet's lock makes
+each call atomic, and each source's lines reach it from one place at a time and in order (the
+tailer's delivery lock, or the consumer for stdin and /metrics). A save holds every tailer's
+delivery lock while it takes the positions and the fleet, so the two describe the same lines; what
+the consumer applies cannot change meanwhile because the consumer is the thread saving.
+"""

@@ -1,0 +1,383 @@
+"""The sidecar's wiring and lifecycle: sources -> LinePipeline / MetricsReader -> Fleet -> collector -> HTTP.
+
+Every failure of a source is counted and retried; only bad configuration stops startup. Which thread
+does what is written once, in the package docstring (kvwatch/sidecar/__init__.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+from kvwatch import __version__, names
+from kvwatch.analysis.predictor import Predictor
+from kvwatch.collector import KvwatchCollector, SelfStats, SourceStatus
+from kvwatch.config import Settings, WebConfig, load_web_config
+from kvwatch.errors import ConfigError
+from kvwatch.jsontypes import JsonObject, JsonValue
+from kvwatch.parsers.base import ParseError
+from kvwatch.parsers.prom_text import MetricsReader
+from kvwatch.persist import StateStore, restore
+from kvwatch.pipeline import LinePipeline
+from kvwatch.scrape import Scraper, ScrapeResult
+from kvwatch.sidecar import messages as msg
+from kvwatch.sidecar.auth import BasicAuth
+from kvwatch.sidecar.discovery import find_model_config
+from kvwatch.sidecar.http import Endpoints, tls_context
+from kvwatch.sidecar.saving import SaveSchedule
+from kvwatch.sidecar.server import BoundedHTTPServer
+from kvwatch.sidecar.sources import LogSource, ScrapeSource
+from kvwatch.sources.logfile import FilePosition, LogTailer
+from kvwatch.state import Fleet
+
+log = logging.getLogger("kvwatch")
+
+# Appends are read whenever /metrics is scraped (Sidecar.refresh), so a scrape is current however
+# rarely the tailers look on their own; inotify wakes them at once for created, renamed and deleted
+# files. Their own timed look (read appends, re-check every path for a missed event) then only keeps
+# the state file current and is the safety net, so it can be rare: every timed wake-up of a thread,
+# and the first system calls after it, cost milliseconds of CPU on virtual machines whose idle
+# pages the host reclaims (measured in bench/bench_sidecar.py), several times the cost of parsing
+# a second's worth of lines.
+TAIL_INTERVAL = 10.0
+
+
+class Sidecar:
+    """`kvwatch run`: start() brings everything up, stop() takes it down in bounded time."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        registry: CollectorRegistry | None = None,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.environ = dict(os.environ if environ is None else environ)
+        self.fleet = Fleet(clock=clock, max_instances=settings.max_instances, fact_ttl=settings.fact_ttl)
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        self.web = load_web_config(settings.web_config) if settings.web_config is not None else WebConfig()
+        self._tls = tls_context(self.web) if self.web.tls else None
+        self.auth = BasicAuth(self.web.basic_auth_users)
+        self.store = StateStore(settings.state_dir) if settings.state_dir is not None else None
+        for path in settings.model_config_path.values():
+            if not path.exists():
+                raise ConfigError(f"model config {path} does not exist")
+        self.predictor = Predictor(
+            model_config=settings.model_config_for,
+            gpu_memory_bytes=self._gpu_memory(),
+            resolve_model=lambda model: find_model_config(model, self.environ),
+        )
+        self._queue: queue.Queue[msg.Message] = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._logs = [
+            LogSource(s.name, s.path, LinePipeline(s.name, self.fleet, settings.engine)) for s in settings.log
+        ]
+        self._scrapes = [
+            ScrapeSource(
+                s.name,
+                Scraper(s.url, connect_timeout=settings.scrape_timeout, read_timeout=settings.scrape_timeout),
+                MetricsReader(settings.engine),
+            )
+            for s in settings.metrics_url
+        ]
+        self.saves = SaveSchedule(self.store, self.fleet, self._logs, lambda: self._queue.put(msg.Dirty()))
+        self.collector = KvwatchCollector(
+            self.fleet.snapshot,
+            self.predictor,
+            self.source_statuses,
+            lambda: self.fleet.dropped_events,
+            self.self_stats,
+            runtime=True,
+        )
+        self.registry.register(self.collector)
+        self._server: BoundedHTTPServer | None = None
+
+    def _gpu_memory(self) -> int | None:
+        if self.settings.gpu_memory is not None:
+            return self.settings.gpu_memory
+        if self.settings.gpu is None:
+            return None
+        from kvwatch.capacity import gpus
+
+        try:
+            return int(gpus.lookup(self.settings.gpu).total_bytes)
+        except KeyError:
+            raise ConfigError(f"unknown GPU {self.settings.gpu!r} (give --gpu-memory SIZE instead)") from None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Restore the state file, bind the listen address, start consumer, tailers and scrapers."""
+        positions: JsonObject = {}
+        if self.store is not None:
+            saved = self.store.load()
+            # Instances of sources no longer configured would be exported forever: leave them out.
+            configured = {s.name for s in self.settings.log} | {s.name for s in self.settings.metrics_url}
+            saved.instances = [st for st in saved.instances if st.source in configured]
+            saved.source_settings = {k: v for k, v in saved.source_settings.items() if k in configured}
+            left_out = restore(self.fleet, saved)
+            positions = saved.positions
+            if left_out:
+                log.warning(
+                    "state file holds %d instances, over --max-instances %d: restored the %d most "
+                    "recently updated",
+                    len(saved.instances),
+                    self.settings.max_instances,
+                    len(saved.instances) - left_out,
+                )
+            if saved.instances:
+                log.info("state restored path=%s instances=%d", self.store.path, len(saved.instances))
+        addr = self.settings.listen
+        try:
+            self._server = BoundedHTTPServer(
+                (addr.host, addr.port), Endpoints(self.render_metrics, self.auth), self._tls
+            )
+        except (OSError, ValueError, OverflowError) as exc:  # ValueError: e.g. a host IDNA cannot encode
+            reason = getattr(exc, "strerror", None) or exc
+            raise ConfigError(f"cannot listen on {addr}: {reason}") from None
+        self._spawn("kvwatch-http", self._server.serve)
+        self._spawn("kvwatch-consumer", self._consume)
+        for src in self._logs:
+            if src.pattern == "-":
+                self._spawn("kvwatch-stdin", functools.partial(self._read_stdin, src))
+                continue
+            src.tailer = self._tailer(src, positions.get(src.name))
+            src.tailer.start()
+        for scrape in self._scrapes:
+            self._spawn(f"kvwatch-scrape-{scrape.name}", functools.partial(self._scrape_loop, scrape))
+        log.debug("kvwatch %s serving %s", __version__, self.url)
+        _release_startup_memory()
+
+    def _tailer(self, src: LogSource, saved: JsonValue | None) -> LogTailer:
+        def on_line(path: str, line: str) -> None:
+            self.saves.mark(src.on_line(line))
+
+        def on_rotate(path: str) -> None:
+            log.info("log rotated source=%s path=%s", src.name, path)
+
+        def on_error(path: str, exc: BaseException) -> None:
+            log.debug("log read error source=%s path=%s err=%s", src.name, path, exc)
+
+        return LogTailer(
+            src.pattern,
+            on_line,
+            on_rotate=on_rotate,
+            on_error=on_error,
+            polling=self.settings.poll,
+            append_interval=TAIL_INTERVAL,
+            recheck_interval=TAIL_INTERVAL,
+            resume=_load_positions(saved),
+        )
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with --listen HOST:0)."""
+        assert self._server is not None
+        return self._server.port
+
+    @property
+    def url(self) -> str:
+        """Where /metrics is served."""
+        host = self.settings.listen.host
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        shown = "[::1]" if shown == "::" else (f"[{shown}]" if ":" in shown else shown)
+        return f"{'https' if self._tls else 'http'}://{shown}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        """Save the state while the tailers still hold their files, stop sources, close the server.
+
+        Lines read after that last save are processed but not saved: their positions are not saved
+        either, so the next start reads them again -- once.
+        """
+        self._stop.set()
+        saved = threading.Event()
+        self._queue.put(msg.FinalSave(saved))
+        saved.wait(timeout=5)
+        for src in self._logs:
+            if src.tailer is not None:
+                src.tailer.stop()
+        self._queue.put(msg.Stop())
+        for thread in self._threads:
+            if thread.name == "kvwatch-consumer":
+                thread.join(timeout=10)
+        if self._server is not None:
+            self._server.stop_serving()
+            for thread in self._threads:
+                if thread.name == "kvwatch-http":
+                    thread.join(timeout=5)
+            self._server.server_close()
+        for thread in self._threads:
+            if thread.name != "kvwatch-stdin":
+                thread.join(timeout=5)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stop is requested (True) or timeout passes (False)."""
+        return self._stop.wait(timeout)
+
+    def request_stop(self) -> None:
+        """Ask the main loop to stop (signal handlers call this)."""
+        self._stop.set()
+
+    # --- consumer --------------------------------------------------------------------------------
+    def _consume(self) -> None:
+        while True:
+            try:
+                # Asleep until an item comes or a save is due: no wake-ups while nothing changes.
+                item = self._queue.get(timeout=self.saves.due_in())
+            except queue.Empty:
+                self.saves.maybe_save()
+                continue
+            if isinstance(item, msg.Stop):
+                self._drain()
+                return
+            if isinstance(item, msg.FinalSave):
+                self.saves.final_save(self._drain)
+                item.done.set()
+                continue
+            self._handle(item)
+            if self._queue.empty():
+                self.saves.maybe_save()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, msg.FinalSave):
+                item.done.set()
+            elif not isinstance(item, msg.Stop):
+                self._handle(item)
+
+    def _handle(self, item: msg.Message) -> None:
+        match item:
+            case msg.StdinLine(source=src, line=line):
+                self.saves.mark(src.on_line(line))
+            case msg.Scraped(source=src, result=result):
+                self._handle_scrape(src, result)
+            case msg.StdinClosed(source=src):
+                src.stdin_up = False
+            case _:  # Dirty only wakes the consumer to plan its next save
+                pass
+
+    def _handle_scrape(self, src: ScrapeSource, result: ScrapeResult) -> None:
+        src.duration = result.duration_seconds
+        if not result.ok or result.text is None:
+            src.up = False
+            # Bounded label values: a reason the collector does not export is a connection failure.
+            reason = result.error if result.error in names.SCRAPE_ERROR_REASONS else "connection"
+            src.errors[reason] = src.errors.get(reason, 0) + 1
+            return
+        try:
+            events = src.reader.read(result.text)
+            if events:
+                self.fleet.apply_all(src.name, events)
+                self.saves.mark(events)
+        except ParseError as exc:
+            src.up = False
+            src.errors["parse"] = src.errors.get("parse", 0) + 1
+            log.debug("metrics unreadable source=%s err=%s", src.name, exc)
+            return
+        except Exception:
+            # Input nobody foresaw must not stop the consumer: count it as unreadable and go on.
+            src.up = False
+            src.errors["parse"] = src.errors.get("parse", 0) + 1
+            log.exception("metrics not applied source=%s", src.name)
+            return
+        src.up = True
+
+    # --- sources ---------------------------------------------------------------------------------
+    def _scrape_loop(self, src: ScrapeSource) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self._queue.put(msg.Scraped(src, src.scraper.fetch()))
+            # A steady cadence: the interval runs from the start of one scrape to the next.
+            self._stop.wait(max(0.0, self.settings.scrape_interval - (time.monotonic() - started)))
+
+    def _read_stdin(self, src: LogSource) -> None:
+        from kvwatch.sources.stdin import read_lines
+
+        read_lines(lambda line: self._queue.put(msg.StdinLine(src, line)), stop=self._stop)
+        self._queue.put(msg.StdinClosed(src))
+
+    def refresh(self) -> None:
+        """Read what the engines appended since the tailers last looked (called at every scrape of
+        /metrics, in an HTTP worker): a line appended just before a scrape is in that scrape."""
+        for src in self._logs:
+            if src.tailer is not None:
+                try:
+                    src.tailer.refresh()
+                except Exception:  # a scrape must answer whatever reading the log ran into
+                    log.exception("reading appends at scrape failed source=%s", src.name)
+
+    def source_statuses(self) -> list[SourceStatus]:
+        """Self-metrics of every source, for the collector."""
+        return [s.status() for s in self._logs] + [s.status() for s in self._scrapes]
+
+    # --- exposure --------------------------------------------------------------------------------
+    def render_metrics(self, accept: str) -> tuple[bytes, str]:
+        """The /metrics body for an Accept header and its content type, current to the last line."""
+        self.refresh()
+        encoder, content_type = choose_encoder(accept)
+        if content_type == CONTENT_TYPE_LATEST:
+            return self.collector.render(), content_type
+        return encoder(self.registry), content_type
+
+    def self_stats(self) -> SelfStats:
+        """The HTTP server's, the authentication's and the state file's counters, for the collector."""
+        server = self._server
+        return SelfStats(
+            http_connections_open=server.stats.open if server is not None else 0,
+            http_connections_refused=server.stats.refused if server is not None else 0,
+            http_connection_timeouts=server.stats.timed_out if server is not None else 0,
+            http_auth_throttled=self.auth.throttled,
+            state_files_invalid=self.store.invalid_files if self.store is not None else 0,
+        )
+
+
+def _release_startup_memory() -> None:
+    """Hand the heap that imports and model schemas used at startup back to the OS (glibc only).
+
+    Python frees those objects but glibc keeps the pages; the sidecar's resident memory is a stated
+    budget, so give them back once, after startup. Elsewhere this is a no-op.
+    """
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _load_positions(raw: JsonValue | None) -> dict[str, FilePosition] | None:
+    """Saved tailer positions of one source, or None when absent or not understood."""
+    if not isinstance(raw, dict):
+        return None
+    out: dict[str, FilePosition] = {}
+    for path, pos in raw.items():
+        if not isinstance(pos, dict):
+            return None
+        try:
+            position = FilePosition.from_dict(pos)
+        except (TypeError, KeyError, ValueError, AttributeError):
+            return None
+        if min(position.dev, position.inode, position.offset) < 0:
+            return None
+        out[path] = position
+    return out

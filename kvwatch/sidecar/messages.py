@@ -1,0 +1,59 @@
+"""What the sidecar's threads put on the consumer's queue: one small frozen dataclass per kind.
+
+A tagged tuple (``("scrape", src, result)``) let a typo in a tag or a wrong arity through mypy; a
+``match`` over these classes does not.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvwatch.scrape import ScrapeResult
+
+if TYPE_CHECKING:
+    from kvwatch.sidecar.sources import LogSource, ScrapeSource
+
+
+@dataclass(frozen=True, slots=True)
+class StdinLine:
+    """One line read from standard input (the consumer applies it: stdin has no delivery lock)."""
+
+    source: LogSource
+    line: str
+
+
+@dataclass(frozen=True, slots=True)
+class StdinClosed:
+    """Standard input reached its end: that source is down from now on."""
+
+    source: LogSource
+
+
+@dataclass(frozen=True, slots=True)
+class Scraped:
+    """One fetch of an engine's /metrics, to be read and applied by the consumer."""
+
+    source: ScrapeSource
+    result: ScrapeResult
+
+
+@dataclass(frozen=True, slots=True)
+class Dirty:
+    """Wakes the consumer to plan its next save (a change came while it slept without a timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinalSave:
+    """Save now, whatever the schedule says; ``done`` is set when the save was tried."""
+
+    done: threading.Event
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Apply what is queued, then end the consumer thread."""
+
+
+Message = StdinLine | StdinClosed | Scraped | Dirty | FinalSave | Stop

@@ -1,0 +1,71 @@
+"""The sidecar's view of each configured source: what it reads with and what it has counted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvwatch.collector import SourceStatus
+from kvwatch.events import Event
+from kvwatch.parsers.prom_text import MetricsReader
+from kvwatch.pipeline import LinePipeline
+from kvwatch.scrape import Scraper
+from kvwatch.sources.logfile import LogTailer
+
+
+@dataclasses.dataclass
+class LogSource:
+    """One --log: its tailer and line pipeline. Counters are written by one thread each."""
+
+    name: str
+    pattern: str
+    pipeline: LinePipeline
+    tailer: LogTailer | None = None
+    stdin_up: bool = True
+
+    def on_line(self, line: str) -> tuple[Event, ...]:
+        """Parse and apply one line at once; returns the events it produced.
+
+        Called by whichever thread read the line -- the tailer's, or an HTTP worker serving a
+        scrape (``Sidecar.refresh``) -- under the tailer's delivery lock, one line at a time in file
+        order; for stdin, by the consumer. Applying lines where they are read needs no hand-off to
+        another thread (a wake-up per line, the sidecar's main CPU cost at a steady line rate), and
+        lets a save pause delivery to get a state that holds exactly the lines before the saved
+        positions.
+        """
+        return self.pipeline.feed(line)
+
+    def status(self) -> SourceStatus:
+        """Self-metrics of this log, for the collector."""
+        tailer = self.tailer
+        return SourceStatus(
+            name=self.name,
+            kind="log",
+            up=tailer.up if tailer is not None else self.stdin_up,
+            lines_read=self.pipeline.lines_read,
+            lines_matched=self.pipeline.lines_matched,
+            parse_errors=self.pipeline.parse_errors,
+            rotations=tailer.rotations if tailer is not None else 0,
+            read_errors=tailer.read_errors if tailer is not None else 0,
+        )
+
+
+@dataclasses.dataclass
+class ScrapeSource:
+    """One --metrics-url: its scraper, reader and last result (written by the consumer only)."""
+
+    name: str
+    scraper: Scraper
+    reader: MetricsReader
+    up: bool = False
+    duration: float | None = None
+    errors: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def status(self) -> SourceStatus:
+        """Self-metrics of this endpoint, for the collector."""
+        return SourceStatus(
+            name=self.name,
+            kind="metrics",
+            up=self.up,
+            scrape_duration_seconds=self.duration,
+            scrape_errors=dict(self.errors),
+        )

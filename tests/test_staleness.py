@@ -1,0 +1,230 @@
+"""Facts kept in their meaning: per-fact staleness, rejected values, pre-created counters,
+headroom for metrics-only sources, and the sidecar's own process_*/python_* series (issue 13)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvwatch import names
+from kvwatch.analysis.predictor import Predictor
+from kvwatch.collector import KvwatchCollector
+from kvwatch.config import load_settings
+from kvwatch.events import UsageSample
+from kvwatch.pipeline import LinePipeline
+from kvwatch.sidecar.app import Sidecar
+from kvwatch.state import DISAGREEMENT_FACTS, Fleet
+
+TESTS = Path(__file__).parent
+LLAMA_8B = TESTS / "model_configs" / "meta-llama--Meta-Llama-3.1-8B.json"
+QWEN_7B = TESTS / "model_configs" / "Qwen--Qwen2.5-7B.json"
+STARTUP = (
+    (TESTS / "log_samples" / "vllm" / "001-llama31-8b-rtx3090-profiling-20k.log").read_text().splitlines()
+)
+# A real V1 stats line (tests/log_samples/vllm/007-...), and the same line with a usage past 100 %.
+STATS = (
+    "(APIServer pid=11574) INFO 03-17 15:38:30 [loggers.py:259] Engine 000: Avg prompt throughput: "
+    "23999.8 tokens/s, Avg generation throughput: 52.6 tokens/s, Running: 22 reqs, Waiting: 78 reqs, "
+    "GPU KV cache usage: 42.5%, Prefix cache hit rate: 0.0%"
+)
+LAB = {"source": "v", "dp_rank": "0"}
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _registry(fleet: Fleet, model_config: Path = LLAMA_8B) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(KvwatchCollector(fleet.snapshot, Predictor(model_config=lambda source: model_config)))
+    return registry
+
+
+def _get(reg: CollectorRegistry, metric: names.Metric, **labels: str) -> float | None:
+    for family in reg.collect():
+        for sample in family.samples:
+            if sample.name == metric.sample_name and all(
+                sample.labels.get(k) == v for k, v in labels.items()
+            ):
+                return float(sample.value)
+    return None
+
+
+def _feed(fleet: Fleet, lines: list[str]) -> None:
+    pipeline = LinePipeline("v", fleet, "auto")
+    for line in lines:
+        pipeline.feed(line)
+
+
+def test_a_log_that_stops_carrying_stats_goes_stale_and_stops_being_exported() -> None:
+    clock = _Clock()
+    fleet = Fleet(clock=clock, fact_ttl=60)
+    _feed(fleet, [*STARTUP, STATS])
+    reg = _registry(fleet)
+    assert _get(reg, names.KV_USAGE_RATIO, **LAB) == pytest.approx(0.425)
+    assert _get(reg, names.FACTS_STALE, **LAB, origin="log", fact="kv_usage_ratio") == 0
+    clock.now += 59
+    assert _get(reg, names.KV_USAGE_RATIO, **LAB) == pytest.approx(0.425)
+    clock.now += 2  # past the TTL, with no event in between
+    for metric in (names.KV_USAGE_RATIO, names.KV_USED_TOKENS, names.KV_HEADROOM_TOKENS,
+                   names.KV_HEADROOM_REQUESTS, names.REQUESTS_RUNNING, names.REQUESTS_WAITING):  # fmt: skip
+        assert _get(reg, metric, **LAB) is None, metric.name
+    for fact in ("kv_usage_ratio", "running", "waiting"):
+        assert _get(reg, names.FACTS_STALE, **LAB, origin="log", fact=fact) == 1
+    # The pool the log printed at startup is a once-printed fact: still exported.
+    assert _get(reg, names.KV_POOL_TOKENS, **LAB) == 1952 * 16
+    # A new stats line makes the facts fresh again.
+    _feed(fleet, [STATS])
+    assert _get(reg, names.KV_USAGE_RATIO, **LAB) == pytest.approx(0.425)
+    assert _get(reg, names.FACTS_STALE, **LAB, origin="log", fact="kv_usage_ratio") == 0
+
+
+def test_a_fact_that_vanished_from_metrics_goes_stale_while_the_others_stay() -> None:
+    clock = _Clock()
+    fleet = Fleet(clock=clock, fact_ttl=30)
+    both = UsageSample(engine="vllm", instance="0", origin="metrics", kv_usage_ratio=0.4, running=3)
+    fleet.apply("v", both)
+    for _ in range(10):  # /metrics renamed its KV series: scrapes keep bringing the other facts
+        clock.now += 5
+        fleet.apply("v", UsageSample(engine="vllm", instance="0", origin="metrics", running=3))
+    reg = _registry(fleet)
+    assert _get(reg, names.KV_USAGE_RATIO, **LAB) is None
+    assert _get(reg, names.REQUESTS_RUNNING, **LAB) == 3
+    assert _get(reg, names.FACTS_STALE, **LAB, origin="metrics", fact="kv_usage_ratio") == 1
+    assert _get(reg, names.FACTS_STALE, **LAB, origin="metrics", fact="running") == 0
+
+
+def test_a_usage_outside_zero_to_one_is_rejected_and_counted() -> None:
+    fleet = Fleet(clock=_Clock())
+    _feed(fleet, [*STARTUP, STATS, STATS.replace("42.5%", "193.0%")])
+    reg = _registry(fleet)
+    # The last good value stays; the bad one is counted, never exported as 1.93.
+    assert _get(reg, names.KV_USAGE_RATIO, **LAB) == pytest.approx(0.425)
+    assert _get(reg, names.BAD_VALUES, **LAB, fact="kv_usage_ratio") == 1
+    assert _get(reg, names.BAD_VALUES, **LAB, fact="running") == 0
+    assert _get(reg, names.REQUESTS_RUNNING, **LAB) == 22  # the line's other facts are kept
+
+
+def test_disagreement_counters_exist_at_zero_before_the_first_disagreement() -> None:
+    fleet = Fleet(clock=_Clock())
+    _feed(fleet, [*STARTUP, STATS])
+    reg = _registry(fleet)
+    for fact in DISAGREEMENT_FACTS:
+        assert _get(reg, names.DISAGREEMENTS, **LAB, fact=fact) == 0, fact
+
+
+class _Engine:
+    """An engine /metrics endpoint on 127.0.0.1 serving whatever text the test sets."""
+
+    def __init__(self, text: str) -> None:
+        import http.server
+        import threading
+
+        engine = self
+        self.text = text
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = engine.text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
+    started: list[Sidecar] = []
+
+    def make(**flags: object) -> Sidecar:
+        flags.setdefault("listen", "127.0.0.1:0")
+        car = Sidecar(load_settings(flags, environ={}), environ={"HOME": str(tmp_path)})
+        car.start()
+        started.append(car)
+        return car
+
+    yield make
+    for car in started:
+        car.stop()
+
+
+def _page(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def _find(
+    page: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float | None:
+    for (n, lab), value in page.items():
+        if n == name and labels.items() <= dict(lab).items():
+            return value
+    return None
+
+
+def test_metrics_only_source_headroom_staleness_and_own_process_metrics(
+    sidecar: Callable[..., Sidecar],
+) -> None:
+    text = (TESTS / "metrics_fixtures" / "vllm-0.10.1-v1.txt").read_text()
+    engine = _Engine(text)
+    try:
+        car = sidecar(metrics_url=[f"e={engine.url}"], model_config=[str(QWEN_7B)], scrape_interval=0.1,
+                      fact_ttl=1.0)  # fmt: skip
+        lab = {"source": "e", "dp_rank": "0", "model_name": "Qwen/Qwen2.5-7B-Instruct"}
+        url = car.url
+        deadline = time.monotonic() + 15
+        page = _page(url)
+        while _find(page, "kvwatch_kv_headroom_requests", **lab) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            page = _page(url)
+        # /metrics gives no max_model_len: the model's default context from its config.json does.
+        pool, used = 27153 * 16, round(0.412 * 27153 * 16)
+        assert _find(page, "kvwatch_kv_headroom_requests", **lab) == (pool - used) // 131072
+        assert _find(page, "process_cpu_seconds_total") is not None
+        assert _find(page, "process_resident_memory_bytes") is not None
+        assert _find(page, "python_info") is not None
+        assert _find(page, "kvwatch_log_metrics_disagreements_total", **lab, fact="kv_usage_ratio") == 0
+        # The engine renames its KV usage series and keeps the others: kv usage goes stale.
+        engine.text = text.replace("vllm:gpu_cache_usage_perc", "vllm:renamed_a").replace(
+            "vllm:kv_cache_usage_perc", "vllm:renamed_b"
+        )
+        while time.monotonic() < deadline:
+            page = _page(url)
+            if _find(page, "kvwatch_source_facts_stale", **lab, origin="metrics", fact="kv_usage_ratio") == 1:
+                break
+            time.sleep(0.1)
+        assert _find(page, "kvwatch_source_facts_stale", **lab, origin="metrics", fact="kv_usage_ratio") == 1
+        assert _find(page, "kvwatch_kv_usage_ratio", **lab) is None
+        assert _find(page, "kvwatch_kv_headroom_requests", **lab) is None
+        assert _find(page, "kvwatch_source_facts_stale", **lab, origin="metrics", fact="running") == 0
+        assert _find(page, "kvwatch_requests_running", **lab) is not None
+    finally:
+        engine.close()
