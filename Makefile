@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit demo bench clean tools generate
+.PHONY: venv test lint typecheck unit demo bench accuracy clean tools generate
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +55,10 @@ generate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The a-priori model against the real startups of tests/apriori (also part of `make bench`).
+accuracy: $(STAMP)
+	$(BIN)/python -m bench accuracy
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

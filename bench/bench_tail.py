@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvwatch.sources import LogTailer
+from kvwatch.sources.logfile import LogTailer
 
 LINES = 1000
 TARGET_P99_MS = 10.0  # the tailer's budget inside the 50 ms end-to-end target

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.sources import FilePosition, LogTailer, read_lines
+from kvwatch.sources.logfile import FilePosition, LogTailer
+from kvwatch.sources.stdin import read_lines
 
 WAIT = 10.0  # upper bound for anything to arrive; a healthy run needs milliseconds
 NO_RECHECK = 3600.0  # the safety re-check never fires within a test

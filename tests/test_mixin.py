@@ -23,7 +23,7 @@ import yaml
 
 from kvwatch import __version__, names
 from kvwatch.config import DEFAULT_PORT
-from kvwatch.mixin import config, dashboards, rules
+from kvwatch.mixin import config, dashboards, panels, rules
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
@@ -164,7 +164,7 @@ def _panels(board: dict[str, Any]) -> list[dict[str, Any]]:
 def test_dashboard_variables_units_ids_and_datasource(name: str, variables: list[str]) -> None:
     board = json.loads(_read(DASHBOARDS / name))
     assert [v["name"] for v in board["templating"]["list"]] == variables
-    assert board["uid"] in (dashboards.KV_CACHE_UID, dashboards.KV_FLEET_UID)
+    assert board["uid"] in (panels.KV_CACHE_UID, panels.KV_FLEET_UID)
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
     for panel in _panels(board):
@@ -222,7 +222,7 @@ def test_kv_cache_dashboard_covers_the_issue_panels() -> None:
     assert names.RESTARTS.sample_name in annotations
     assert names.STARTUP_FAILURES.sample_name in annotations
     units = {p["fieldConfig"]["defaults"]["unit"] for p in _panels(board)}
-    assert {dashboards.BYTES, dashboards.TOKENS, dashboards.PERCENT, dashboards.OPS} <= units
+    assert {panels.BYTES, panels.TOKENS, panels.PERCENT, panels.OPS} <= units
     stacked = [
         p
         for p in _panels(board)

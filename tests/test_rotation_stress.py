@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.sources import LogTailer
+from kvwatch.sources.logfile import LogTailer
 
 ROTATIONS = 1000
 KINDS = ("rename", "copytruncate", "delete", "symlink")

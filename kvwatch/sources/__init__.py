@@ -1,7 +1,3 @@
-"""Where log lines come from: followed files (``LogTailer``) and stdin (``read_lines``)."""
-
-from kvwatch.sources.lines import LineSplitter
-from kvwatch.sources.logfile import FilePosition, LogTailer
-from kvwatch.sources.stdin import read_lines
-
-__all__ = ["FilePosition", "LineSplitter", "LogTailer", "read_lines"]
+"""Where log lines come from: followed files (``logfile.LogTailer``), stdin (``stdin.read_lines``),
+and the one byte-to-line splitter both use (``lines.LineSplitter``). Imports nothing itself, so a
+submodule never imports its siblings through the package."""

@@ -1,0 +1,40 @@
+"""SGLang's own command line (``python -m sglang.launch_server --model-path …``, ServerArgs in
+python/sglang/srt/server_args.py), by flag.
+
+Only flags that move the KV pool are read; every other one is listed as ignored.
+"""
+
+from __future__ import annotations
+
+from kvwatch.engines.flags import Flag, human_int, text
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"must be positive, got {value}")
+    return n
+
+
+def _static_fraction(value: str) -> float:
+    f = float(value)
+    if not 0 < f < 1:
+        raise ValueError(f"must be in (0, 1), got {value}")
+    return f
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(("--model-path", "--model"), "model"),
+    Flag(("--tp-size", "--tp", "--tensor-parallel-size"), "tp", _positive),
+    Flag(("--pp-size", "--pipeline-parallel-size"), "pp", _positive),
+    Flag(("--mem-fraction-static",), "mem_fraction_static", _static_fraction),
+    Flag(("--context-length",), "max_model_len", human_int),
+    Flag(("--chunked-prefill-size",), "chunked_prefill_size", _positive),
+    Flag(("--cuda-graph-max-bs",), "cuda_graph_max_bs", _positive),
+    Flag(("--max-running-requests",), "max_num_seqs", _positive),
+    Flag(("--page-size",), "page_size", _positive),
+    Flag(("--kv-cache-dtype",), "kv_cache_dtype", text),
+    Flag(("--dtype",), "dtype", text),
+    Flag(("--quantization",), "quantization", text),
+    Flag(("--disable-cuda-graph",), "enforce_eager", switch=True),
+)

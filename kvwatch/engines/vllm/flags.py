@@ -1,0 +1,46 @@
+"""vLLM's own command line (``vllm serve MODEL …``, EngineArgs in vllm/engine/arg_utils.py), by flag.
+
+Only flags that move the KV pool are read; every other one is listed as ignored. Sizes read the way
+vLLM's argparse reads them (``32k`` = 32,000, ``32K`` = 32,768; human_readable_int).
+"""
+
+from __future__ import annotations
+
+from kvwatch.engines.flags import Flag, fraction, human_int, text
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"must be positive, got {value}")
+    return n
+
+
+def _kv_memory(value: str) -> int:
+    # --kv-cache-memory (0.11+, CacheConfig.kv_cache_memory_bytes): the KV budget per GPU in bytes.
+    return human_int(value)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(("--model",), "model"),
+    Flag(("--tensor-parallel-size", "-tp"), "tp", _positive),
+    Flag(("--pipeline-parallel-size", "-pp"), "pp", _positive),
+    Flag(("--decode-context-parallel-size", "-dcp"), "dcp", _positive),
+    Flag(("--max-model-len",), "max_model_len", human_int),
+    Flag(("--max-num-seqs",), "max_num_seqs", _positive),
+    Flag(("--max-num-batched-tokens",), "max_num_batched_tokens", human_int),
+    Flag(("--gpu-memory-utilization",), "gpu_memory_utilization", fraction),
+    Flag(("--enforce-eager",), "enforce_eager", switch=True, inverse=("--no-enforce-eager",)),
+    Flag(("--quantization", "-q"), "quantization", text),
+    Flag(("--dtype",), "dtype", text),
+    Flag(("--kv-cache-dtype",), "kv_cache_dtype", text),
+    Flag(("--block-size",), "block_size", _positive),
+    Flag(
+        ("--disable-hybrid-kv-cache-manager",),
+        "hybrid_kv_cache_manager",
+        switch=True,
+        constant=False,
+        inverse=("--no-disable-hybrid-kv-cache-manager",),
+    ),
+    Flag(("--kv-cache-memory", "--kv-cache-memory-bytes"), "available_kv_bytes", _kv_memory),
+)

@@ -1,0 +1,108 @@
+"""Engines' own command lines read into Deployment fields (kvwatch predict MODEL -- <flags>)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvwatch.engines.flags import human_int, read_flags
+from kvwatch.engines.sglang.flags import FLAGS as SGLANG
+from kvwatch.engines.vllm.flags import FLAGS as VLLM
+from kvwatch.errors import ConfigError
+
+
+def test_vllm_serve_line() -> None:
+    r = read_flags(
+        [
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--tensor-parallel-size",
+            "4",
+            "--max-num-seqs=256",
+            "--gpu-memory-utilization",
+            "0.9",
+            "--enforce-eager",
+            "--quantization",
+            "fp8",
+            "--dtype",
+            "float16",
+            "--max-model-len",
+            "32k",
+            "--served-model-name",
+            "llama",
+            "--trust-remote-code",
+        ],
+        VLLM,
+    )
+    assert r.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert r.fields == {
+        "tp": 4,
+        "max_num_seqs": 256,
+        "gpu_memory_utilization": 0.9,
+        "enforce_eager": True,
+        "quantization": "fp8",
+        "dtype": "float16",
+        "max_model_len": 32000,
+    }
+    assert r.ignored == ["--served-model-name llama", "--trust-remote-code"]
+
+
+def test_vllm_switch_inverse_and_hybrid_manager() -> None:
+    r = read_flags(["--no-enforce-eager", "--disable-hybrid-kv-cache-manager", "-tp", "2"], VLLM)
+    assert r.fields == {"enforce_eager": False, "hybrid_kv_cache_manager": False, "tp": 2}
+
+
+def test_sglang_launch_server_line() -> None:
+    r = read_flags(
+        [
+            "--model-path",
+            "deepseek-ai/DeepSeek-V3",
+            "--tp-size",
+            "8",
+            "--mem-fraction-static",
+            "0.85",
+            "--context-length",
+            "65536",
+            "--chunked-prefill-size",
+            "4096",
+            "--cuda-graph-max-bs",
+            "128",
+            "--disable-cuda-graph",
+            "--enable-dp-attention",
+        ],
+        SGLANG,
+    )
+    assert r.model == "deepseek-ai/DeepSeek-V3"
+    assert r.fields == {
+        "tp": 8,
+        "mem_fraction_static": 0.85,
+        "max_model_len": 65536,
+        "chunked_prefill_size": 4096,
+        "cuda_graph_max_bs": 128,
+        "enforce_eager": True,
+    }
+    assert r.ignored == ["--enable-dp-attention"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tensor-parallel-size"], "needs a value"),
+        (["--tensor-parallel-size", "zero"], "--tensor-parallel-size"),
+        (["--gpu-memory-utilization", "1.5"], "(0, 1]"),
+        (["--enforce-eager=yes"], "takes no value"),
+        (["--max-model-len", "1e30"], "--max-model-len"),
+    ],
+)
+def test_bad_values_name_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(
+        ConfigError, match=message.replace("(", r"\(").replace("[", r"\[").replace("]", r"\]")
+    ):
+        read_flags(argv, VLLM)
+
+
+def test_human_int_reads_as_vllm_does() -> None:
+    assert human_int("32768") == 32768
+    assert human_int("32k") == 32000
+    assert human_int("32K") == 32768
+    assert human_int("1M") == 1024**2
+    with pytest.raises(ValueError):
+        human_int("1.5")
