@@ -245,6 +245,7 @@ class KvwatchCollector(Collector):
             gauge(names.KV_POOL_PREDICTED_TOKENS, predicted, basis)
             gauge(names.KV_POOL_PREDICTED_BYTES, pred.bytes.get(basis), basis)
             gauge(names.KV_POOL_GAP_RATIO, gap_ratio(pool_tokens, predicted), basis)
+            gauge(names.KV_POOL_PREDICTION_ERROR_RATIO, pred.error_ratio.get(basis), basis)
         bpt = pred.bytes_per_token
         if bpt is None and pool_tokens and pool.bytes:
             bpt = pool.bytes // pool_tokens

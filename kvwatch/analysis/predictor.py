@@ -41,6 +41,8 @@ class PredictionResult:
     tokens: Mapping[str, int] = field(default_factory=dict)
     bytes: Mapping[str, int] = field(default_factory=dict)
     max_concurrency: Mapping[str, float] = field(default_factory=dict)
+    # basis -> the prediction's expected relative error, where it is modelled (config).
+    error_ratio: Mapping[str, float] = field(default_factory=dict)
     bytes_per_token: int | None = None
     memory: Mapping[str, int] = field(default_factory=dict)
     # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
@@ -128,6 +130,7 @@ class Predictor:
         tokens: dict[str, int] = {}
         pool_bytes: dict[str, int] = {}
         concurrency: dict[str, float] = {}
+        error_ratio: dict[str, float] = {}
         memory: dict[str, int] = {}
         bytes_per_token = block_size = None
         max_model_len = model.max_position_embeddings
@@ -145,6 +148,8 @@ class Predictor:
                 tokens["config"] = pred.kv_pool_tokens
                 pool_bytes["config"] = pred.kv_pool_bytes
                 concurrency["config"] = float(pred.max_concurrency)
+                if pred.error_band_ratio is not None:
+                    error_ratio["config"] = pred.error_band_ratio
                 memory = {k: int(v) for k, v in pred.memory_terms().items() if v is not None}
             # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
             # vLLM prints its budget ('Available KV cache memory'); SGLang prints the pool's bytes.
@@ -172,6 +177,7 @@ class Predictor:
             tokens=tokens,
             bytes=pool_bytes,
             max_concurrency=concurrency,
+            error_ratio=error_ratio,
             bytes_per_token=bytes_per_token,
             memory=memory,
             block_size=block_size,
