@@ -25,9 +25,16 @@ FP8_DS_MLA_BYTES = 656
 
 
 def logs_tokens_from_concurrency(version: str | None) -> bool:
-    """0.20+ logs int(max_concurrency * max_model_len); earlier num_blocks // groups * block_size."""
+    """Whether 'GPU KV cache size: N tokens' is int(max_concurrency x max_model_len).
+
+    From 0.20.1 (0.20.1 v1/core/kv_cache_utils.py:1699-1708, 0.21.0 :1701-1710): N is the tokens of
+    context the pool holds at max concurrency, so a sliding-window group counts its capped
+    per-request blocks, and DCP/PCP is inside max_memory_usage_bytes. Up to 0.20.0 (0.20.0
+    kv_cache_utils.py:1694-1711, 0.19.0 :1302-1319): num_blocks // len(groups) x min block size,
+    times dcp x pcp. 0.20.0 still has the old formula: the change is not "0.20+".
+    """
     v = version_tuple(version)
-    return v is None or v >= (0, 20)
+    return v is None or v >= (0, 20, 1)
 
 
 def hybrid_manager(d: Deployment) -> bool:
