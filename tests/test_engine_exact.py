@@ -205,3 +205,66 @@ def test_pool_known_only_in_blocks_is_compared_in_blocks(tmp_path: Path) -> None
     got = _collect(fleet, config)
     assert got[(names.KV_POOL_GAP_RATIO.sample_name, "config")] == 0.0
     assert not math.isclose(predicted.kv_pool_tokens, predicted.kv_pool_blocks * 16, rel_tol=0.1)
+
+
+# --- b) the null block in 'To serve at least one request' and its estimate ------------------------
+#
+# 0.29.0 (v1/core/kv_cache_utils.py:975-989, :2316-2336) checks against available - one pool block
+# (_pool_bytes_per_block, :1082-1089: the largest group's page summed over its layers), the block
+# BlockPool holds back as its null block; 0.28.0 (:2193) checks the whole budget. The check and the
+# estimate's binary search (estimate_max_model_len / _estimate_max_model_len_from_groups) both see
+# the reduced figure, and so does the message's 'available KV cache memory'.
+
+LLAMA_BLOCK = 16 * 131072  # 16 tokens x 128 KiB per token (32 layers x 8 KV heads x 128 x 2 x bf16)
+
+
+@pytest.mark.parametrize(("version", "estimate"), [("0.28.0", 65_536), ("0.29.0", 65_520), (None, 65_520)])
+def test_estimated_max_model_len_holds_back_the_null_block(version: str | None, estimate: int) -> None:
+    """Llama-3.1-8B with an 8 GiB KV budget: 4096 blocks of 2 MiB, one of them the null block."""
+    m = load_model(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
+    d = Deployment(engine="vllm", engine_version=version, max_model_len=131072, available_kv_bytes=8 * GiB)
+    p = predict(m, d)
+    assert not p.fits
+    assert p.needed_kv_bytes == 131072 // 16 * LLAMA_BLOCK == 16 * GiB
+    # 0.28: cdiv(len, 16) x 2 MiB <= 8 GiB -> 4096 blocks; 0.29+: <= 8 GiB - 2 MiB -> 4095 blocks
+    held_back = LLAMA_BLOCK if version != "0.28.0" else 0
+    assert p.estimated_max_model_len == estimate == (8 * GiB - held_back) // LLAMA_BLOCK * 16
+    assert p.failure is not None and f"the estimated maximum model length is {estimate}." in p.failure
+
+
+@pytest.mark.parametrize(("version", "fits"), [("0.28.0", True), ("0.29.0", False)])
+def test_a_budget_of_exactly_one_request_fails_from_0_29(version: str, fits: bool) -> None:
+    m = load_model(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
+    d = Deployment(
+        engine="vllm", engine_version=version, max_model_len=8192, available_kv_bytes=8192 // 16 * LLAMA_BLOCK
+    )
+    p = predict(m, d)
+    assert p.fits is fits
+    if not fits:
+        assert p.estimated_max_model_len == 8192 - 16
+
+
+@pytest.mark.parametrize(
+    ("version", "fits"),
+    [
+        ("0.13.0", False),  # the layers' own sum: 18 x (521 + 8192) pages
+        ("0.18.0", True),  # group 0 (sliding, layer 0) only: 18 x 521 pages
+        ("0.19.0", False),  # every group: 18 x (521 + 8192) pages
+    ],
+)
+def test_needed_bytes_of_a_hybrid_model_by_release(version: str, fits: bool) -> None:
+    """gpt-oss-120b at 131072 tokens, 2 GiB of KV: 0.14-0.18 count only the first group's blocks
+    (0.18.0 kv_cache_utils.py:1353-1360), so vLLM starts where 0.13 and 0.19 refuse."""
+    m = load_model(CONFIGS / "openai--gpt-oss-120b.json")
+    d = Deployment(
+        engine="vllm",
+        engine_version=version,
+        max_model_len=131072,
+        max_num_batched_tokens=8192,
+        available_kv_bytes=2 * GiB,
+    )
+    p = predict(m, d)
+    page = 16 * 2 * 8 * 64 * 2
+    sliding = cdiv(127 + 8192, 16) + 1
+    assert p.needed_kv_bytes == 18 * page * (sliding if version == "0.18.0" else sliding + 131072 // 16)
+    assert p.fits is fits

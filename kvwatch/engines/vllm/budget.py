@@ -227,15 +227,57 @@ def _plan_stage(
     )
 
 
+def needed_rule(version: str | None) -> str:
+    """How the 'To serve at least one request' check counts the bytes one request needs.
+
+    'layers' (0.11-0.13): the sum over the layers' specs, per worker (0.13.0
+    v1/core/kv_cache_utils.py:664 check_enough_kv_cache_memory, called at :1340).
+    'first_group' (0.14-0.18): _max_memory_usage_bytes_from_groups, group_size x page x the blocks
+    of group 0 only (0.18.0 kv_cache_utils.py:1329-1362), over the global (all-stage) groups
+    against min(available) in 0.14-0.16 (0.16.0 :1514-1527), per worker from 0.17 (0.18.0 :1570-1579).
+    'groups' (0.19+): group_size x page x the blocks summed over the groups, padding included, per
+    worker (0.19.0 :1332-1367; 0.29.0 :2041-2070 is the same sum over bytes_per_block).
+    """
+    v = version_tuple(version)
+    if v is not None and v < (0, 14):
+        return "layers"
+    if v is not None and v < (0, 19):
+        return "first_group"
+    return "groups"
+
+
+def _stage_needed(specs: list[Spec], d: Deployment, block: int, model_len: int, mnbt: int, rule: str) -> int:
+    layers = sum(s.max_memory_usage(model_len, mnbt, d.dcp) for s in specs)
+    if rule == "layers" or len({(s.kind, s.window) for s in specs}) < 2:
+        # One attention type: group_size x page x blocks is the layers' own sum (one group of all
+        # layers, or a UniformTypeKVCacheSpecs group whose sum runs over its layers).
+        return layers
+    pool = _plan_stage(specs, 0, model_len, mnbt, d, block, [])
+    if rule == "first_group":
+        first = pool.groups[0].spec
+        blocks = ceil_div(first.max_memory_usage(model_len, mnbt, d.dcp), first.page_bytes)
+    else:
+        blocks = sum(
+            ceil_div(g.spec.max_memory_usage(model_len, mnbt, d.dcp), g.spec.page_bytes) for g in pool.groups
+        )
+    return pool.tensors * pool.page_bytes * blocks
+
+
 def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len: int, mnbt: int) -> int:
-    """KV bytes one request of model_len tokens needs on the most loaded rank (max_memory_usage_bytes)."""
+    """KV bytes one request of model_len tokens needs on the most loaded rank, as the release's
+    check counts them (needed_rule); 0.14-0.16 check the global groups, every stage at once."""
     block = block_size_for(model, d)
+    rule = needed_rule(d.engine_version)
+    v = version_tuple(d.engine_version)
+    global_groups = v is not None and (0, 14) <= v < (0, 17)
+    stages = [list(model.layers)] if global_groups else stage_layers(model.layers, d.pp)
     worst = 0
-    for stage in stage_layers(model.layers, d.pp):
+    for stage in stages:
         specs = [
             layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged
         ]
-        worst = max(worst, sum(s.max_memory_usage(model_len, mnbt, d.dcp) for s in specs))
+        if specs:
+            worst = max(worst, _stage_needed(specs, d, block, model_len, mnbt, rule))
     return worst
 
 
@@ -253,6 +295,25 @@ def estimate_max_model_len(
         else:
             right = mid - 1
     return result
+
+
+def holds_back_null_block(version: str | None) -> bool:
+    """From 0.29.0 the 'To serve at least one request' check and its estimate plan against the
+    available memory less one block of the pool, the null block BlockPool keeps for itself
+    (0.29.0 v1/core/kv_cache_utils.py:975-989 check_enough_kv_cache_memory, :2316-2336
+    get_kv_cache_configs; 0.33.0 v1/core/kv_cache_planning.py:170-181, :1533-1555). 0.28.0
+    (kv_cache_utils.py:2193) checks the whole budget."""
+    v = version_tuple(version)
+    return v is None or v >= (0, 29)
+
+
+def check_bytes(pool: VllmPool, available: int, version: str | None) -> int:
+    """The bytes the fit check, its message and estimate_max_model_len use: the budget, less from
+    0.29 one pool block (_pool_bytes_per_block, 0.29.0 kv_cache_utils.py:1082-1089 and :1358-1370:
+    the largest group's page summed over its layers = page x tensors sharing it)."""
+    if holds_back_null_block(version) and pool.groups:
+        return available - pool.page_bytes * pool.tensors
+    return available
 
 
 def requested_bytes(total: int, utilization: float) -> int:
