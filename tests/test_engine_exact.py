@@ -268,3 +268,43 @@ def test_needed_bytes_of_a_hybrid_model_by_release(version: str, fits: bool) -> 
     sliding = cdiv(127 + 8192, 16) + 1
     assert p.needed_kv_bytes == 18 * page * (sliding if version == "0.18.0" else sliding + 131072 // 16)
     assert p.fits is fits
+
+
+@pytest.mark.parametrize(
+    ("version", "groups", "padding"),
+    [
+        # 0.11.0 kv_cache_utils.py:977: group_size = min(12, 13) = 12 -> 1 + ceil(13 / 12) = 3 groups
+        ("0.11.0", 3, 11),
+        # 0.12-0.17: 13 < 12 x 1.25 -> group_size 13, one padding sliding layer (0.17.0 :1043)
+        ("0.17.0", 2, 1),
+        # 0.18+: 13 < 12 x 1.5 (0.18.0 :1043)
+        ("0.18.0", 2, 1),
+    ],
+)
+def test_hybrid_group_size_rule_by_release(version: str, groups: int, padding: int) -> None:
+    cfg = json.loads((CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
+    cfg.update(
+        num_hidden_layers=25,
+        layer_types=["sliding_attention"] * 12 + ["full_attention"] * 13,
+        sliding_window=128,
+    )
+    m = geometry_from_config(cfg)
+    p = predict(m, Deployment(engine_version=version, available_kv_bytes=GiB, max_model_len=8192))
+    assert p.kv_groups == groups
+    assert any(f"{padding} padding layer" in a for a in p.assumptions)
+
+
+@pytest.mark.parametrize(("version", "groups"), [("0.17.0", 3), ("0.18.0", 2)])
+def test_hybrid_group_size_between_1_25_and_1_5(version: str, groups: int) -> None:
+    """10 sliding + 14 full: 14 >= 10 x 1.25 keeps group_size 10 in 0.17 (1 + 2 groups); 14 < 15 in 0.18."""
+    cfg = json.loads((CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
+    cfg.update(
+        num_hidden_layers=24,
+        layer_types=["sliding_attention"] * 10 + ["full_attention"] * 14,
+        sliding_window=128,
+    )
+    p = predict(
+        geometry_from_config(cfg),
+        Deployment(engine_version=version, available_kv_bytes=GiB, max_model_len=8192),
+    )
+    assert p.kv_groups == groups

@@ -43,10 +43,17 @@ def hybrid_manager(d: Deployment) -> bool:
     return d.hybrid_kv_cache_manager and (v is None or v >= (0, 9, 2))
 
 
-def pads_to_largest_type(version: str | None) -> bool:
-    """0.20+ groups hybrid layers by the larger type count when it is under 1.5x the smaller."""
+def largest_type_ratio(version: str | None) -> float | None:
+    """Hybrid groups take the larger type's layer count as group size when it is under this
+    multiple of the smaller's (else the smaller's): none up to 0.11 (0.11.0 kv_cache_utils.py:977 takes
+    the min), 1.25 in 0.12-0.17 (0.12.0 :1017, 0.17.0 :1043), 1.5 from 0.18 (0.18.0 :1043,
+    0.21.0 :1139)."""
     v = version_tuple(version)
-    return v is None or v >= (0, 20)
+    if v is not None and v < (0, 12):
+        return None
+    if v is not None and v < (0, 18):
+        return 1.25
+    return 1.5
 
 
 @dataclass(frozen=True)
@@ -198,7 +205,8 @@ def _plan_stage(
             by_type.setdefault((s.kind, s.window), []).append(s)
         group_size = min(len(v) for v in by_type.values())
         largest = max(len(v) for v in by_type.values())
-        if pads_to_largest_type(d.engine_version) and largest < group_size * 1.5:
+        ratio = largest_type_ratio(d.engine_version)
+        if ratio is not None and largest < group_size * ratio:
             group_size = largest
         group_list: list[Group] = []
         for members in by_type.values():
