@@ -219,9 +219,23 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     return _failure(body, meta)
 
 
+# Where a failure message starts when a serving framework re-logs it under its own logger, e.g.
+# Xinference's '2025-04-12 21:57:39,467 xinference.api.restful_api 1 ERROR    [address=0.0.0.0:43423,
+# pid=167] The model's max seq len (32768) is larger than ...' (xorbitsai/inference#3237).
+_FAILURE_STARTS = ("The model's max seq len (", "To serve at least one request", "No available memory for")
+
+
 def _failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
     head = ERROR_HEAD.match(body)
     text = body[head.end() :] if head is not None else body
+    if not text.startswith(_FAILURE_STARTS):
+        # Not at the start: the message re-logged behind a framework's own prefix, which ends in
+        # '] ' or ': ' (not a quote: a traceback's source line quotes the message).
+        starts = [
+            i for i in (text.find(s) for s in _FAILURE_STARTS) if i > 1 and text[i - 2 : i] in ("] ", ": ")
+        ]
+        if starts:
+            text = text[min(starts) :]
     m = _V1_MAXLEN.match(text)
     if m is not None:
         est = m.group("est")
