@@ -308,3 +308,63 @@ def test_hybrid_group_size_between_1_25_and_1_5(version: str, groups: int) -> No
         Deployment(engine_version=version, available_kv_bytes=GiB, max_model_len=8192),
     )
     assert p.kv_groups == groups
+
+
+# --- c) DeepSeek-V3.2 (DSA) in SGLang: the fp8 latent layout, the indexer key, the default dtype -----
+
+DSV32 = CONFIGS / "deepseek-ai--DeepSeek-V3.2.json"
+
+
+@pytest.mark.parametrize(
+    ("version", "cell", "buffer"),
+    [
+        # 0.5.3: the cell is 576 x 1 B (model_runner.py:1274-1279); the buffer 656 B (memory_pool.py:1054)
+        ("0.5.3", 576, 656),
+        # 0.5.4-0.5.16: + the indexer key 128 + 128 / 128 x 4 = 132 B in both
+        ("0.5.4", 576 + 132, 656 + 132),
+        ("0.5.16", 576 + 132, 656 + 132),
+        # 0.5.17+: calculate_mla_kv_cache_dim's 512 + 512 / 128 x 4 + 64 x 2 = 656 in the cell too
+        ("0.5.17", 656 + 132, 656 + 132),
+        (None, 656 + 132, 656 + 132),
+    ],
+)
+def test_sglang_dsa_fp8_cell_and_buffer_by_release(version: str | None, cell: int, buffer: int) -> None:
+    from kvwatch.engines.sglang import budget
+
+    m = load_model(DSV32)
+    d = Deployment(engine="sglang", engine_version=version, tp=8, kv_cache_dtype="fp8_e4m3")
+    assert budget.cell_size(m, d, 1) == cell * 61
+    assert budget.buffer_cell_size(m, d, 1) == buffer * 61
+
+
+def test_sglang_dsv32_logged_kv_size_is_656_bytes_per_layer() -> None:
+    """sglang/017 (sgl-project/sglang#11309, 8x B200, before the fix): 'KV Cache is allocated.
+    #tokens: 1462784, KV size: 54.52 GB'. The buffers hold #tokens + one page (page size 64 for
+    DSA, 0.5.3 server_args.py:820-821): 656 B per layer per token; the PR's true size with the
+    indexer, 65.49 GB, is the 0.5.4+ buffer of 788 B."""
+    from kvwatch.engines.sglang import budget
+
+    m = load_model(DSV32)
+    tokens = 1_462_784
+    # No server_args in the log: kv_cache_dtype 'auto' on a B200 is fp8 (SM 10).
+    old = Deployment(engine="sglang", engine_version="0.5.3", tp=8, gpu_name="B200")
+    assert budget.dsa_kv_elem_bytes(m, old, 2) == 1
+    per_token = budget.buffer_cell_size(m, old, budget.dsa_kv_elem_bytes(m, old, 2))
+    assert per_token == 61 * 656
+    assert f"{(tokens + 64) * per_token / GiB:.2f}" == "54.52"
+    new = old.with_(engine_version="0.5.4")
+    assert f"{(tokens + 64) * budget.buffer_cell_size(m, new, 1) / GiB:.2f}" == "65.49"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "per_layer"), [("B200", 656 + 132), ("H100", 576 * 2 + 132), (None, 656 + 132)]
+)
+def test_sglang_dsa_default_kv_dtype_follows_the_card(gpu: str | None, per_layer: int) -> None:
+    """kv_cache_dtype auto: fp8 on SM >= 10, bf16 on Hopper (0.5.9 server_args.py:1142-1143)."""
+    m = load_model(DSV32)
+    d = Deployment(engine="sglang", tp=8, gpu_name=gpu, max_model_len=8192, available_kv_bytes=40 * GiB)
+    p = predict(m, d)
+    assert p.bytes_per_token == 61 * per_layer
+    # pages of 64 tokens for DSA on CUDA (0.5.9 server_args.py:1256-1259)
+    assert p.kv_pool_tokens == 40 * GiB // (61 * per_layer) // 64 * 64
+    assert p.block_size == 64
