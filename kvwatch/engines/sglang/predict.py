@@ -19,6 +19,16 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     per_rank, all_ranks = basis.bytes_per_token, basis.bytes_per_token_all_ranks
     weights_rank, weights_total, scheme = basis.weights_bytes, basis.weights_total_bytes, basis.weights_scheme
     inputs, assumptions = basis.inputs, basis.assumptions
+    dsa_elem = budget.dsa_kv_elem_bytes(model, d, elem)
+    if dsa_elem != elem:
+        # SGLang's own default for DeepSeek sparse attention (budget.dsa_kv_elem_bytes).
+        elem = dsa_elem
+        per_rank = budget.cell_size(model, d, elem)
+        all_ranks = per_rank * d.tp * d.pp
+        assumptions.append(
+            "kv_cache_dtype auto: SGLang runs DeepSeek sparse attention with an fp8 KV cache "
+            "(bf16 only on cards before SM 10)"
+        )
     total = d.gpu_memory_bytes
     mfs = d.mem_fraction_static
     usable = activation = non_torch = None
@@ -102,7 +112,9 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         available_kv_bytes=available,
         kv_pool_tokens=max(tokens, 0),
         kv_pool_blocks=None,
-        kv_pool_bytes=max(tokens, 0) * sg.cell_bytes,
+        # What SGLang prints as the pool's size: its buffers, which for DSA differ from the cell.
+        kv_pool_bytes=max(tokens, 0)
+        * (sg.cell_bytes + budget.buffer_cell_size(model, d, elem) - budget.cell_size(model, d, elem)),
         block_size=sg.page_size,
         page_bytes=None,
         kv_groups=None,

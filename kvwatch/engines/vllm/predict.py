@@ -201,6 +201,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     estimated = None
     # The pool is sized from the smallest stage's budget (all stages allocate the same blocks).
     limiting = min(stage_available) if stage_available else available
+    # From 0.29 the check and the estimate hold back the null block (budget.check_bytes).
+    limiting = budget.check_bytes(plan, limiting, d.engine_version) if limiting > 0 else limiting
     if limiting <= 0:
         failure = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
         fits = False
