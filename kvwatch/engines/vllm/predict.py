@@ -15,6 +15,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
+from kvwatch.capacity.weights import weight_bytes
 from kvwatch.engines.vllm import budget, memory, weights
 from kvwatch.units import GiB, format_bytes
 
@@ -72,6 +73,17 @@ def _terms(
         basis.assumptions[:] = [a for a in basis.assumptions if not a.startswith("weights:")]
         stage_weights, quant = weights.weights_per_stage(dims, d, card)
         act_bytes = memory.activation_dtype_bytes(dims, d)
+        index = model.safetensors_total_size
+        if index is not None and d.weights_dtype is None and d.quantization is None and not d.dtype:
+            # The checkpoint's own byte count (model.safetensors.index.json) holds what a count from
+            # config.json misses (vision towers, extra heads); vLLM's placement rules stay.
+            counted = weight_bytes(model)[0]
+            if counted > 0:
+                stage_weights = [round(w * index / counted) for w in stage_weights]
+                notes.append(
+                    f"weights: scaled to the checkpoint's {format_bytes(index)} "
+                    "(model.safetensors.index.json)"
+                )
         scheme_name = quant or ("float32" if act_bytes == 4 else model.dtype)
         basis.weights_bytes, basis.weights_scheme = stage_weights[0], scheme_name
         basis.weights_total_bytes = sum(stage_weights) * d.tp
