@@ -195,8 +195,6 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 f"pipeline stages: the pool is sized from the smallest stage ({format_bytes(min(stage_available))}); "
                 f"stage 0 logs {format_bytes(available)}"
             )
-    per_rank, all_ranks = basis.bytes_per_token, basis.bytes_per_token_all_ranks
-    weights_rank, weights_total, scheme = basis.weights_bytes, basis.weights_total_bytes, basis.weights_scheme
     mnbt = _limits(model, d, max_model_len)[1]
     if any(layer.kind in ("sliding", "chunked") for layer in model.layers):
         inputs["max_num_batched_tokens"] = "given" if d.max_num_batched_tokens else "engine_default"
@@ -236,21 +234,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         fits = True
     pool_bytes = plan.num_blocks * plan.page_bytes * plan.tensors
     return Prediction(
-        engine="vllm",
-        engine_version=d.engine_version,
-        model=model.name,
-        gpu_name=d.gpu_name,
-        tp=d.tp,
-        pp=d.pp,
-        dcp=d.dcp,
-        kv_cache_dtype=d.kv_cache_dtype,
-        kv_elem_bytes=elem,
-        bytes_per_token=per_rank,
-        bytes_per_token_all_ranks=all_ranks,
-        weights_bytes=weights_rank,
-        weights_total_bytes=weights_total,
-        weights_scheme=scheme,
-        param_count=model.param_count,
+        **basis.identity(model, d),
         total_bytes=total,
         usable_bytes=requested,
         activation_bytes=activation,
@@ -264,7 +248,6 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         page_bytes=plan.page_bytes,
         kv_groups=len(plan.groups),
         swa_pool_tokens=None,
-        max_model_len=max_model_len,
         max_concurrency=plan.max_concurrency,
         fits=fits,
         estimated_max_model_len=estimated,
@@ -275,6 +258,4 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         cuda_graphs_subtracted=memory.subtracts_cuda_graphs(d.engine_version) if graphs else None,
         exact=plan.exact,
         failure=failure,
-        inputs=inputs,
-        assumptions=tuple(assumptions),
     )
