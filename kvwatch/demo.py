@@ -12,13 +12,14 @@ is installed (kvwatch.demo_prometheus), and prints a summary read back from the 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -204,6 +205,8 @@ class Demo:
         self.rotated = False
         self.fault: _FaultSeen | None = None
         self.seen = _Seen()
+        # Whether the fault may be played now (the demo's Prometheus must have seen the healthy pool).
+        self.fault_gate: Callable[[str], bool] = lambda source: True
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._writer = threading.Thread(target=self._write, name="kvwatch-demo-writer", daemon=True)
@@ -243,7 +246,7 @@ class Demo:
 
     def _play_fault(self, elapsed: float) -> None:
         engine = next((e for e in self.engines if e.fault is not None), None)
-        if engine is None or engine.fault is None:
+        if engine is None or engine.fault is None or not self.fault_gate(engine.name):
             return
         before, after, why = explain_fault(engine)
         _append(engine.path, engine.fault.startup)
@@ -382,6 +385,8 @@ def run_demo(
                         binary, Path(tmp) / "prometheus", target, demo.alert, alert_for, "1s"
                     )
                     ready = prom.wait_ready()
+                    pool_metric = names.KV_POOL_TOKENS.sample_name
+                    demo.fault_gate = functools.partial(prom.has_series, pool_metric)
                     print(
                         f"kvwatch demo: Prometheus {'serving' if ready else 'starting at'} {prom.url},"
                         f" alerts at {prom.alerts_page} (rules from kvwatch rules;"

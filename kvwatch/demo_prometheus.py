@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,17 @@ class DemoPrometheus:
                 pass
             time.sleep(0.2)
         return False
+
+    def has_series(self, metric: str, source: str) -> bool:
+        """Whether Prometheus has scraped ``metric`` of ``source`` yet (its first scrape comes a few
+        seconds after start: a fault played before it would leave the alert nothing to compare)."""
+        query = urllib.parse.quote(f'{metric}{{source="{source}"}}')
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/query?query={query}", timeout=2) as resp:
+                body = json.loads(resp.read())
+        except (OSError, ValueError):
+            return False
+        return bool(body.get("data", {}).get("result"))
 
     def alerts(self) -> list[AlertState] | None:
         """The alerts Prometheus holds now (pending and firing), or None when it does not answer."""
