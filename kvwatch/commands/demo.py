@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "Run the sidecar (and Prometheus, when installed) on bundled vLLM and SGLang logs written live, with one deliberate fault."
+HELP = "Run the sidecar on bundled vLLM and SGLang sample logs written live into temporary files."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
