@@ -41,9 +41,12 @@ unit: $(STAMP)
 
 test: $(STAMP) tools lint unit
 
-# The sidecar on bundled vLLM and SGLang logs written live (Ctrl-C stops; DEMO_ARGS='--duration 30').
+# The prediction of the demo's vLLM run, then the sidecar (and Prometheus, when installed) on the
+# bundled vLLM and SGLang logs written live, with one deliberate fault (Ctrl-C stops everything;
+# DEMO_ARGS='--duration 60'). kvwatch/data/demo/README.md says where each line comes from.
 demo: $(STAMP)
-	$(BIN)/kvwatch predict tests/model_configs/meta-llama--Meta-Llama-3.1-8B.json --gpu H100-SXM-80GB --max-model-len 8192
+	$(BIN)/kvwatch predict tests/model_configs/meta-llama--Meta-Llama-3.1-8B.json --gpu H100-SXM-80GB \
+	  --max-model-len 8192 --gpu-memory-utilization 0.95 --engine-version 0.19.0
 	$(BIN)/kvwatch demo $(DEMO_ARGS)
 
 # Dashboards, rules and their Kubernetes copies are generated from kvwatch/mixin and committed;

@@ -137,6 +137,9 @@ class Settings(BaseModel):
     # Seconds after which a usage fact that stopped arriving is stale and no longer exported.
     fact_ttl: float = Field(default=60.0, gt=0, le=86_400)
     poll: bool = False
+    # Let the sidecar fetch the config.json of a logged model that is not in the Hugging Face cache
+    # from the Hub (HF_ENDPOINT, HF_TOKEN; never under HF_HUB_OFFLINE). Off: the cache only.
+    fetch_model_configs: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("log", mode="before")

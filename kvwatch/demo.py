@@ -1,29 +1,60 @@
 """`kvwatch demo`: the real sidecar on bundled engine logs, written live into temporary files.
 
-Two fake engines "write" real log lines (kvwatch/data/demo/, copied from tests/log_samples): first
-their startup lines (settings, memory budget, pool), then stats lines at a steady pace, with the vLLM
-log rotated (rename and create, as logrotate does) on the way. The sidecar is the same ``Sidecar``
-that ``kvwatch run`` starts; the demo only plays the engines and prints a short summary read back
-from the sidecar's own /metrics registry.
+Two fake engines "write" log lines from kvwatch/data/demo/ (provenance in its README.md): first
+their startup lines (settings, memory budget, pool), then stats lines at a steady pace, with the
+first engine's log rotated (rename and create, as logrotate does) on the way. After
+``fault_after`` seconds one deliberate, labelled fault happens: an engine whose data has a
+``#@ fault`` section restarts with the smaller figures written there. The sidecar is the same
+``Sidecar`` that ``kvwatch run`` starts; the demo only plays the engines, starts Prometheus when it
+is installed (kvwatch.demo_prometheus), and prints a summary read back from the sidecar's own
+/metrics registry and Prometheus's alerts API.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
 from kvwatch import names
+from kvwatch.analysis.attribution import attribute_gap, observed_budget
+from kvwatch.capacity import gpus
+from kvwatch.capacity.budget import Budget
 from kvwatch.config import load_settings
+from kvwatch.demo_prometheus import DemoPrometheus, find_prometheus
+from kvwatch.engines.kinds import EngineName
+from kvwatch.jsontypes import JsonObject
+from kvwatch.pipeline import LinePipeline
 from kvwatch.sidecar.app import Sidecar
+from kvwatch.state import Fleet
+from kvwatch.units import GiB
+
+# Read by the fault's explanation: what each memory term is, as `kvwatch explain` names them.
+_TERM_LABELS = {
+    "non_torch": "non_torch (GPU total - free memory before weights)",
+    "total": "GPU total",
+    "usable": "usable memory (x memory fraction)",
+    "weights": "weights",
+    "activation": "activation reserve",
+    "utilisation": "memory fraction",
+}
+
+
+@dataclass
+class _Fault:
+    label: str
+    startup: list[str]
+    stats: list[str]
 
 
 @dataclass
@@ -31,37 +62,134 @@ class _Engine:
     name: str
     path: Path
     model_config: Path
+    card: str | None
     startup: list[str]
     stats: list[str]
+    fault: _Fault | None = None
     sent: int = 0
+
+
+@dataclass
+class _FaultSeen:
+    """What the demo knows of the fault it played, from kvwatch's own reading of both starts."""
+
+    engine: str
+    label: str
+    at: float
+    pool_before: int | None
+    pool_after: int | None
+    explanation: str
+
+
+@dataclass
+class _Seen:
+    """Largest pool per source the demo has read from /metrics (the alert's max_over_time)."""
+
+    largest: dict[str, float] = field(default_factory=dict)
 
 
 def _demo_files() -> Path:
     return Path(str(resources.files("kvwatch") / "data" / "demo"))
 
 
-def _load(source: dict[str, str | int], folder: Path, data: Path) -> _Engine:
-    """One source of data/demo/demo.json: its log split into the startup lines and the rest."""
-    name, log, n = str(source["name"]), str(source["log"]), int(source["startup_lines"])
-    lines = (data / log).read_text(encoding="utf-8").splitlines()
+def _sections(lines: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(kind, label, lines) of a log with '#@ KIND [label]' markers; other '#' lines are notes."""
+    out: list[tuple[str, str, list[str]]] = []
+    for line in lines:
+        if line.startswith("#@"):
+            kind, _, label = line[2:].strip().partition(" ")
+            out.append((kind, label, []))
+        elif not line.startswith("#") and out:
+            out[-1][2].append(line)
+    return out
+
+
+def _load(source: JsonObject, folder: Path, data: Path) -> _Engine:
+    """One source of data/demo/demo.json: its log split into startup, stats and fault lines."""
+    name, log = str(source["name"]), str(source["log"])
+    # Split on newlines only: real logs keep progress bars' carriage returns inside a line.
+    lines = (data / log).read_bytes().decode("utf-8").removesuffix("\n").split("\n")
     model = data / "models" / str(source["model_config"])
-    return _Engine(name, folder / log, model, lines[:n], lines[n:])
+    card = str(source["card"]) if source.get("card") else None
+    if "startup_lines" in source:
+        n = int(str(source["startup_lines"]))
+        return _Engine(name, folder / log, model, card, lines[:n], lines[n:])
+    parts = _sections(lines)
+    kinds = [kind for kind, _, _ in parts]
+    if kinds[:2] != ["startup", "stats"] or kinds[2:] not in ([], ["fault", "stats"]):
+        raise ValueError(f"{log}: sections {kinds} (want startup, stats[, fault, stats])")
+    fault = _Fault(parts[2][1], parts[2][2], parts[3][2]) if len(parts) == 4 else None
+    return _Engine(name, folder / log, model, card, parts[0][2], parts[1][2], fault)
 
 
-def _append(path: Path, line: str) -> None:
+def _append(path: Path, lines: Iterable[str]) -> None:
     with path.open("a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
+        fh.write("".join(line + "\n" for line in lines))
+
+
+def _start_budget(engine: _Engine, lines: list[str]) -> tuple[EngineName | None, int | None, Budget | None]:
+    """(engine kind, pool tokens, budget) kvwatch reads from one start's lines."""
+    fleet = Fleet()
+    pipe = LinePipeline(engine.name, fleet)
+    for line in lines:
+        pipe.feed(line)
+    snaps = fleet.snapshot()
+    if not snaps or pipe.engine is None:
+        return None, None, None
+    snap = snaps[0]
+    spec = gpus.find(engine.card)
+    total = spec.total_bytes if spec is not None else None
+    budget = observed_budget(snap.engine, snap.memory, snap.pool, snap.settings, gpu_memory_bytes=total)
+    return pipe.engine, snap.pool.tokens, budget
+
+
+def explain_fault(engine: _Engine) -> tuple[int | None, int | None, str]:
+    """(pool before, pool after, the term that explains the change) of the fault's restart, from
+    kvwatch's budget rebuild of each start (the same attribution `kvwatch explain` prints)."""
+    assert engine.fault is not None
+    kind, before, healthy = _start_budget(engine, engine.startup)
+    _, after, restart = _start_budget(engine, engine.fault.startup)
+    attribution = None
+    if kind is not None and healthy is not None and restart is not None:
+        attribution = attribute_gap(
+            kind, restart.as_bytes(), healthy.as_bytes(), restart.fraction, healthy.fraction
+        )
+    if attribution is None or not attribution.main_terms():
+        return before, after, "kvwatch cannot split this change by term"
+    main = attribution.main_terms()[0]
+    label = _TERM_LABELS.get(main.term, main.term)
+    moved = f"{_gib(main.predicted)} -> {_gib(main.observed)} GiB" if main.predicted is not None else ""
+    return (
+        before,
+        after,
+        (
+            f"{label}: {moved}, which moves the KV budget by {main.bytes / GiB:+.2f} GiB "
+            f"(of {attribution.gap_bytes / GiB:+.2f} GiB)"
+        ),
+    )
+
+
+def _gib(value: float | None) -> str:
+    return "?" if value is None else f"{value / GiB:.2f}"
 
 
 class Demo:
-    """Plays two engines into ``folder`` and runs the sidecar on them."""
+    """Plays the engines into ``folder`` and runs the sidecar on them."""
 
-    def __init__(self, folder: Path, listen: str = "127.0.0.1:9477", interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        listen: str = "127.0.0.1:9477",
+        interval: float = 0.5,
+        fault_after: float | None = 20.0,
+    ) -> None:
         data = _demo_files()
         self.folder = folder
         self.interval = interval
-        sources = json.loads((data / "demo.json").read_text(encoding="utf-8"))["sources"]
-        self.engines = [_load(source, folder, data) for source in sources]
+        self.fault_after = fault_after
+        spec = json.loads((data / "demo.json").read_text(encoding="utf-8"))
+        self.alert = str(spec["alert"])
+        self.engines = [_load(source, folder, data) for source in spec["sources"]]
         for engine in self.engines:
             engine.path.touch()
         self.settings = load_settings(
@@ -75,12 +203,18 @@ class Demo:
         )
         self.sidecar = Sidecar(self.settings, environ={})
         self.rotated = False
+        self.fault: _FaultSeen | None = None
+        self.seen = _Seen()
+        # Whether the fault may be played now (the demo's Prometheus must have seen the healthy pool).
+        self.fault_gate: Callable[[str], bool] = lambda source: True
+        self.started = time.monotonic()
         self._stop = threading.Event()
         self._writer = threading.Thread(target=self._write, name="kvwatch-demo-writer", daemon=True)
 
     def start(self) -> None:
         """Start the sidecar, then the engines' writer."""
         self.sidecar.start()
+        self.started = time.monotonic()
         self._writer.start()
 
     def stop(self) -> None:
@@ -91,16 +225,18 @@ class Demo:
 
     def _write(self) -> None:
         for engine in self.engines:
-            for line in engine.startup:
-                _append(engine.path, line)
+            _append(engine.path, engine.startup)
         step = 0
         while not self._stop.wait(self.interval):
             engine = self.engines[step % len(self.engines)]
-            _append(engine.path, engine.stats[engine.sent % len(engine.stats)])
+            _append(engine.path, [engine.stats[engine.sent % len(engine.stats)]])
             engine.sent += 1
             step += 1
             if not self.rotated and step == 12:
                 self._rotate(self.engines[0])
+            elapsed = time.monotonic() - self.started
+            if self.fault is None and self.fault_after is not None and elapsed >= self.fault_after:
+                self._play_fault(elapsed)
 
     def _rotate(self, engine: _Engine) -> None:
         """logrotate's default: rename the file away, the engine reopens a new one."""
@@ -108,8 +244,17 @@ class Demo:
         engine.path.touch()
         self.rotated = True
 
+    def _play_fault(self, elapsed: float) -> None:
+        engine = next((e for e in self.engines if e.fault is not None), None)
+        if engine is None or engine.fault is None or not self.fault_gate(engine.name):
+            return
+        before, after, why = explain_fault(engine)
+        _append(engine.path, engine.fault.startup)
+        engine.stats, engine.sent = engine.fault.stats, 0
+        self.fault = _FaultSeen(engine.name, engine.fault.label, elapsed, before, after, why)
+
     def summary(self) -> str:
-        """One line per engine: pool, usage, headroom, preemptions, gap to each prediction."""
+        """One line per engine: model, pool, usage, headroom, preemptions, gap to each prediction."""
         self.sidecar.refresh()  # what a scrape of /metrics does first: read what the engines appended
         reg = self.sidecar.registry
         out = []
@@ -126,6 +271,8 @@ class Demo:
                 return reg.get_sample_value(metric.sample_name, {**lab, **extra})
 
             pool = value(names.KV_POOL_TOKENS)
+            if pool is not None:
+                self.seen.largest[snap.source] = max(pool, self.seen.largest.get(snap.source, 0.0))
             usage = value(names.KV_USAGE_RATIO)
             head = value(names.KV_HEADROOM_TOKENS)
             pre = value(names.PREEMPTIONS)
@@ -136,11 +283,21 @@ class Demo:
                 "-",
             )
             out.append(
-                f"  {snap.source:<7} pool={_fmt(pool)} tokens  usage={_pct(usage)}  headroom={_fmt(head)} tokens"
+                f"  {snap.source:<7} model={model or '-'}\n"
+                f"          pool={_fmt(pool)} tokens  usage={_pct(usage)}  headroom={_fmt(head)} tokens"
                 f"  preemptions={_fmt(pre)}  gap: config {_pct(gap, signed=True)},"
                 f" engine budget {_pct(budget_gap, signed=True)}  prediction={state}"
             )
         return "\n".join(out) or "  (no engine seen yet)"
+
+    def shrink_ratio(self, source: str) -> float | None:
+        """The alert's expression for ``source``: pool now / largest pool seen."""
+        pool = None
+        for snap in self.sidecar.fleet.snapshot():
+            if snap.source == source:
+                pool = snap.pool.tokens
+        largest = self.seen.largest.get(source)
+        return pool / largest if pool is not None and largest else None
 
 
 def _fmt(value: float | None) -> str:
@@ -150,11 +307,62 @@ def _fmt(value: float | None) -> str:
 def _pct(value: float | None, signed: bool = False) -> str:
     if value is None:
         return "-"
-    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
+    return f"{value * 100:+.2f}%" if signed else f"{value * 100:.1f}%"
 
 
-def run_demo(duration: float | None, listen: str, interval: float, out: TextIO, every: float = 3.0) -> int:
-    """Run until Ctrl-C (or SIGTERM), or for ``duration`` seconds; print the URL and a summary every few seconds."""
+def fault_report(demo: Demo, prom: DemoPrometheus | None) -> str:
+    """The fault, the term that explains it and the alert it raises (firing in Prometheus, or why
+    it would fire)."""
+    f = demo.fault
+    if f is None:
+        when = "" if demo.fault_after is None else f" at {demo.fault_after:.0f}s"
+        return f"  fault: none yet (one deliberate fault{when})" if demo.fault_after is not None else ""
+    change = ""
+    if f.pool_before and f.pool_after is not None:
+        change = (
+            f": pool {f.pool_before:,} -> {f.pool_after:,} tokens ({f.pool_after / f.pool_before - 1:+.1%})"
+        )
+    lines = [
+        f"  FAULT (deliberate, at {f.at:.0f}s) {f.engine}: {f.label}{change}",
+        f"  explained by {f.explanation}",
+    ]
+    if prom is None:
+        ratio = demo.shrink_ratio(f.engine)
+        now = "-" if ratio is None else f"{ratio:.3f}"
+        lines.append(
+            f"  alert {demo.alert} would fire (after its for: 5m): pool / largest pool in 1d = {now} < 0.95"
+            " (Prometheus is not installed: apt-get install prometheus)"
+        )
+        return "\n".join(lines)
+    alerts = prom.alerts()
+    if alerts is None:
+        lines.append(f"  alert {demo.alert}: Prometheus at {prom.url} does not answer")
+        return "\n".join(lines)
+    mine = [a for a in alerts if a.name == demo.alert and a.labels.get("source") == f.engine]
+    state = mine[0].state if mine else "not yet pending"
+    lines.append(
+        f"  alert {demo.alert} (source={f.engine}): {state} in Prometheus ({prom.alerts_page});"
+        f" for: {prom.alert_for} in the demo, {prom.shipped_for} as shipped"
+    )
+    others = sorted(
+        {f"{a.name}({a.state}, source={a.labels.get('source', '-')})" for a in alerts if a not in mine}
+    )
+    if others:
+        lines.append(f"  other alerts: {', '.join(others)}")
+    return "\n".join(lines)
+
+
+def run_demo(
+    duration: float | None,
+    listen: str,
+    interval: float,
+    out: TextIO,
+    every: float = 3.0,
+    fault_after: float | None = 20.0,
+    prometheus: bool = True,
+    alert_for: str = "5s",
+) -> int:
+    """Run until Ctrl-C (or SIGTERM), or for ``duration`` seconds; print the URLs and a summary every few seconds."""
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -164,20 +372,52 @@ def run_demo(duration: float | None, listen: str, interval: float, out: TextIO, 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with tempfile.TemporaryDirectory(prefix="kvwatch-demo-") as tmp:
-            demo = Demo(Path(tmp), listen=listen, interval=interval)
+            demo = Demo(Path(tmp), listen=listen, interval=interval, fault_after=fault_after)
             demo.start()
-            print(f"kvwatch demo: sidecar serving {demo.sidecar.url}", file=out, flush=True)
-            print(f"kvwatch demo: engines writing to {tmp} (Ctrl-C stops)", file=out, flush=True)
-            started = time.monotonic()
+            prom: DemoPrometheus | None = None
             try:
-                while duration is None or time.monotonic() - started < duration:
-                    left = every if duration is None else min(every, duration - (time.monotonic() - started))
+                print(f"kvwatch demo: sidecar serving {demo.sidecar.url}", file=out, flush=True)
+                print(f"kvwatch demo: engines writing to {tmp} (Ctrl-C stops)", file=out, flush=True)
+                binary = find_prometheus() if prometheus else None
+                if binary is not None:
+                    target = demo.sidecar.url.split("//", 1)[1].split("/", 1)[0]
+                    prom = DemoPrometheus(
+                        binary, Path(tmp) / "prometheus", target, demo.alert, alert_for, "1s"
+                    )
+                    ready = prom.wait_ready()
+                    pool_metric = names.KV_POOL_TOKENS.sample_name
+                    demo.fault_gate = functools.partial(prom.has_series, pool_metric)
+                    print(
+                        f"kvwatch demo: Prometheus {'serving' if ready else 'starting at'} {prom.url},"
+                        f" alerts at {prom.alerts_page} (rules from kvwatch rules;"
+                        f" {demo.alert} for: {prom.shipped_for} -> {alert_for} for the demo)",
+                        file=out,
+                        flush=True,
+                    )
+                else:
+                    print(
+                        "kvwatch demo: Prometheus not installed: the summary says what would fire", file=out
+                    )
+                while duration is None or time.monotonic() - demo.started < duration:
+                    left = (
+                        every
+                        if duration is None
+                        else min(every, duration - (time.monotonic() - demo.started))
+                    )
                     if stop.wait(max(left, 0.0)):
                         break
-                    rotated = " (vLLM log rotated)" if demo.rotated else ""
+                    rotated = f" ({demo.engines[0].name} log rotated)" if demo.rotated else ""
                     summary = demo.summary()
-                    print(f"[{time.monotonic() - started:5.1f}s]{rotated}\n{summary}", file=out, flush=True)
+                    report = fault_report(demo, prom)
+                    print(
+                        f"[{time.monotonic() - demo.started:5.1f}s]{rotated}\n{summary}"
+                        + (f"\n{report}" if report else ""),
+                        file=out,
+                        flush=True,
+                    )
             finally:
+                if prom is not None:
+                    prom.stop()
                 demo.stop()
             print("kvwatch demo: stopped", file=out, flush=True)
     finally:

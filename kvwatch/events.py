@@ -29,7 +29,7 @@ EventValue = str | int | float | bool | None
 class _Event(BaseModel):
     """Fields every event has."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     engine: EngineName
     instance: str = "0"

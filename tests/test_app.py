@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvwatch.capacity.resolve import discover_model_config
 from kvwatch.cli import main
 from kvwatch.config import load_settings
 from kvwatch.sidecar.app import Sidecar
-from kvwatch.sidecar.discovery import find_model_config
 
 TESTS = Path(__file__).parent
 LOG_SAMPLES = TESTS / "log_samples"
@@ -214,20 +214,46 @@ def test_basic_auth_and_tls(tmp_path: Path, sidecar_factory: Callable[..., Sidec
         _scrape(car.url.replace("https://", "http://"), good)
 
 
-def test_find_model_config_local_and_hf_cache(tmp_path: Path) -> None:
+def test_discover_model_config_local_and_hf_cache(tmp_path: Path) -> None:
+    """The sidecar's lookup of a logged model: a local folder, else huggingface_hub's cache rules."""
     local = tmp_path / "models" / "llama"
     local.mkdir(parents=True)
     shutil.copy(LLAMA_8B, local / "config.json")
-    assert find_model_config(str(local), {}) == local / "config.json"
+    assert discover_model_config(str(local), {}) == local / "config.json"
     hub = tmp_path / "hf" / "hub" / "models--meta-llama--Llama-3.1-8B"
     (hub / "snapshots" / "abc123").mkdir(parents=True)
     (hub / "refs").mkdir()
     (hub / "refs" / "main").write_text("abc123", encoding="utf-8")
     shutil.copy(LLAMA_8B, hub / "snapshots" / "abc123" / "config.json")
+    found = hub / "snapshots" / "abc123" / "config.json"
+    for env in (
+        {"HF_HOME": str(tmp_path / "hf")},
+        {"HF_HUB_CACHE": str(tmp_path / "hf" / "hub")},
+        {"XDG_CACHE_HOME": str(tmp_path / "xdg")},
+        {"HOME": str(tmp_path / "home")},
+    ):
+        if "XDG_CACHE_HOME" in env or "HOME" in env:
+            cache = Path(next(iter(env.values()))) / (
+                "huggingface" if "XDG_CACHE_HOME" in env else ".cache/huggingface"
+            )
+            cache.mkdir(parents=True, exist_ok=True)
+            if not (cache / "hub").exists():
+                (cache / "hub").symlink_to(tmp_path / "hf" / "hub")
+            found_here = cache / "hub" / found.relative_to(tmp_path / "hf" / "hub")
+        else:
+            found_here = found
+        assert discover_model_config("meta-llama/Llama-3.1-8B", env) == found_here, env
     env = {"HF_HOME": str(tmp_path / "hf")}
-    assert find_model_config("meta-llama/Llama-3.1-8B", env) == hub / "snapshots" / "abc123" / "config.json"
-    assert find_model_config("meta-llama/Other", env) is None
-    assert find_model_config("meta-llama/Llama-3.1-8B", {"HF_HUB_CACHE": str(tmp_path / "nowhere")}) is None
+    assert discover_model_config("meta-llama/Llama-3.1-8B@abc123", env) == found
+    assert discover_model_config("meta-llama/Other", env) is None
+    assert (
+        discover_model_config("meta-llama/Llama-3.1-8B", {"HF_HUB_CACHE": str(tmp_path / "nowhere")}) is None
+    )
+
+
+def test_the_sidecar_fetches_a_logged_model_only_when_allowed() -> None:
+    assert load_settings({"log": ["x.log"]}, environ={}).fetch_model_configs is False
+    assert load_settings({"log": ["x.log"]}, environ={"KVWATCH_FETCH_MODEL_CONFIGS": "1"}).fetch_model_configs
 
 
 @pytest.mark.parametrize(
@@ -387,12 +413,13 @@ def test_stdin_source(tmp_path: Path) -> None:
 
 
 def test_demo_runs_for_a_bounded_time(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--listen", "127.0.0.1:0", "--duration", "4", "--interval", "0.05"]) == 0
+    argv = ["demo", "--listen", "127.0.0.1:0", "--duration", "4", "--interval", "0.05", "--no-prometheus"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "sidecar serving http://127.0.0.1:" in out
-    assert "vllm    pool=31,232 tokens" in out
-    assert "sglang  pool=1,462,784 tokens" in out
-    assert "(vLLM log rotated)" in out
+    assert "pool=476,000 tokens" in out
+    assert "pool=1,462,784 tokens" in out
+    assert "(vllm log rotated)" in out
     assert out.rstrip().endswith("kvwatch demo: stopped")
 
 

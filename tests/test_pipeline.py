@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import subprocess
 import sys
 from pathlib import Path
 
@@ -338,3 +339,21 @@ def test_retraction_printed_by_every_tp_rank_is_counted_once() -> None:
         "#retracted_reqs: 2, #new_token_ratio: 0.5000 -> 0.8000\n"
     )
     assert {s.instance: s.preemptions_total for s in p.fleet.snapshot()} == {"0": 6, "1": 2}
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_engine_anchors_are_the_log_tables(name: str) -> None:
+    """The pre-filter of an undetected source uses the engines' copies of their tables' anchors."""
+    engine = registry.get(name)
+    assert engine.anchors == engine.log.anchors
+    assert engine.phrases == engine.log.phrases
+
+
+def test_reading_a_vllm_log_builds_no_other_dialect() -> None:
+    code = (
+        "import sys; from kvwatch.pipeline import replay; "
+        f"replay([{str(SAMPLES / 'vllm' / '001-llama31-8b-rtx3090-profiling-20k.log')!r}]); "
+        "loaded = [m for m in sys.modules if m.startswith(('kvwatch.engines.sglang.log', 'kvwatch.capacity'))]; "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -53,7 +53,8 @@ def hub_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
         return Path(env["HF_HUB_CACHE"]).expanduser()
     if env.get("HF_HOME"):
         return Path(env["HF_HOME"]).expanduser() / "hub"
-    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home / ".cache"
     return base.expanduser() / "huggingface" / "hub"
 
 

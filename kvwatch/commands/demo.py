@@ -19,10 +19,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval", type=float, default=0.5, metavar="SECONDS", help="pace of the engines' lines"
     )
+    parser.add_argument(
+        "--fault-after",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="when the one deliberate fault happens (default 20; a negative value: never)",
+    )
+    parser.add_argument(
+        "--no-prometheus", action="store_true", help="do not start Prometheus even when it is installed"
+    )
+    parser.add_argument(
+        "--alert-for",
+        default="5s",
+        metavar="DURATION",
+        help="the for: of the fault's alert in the demo's copy of the rules (default 5s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Start the demo and print a live summary until Ctrl-C or --duration."""
     from kvwatch.demo import run_demo
 
-    return run_demo(args.duration, args.listen, args.interval, sys.stdout)
+    fault_after = None if args.fault_after < 0 else args.fault_after
+    return run_demo(
+        args.duration,
+        args.listen,
+        args.interval,
+        sys.stdout,
+        fault_after=fault_after,
+        prometheus=not args.no_prometheus,
+        alert_for=args.alert_for,
+    )

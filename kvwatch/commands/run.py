@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a usage fact that stops arriving is stale after this long: no longer exported, flagged (default 60)",
     )
     add("--poll", action="store_true", default=None, help="poll log files instead of using inotify")
+    add(
+        "--fetch-model-configs",
+        action="store_true",
+        default=None,
+        help="fetch the config.json of a logged model missing from the Hugging Face cache from the Hub (default: cache only)",
+    )
     add("--log-level", choices=("debug", "info", "warning", "error"), help="kvwatch's own log level")
 
 
@@ -77,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             "max_instances",
             "fact_ttl",
             "poll",
+            "fetch_model_configs",
             "log_level",
         )
     }

@@ -14,18 +14,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from kvwatch.capacity.budget import Budget, Contribution, Term
-from kvwatch.capacity.deployment import Deployment, DeploymentValue
-from kvwatch.capacity.model import LayerSpec, ModelGeometry
-from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.flags import Flag
 from kvwatch.engines.kinds import EngineName
 
 if TYPE_CHECKING:
+    # The capacity model is imported by the engines' methods that use it: reading a log needs
+    # none of it.
     # Types only: a prediction (``kvwatch predict``) needs no log or /metrics parsing, and these
     # modules (kvwatch.facts: the events) import regex and pydantic.
     import regex
 
+    from kvwatch.capacity.budget import Budget, Contribution, Term
+    from kvwatch.capacity.deployment import Deployment, DeploymentValue
+    from kvwatch.capacity.model import LayerSpec, ModelGeometry
+    from kvwatch.capacity.prediction import Basis, Prediction
     from kvwatch.events import Event
     from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
     from kvwatch.parsers.base import LineMeta
@@ -94,6 +96,16 @@ class Engine(Protocol):
 
     @property
     def name(self) -> EngineName: ...
+
+    @property
+    def anchors(self) -> tuple[str, ...]:
+        """``log.anchors``, known without building the dialect (the pre-filter of an undetected source)."""
+        ...
+
+    @property
+    def phrases(self) -> tuple[str, ...]:
+        """``log.phrases``: what only this engine prints (detection)."""
+        ...
 
     @property
     def log(self) -> LogDialect: ...

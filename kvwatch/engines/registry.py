@@ -22,9 +22,9 @@ if tuple(ENGINES) != ENGINE_NAMES:  # pragma: no cover - a packaging mistake, ca
 
 @functools.cache
 def all_anchors() -> tuple[str, ...]:
-    """Every anchor of every engine, for sources whose engine is not known yet (built on first use:
-    the log dialects import the line tables, which a prediction does not need)."""
-    return tuple(dict.fromkeys(a for e in ENGINES.values() for a in e.log.anchors))
+    """Every anchor of every engine, for sources whose engine is not known yet (the engines' own
+    copies: no log dialect is built, and so no line table imported, before a line names its engine)."""
+    return tuple(dict.fromkeys(a for e in ENGINES.values() for a in e.anchors))
 
 
 def get(name: str) -> Engine:
@@ -42,5 +42,5 @@ def detect_engine(line: str) -> EngineName | None:
     (the user can force it with ``--engine``). Phrases are plain substrings of the raw line, checked
     only on lines that already passed the anchor filter.
     """
-    found = [e.name for e in ENGINES.values() if any(p in line for p in e.log.phrases)]
+    found = [e.name for e in ENGINES.values() if any(p in line for p in e.phrases)]
     return found[0] if len(found) == 1 else None

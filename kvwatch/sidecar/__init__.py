@@ -3,8 +3,10 @@
 Modules, by concern: ``app`` (the Sidecar: wiring and lifecycle, the consumer), ``server`` (the
 bounded HTTP server: sockets, timeouts, connection cap), ``wire`` (HTTP/1.1 message format), ``http`` (endpoints, TLS context), ``auth``
 (basic auth, failure limiter), ``saving`` (when the state file is written, and its
-consistent cut), ``discovery`` (a logged model name -> its config.json), ``sources`` (per-source
-readers and counters), ``messages`` (what goes on the consumer's queue).
+consistent cut), ``sources`` (per-source
+readers and counters), ``messages`` (what goes on the consumer's queue). The config.json of a
+logged model is found by ``kvwatch.capacity.resolve.discover_model_config`` (huggingface_hub's
+cache rules; the Hub only with ``fetch_model_configs``).
 
 Threading model -- every thread, what it may touch, and why that is safe:
 

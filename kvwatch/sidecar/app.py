@@ -21,6 +21,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from kvwatch import __version__, names
 from kvwatch.analysis.predictor import Predictor
+from kvwatch.capacity.resolve import discover_model_config
 from kvwatch.collector import KvwatchCollector, SelfStats, SourceStatus
 from kvwatch.config import Settings, WebConfig, load_web_config
 from kvwatch.errors import ConfigError
@@ -32,7 +33,6 @@ from kvwatch.pipeline import LinePipeline
 from kvwatch.scrape import Scraper, ScrapeResult
 from kvwatch.sidecar import messages as msg
 from kvwatch.sidecar.auth import BasicAuth
-from kvwatch.sidecar.discovery import find_model_config
 from kvwatch.sidecar.http import Endpoints, tls_context
 from kvwatch.sidecar.saving import SaveSchedule
 from kvwatch.sidecar.server import BoundedHTTPServer
@@ -77,7 +77,9 @@ class Sidecar:
         self.predictor = Predictor(
             model_config=settings.model_config_for,
             gpu_memory_bytes=self._gpu_memory(),
-            resolve_model=lambda model: find_model_config(model, self.environ),
+            resolve_model=lambda model: discover_model_config(
+                model, self.environ, allow_network=settings.fetch_model_configs
+            ),
         )
         self._queue: queue.Queue[msg.Message] = queue.Queue()
         self._stop = threading.Event()

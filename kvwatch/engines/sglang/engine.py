@@ -6,18 +6,18 @@ import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
-from kvwatch.capacity.deployment import Deployment, DeploymentValue
-from kvwatch.capacity.model import LayerSpec, ModelGeometry
-from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName
-from kvwatch.engines.sglang import budget, observed, predict
 from kvwatch.engines.sglang.flags import FLAGS
 from kvwatch.errors import ConfigError
 
 if TYPE_CHECKING:
-    # Annotations only: kvwatch.facts imports the event models (pydantic).
+    # Annotations only: kvwatch.facts imports the event models (pydantic), and the capacity
+    # model (imported by the methods that use it) is not needed to read a log.
+    from kvwatch.capacity.budget import Budget, Contribution, Term
+    from kvwatch.capacity.deployment import Deployment, DeploymentValue
+    from kvwatch.capacity.model import LayerSpec, ModelGeometry
+    from kvwatch.capacity.prediction import Basis, Prediction
     from kvwatch.engines.sglang.metrics import SglangMetrics
     from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 
@@ -43,11 +43,35 @@ PHRASES: tuple[str, ...] = (
 )
 
 
+# The log table's anchors (log.ANCHORS, derived from its table; tests/test_pipeline.py holds them
+# equal): the pipeline's pre-filter before the engine is known, without building the dialect.
+ANCHORS: tuple[str, ...] = (
+    "Decode batch",
+    "Prefill batch",
+    "#retracted_reqs",
+    "Cache is allocated",
+    "KV cache allocated",
+    "swa_layer_tokens=",
+    "max_total_num_token",
+    "Load weight ",
+    "Memory pool end",
+    "graph end",
+    "server_args=",
+    "Not enough ",
+    "is too small",
+    "cannot hold even one request",
+    "reduce --mem-fraction-static",
+    "sglang: ",
+)
+
+
 class Sglang:
     """The SGLang engine."""
 
     name: EngineName = "sglang"
     flags = FLAGS
+    anchors = ANCHORS
+    phrases = PHRASES
     fraction_setting = "mem_fraction_static"
     fraction_label = "static (mem_fraction)"
     overhead_label = "reserved (1 - fraction)"
@@ -65,6 +89,8 @@ class Sglang:
         return None
 
     def layer_bytes(self, layer: LayerSpec, d: Deployment, elem_bytes: int) -> int:
+        from kvwatch.engines.sglang import budget
+
         return budget.layer_cell(layer, max(1, d.tp // d.dcp), elem_bytes)
 
     def needs_gpu_memory(self, d: Deployment) -> bool:
@@ -72,11 +98,15 @@ class Sglang:
         return d.available_kv_bytes is None and d.free_after_weights_bytes is None
 
     def predict(self, model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
+        from kvwatch.engines.sglang import predict
+
         return predict.predict(model, d, basis)
 
     def pool_from_available(
         self, model: ModelGeometry, d: Deployment, elem_bytes: int, available: int
     ) -> tuple[int, int | None]:
+        from kvwatch.engines.sglang import budget
+
         return budget.pool(model, d, elem_bytes, available).tokens, None
 
     def observed_budget(
@@ -88,6 +118,8 @@ class Sglang:
         total: int | None,
         kv: int | None,
     ) -> Budget:
+        from kvwatch.engines.sglang import observed
+
         return observed.observed_budget(terms, memory, pool, settings, total, kv)
 
     def budget_terms_for_gap(
@@ -102,6 +134,8 @@ class Sglang:
         observed_fraction: float | None,
         predicted_fraction: float | None,
     ) -> list[Contribution]:
+        from kvwatch.capacity.budget import Contribution, usable_and_weights
+
         # kv = (total - non_torch) x f - weights.
         out: list[Contribution] = []
         to, tp_ = observed_terms.get("total"), predicted.get("total")

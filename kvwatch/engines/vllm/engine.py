@@ -6,18 +6,18 @@ import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvwatch.capacity.budget import Budget, Contribution, Term, usable_and_weights
-from kvwatch.capacity.deployment import Deployment, DeploymentValue
-from kvwatch.capacity.model import LayerSpec, ModelGeometry
-from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName
-from kvwatch.engines.vllm import budget, memory, observed, predict
 from kvwatch.engines.vllm.flags import FLAGS
 from kvwatch.errors import ConfigError
 
 if TYPE_CHECKING:
-    # Annotations only: kvwatch.facts imports the event models (pydantic).
+    # Annotations only: kvwatch.facts imports the event models (pydantic), and the capacity
+    # model (imported by the methods that use it) is not needed to read a log.
+    from kvwatch.capacity.budget import Budget, Contribution, Term
+    from kvwatch.capacity.deployment import Deployment, DeploymentValue
+    from kvwatch.capacity.model import LayerSpec, ModelGeometry
+    from kvwatch.capacity.prediction import Basis, Prediction
     from kvwatch.engines.vllm.metrics import VllmMetrics
     from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
 
@@ -49,11 +49,39 @@ PHRASES: tuple[str, ...] = (
 )
 
 
+# The log table's anchors (log.ANCHORS, derived from its table; tests/test_pipeline.py holds them
+# equal): the pipeline's pre-filter before the engine is known, without building the dialect.
+ANCHORS: tuple[str, ...] = (
+    "KV cache",
+    "KV Cache",
+    "blocks",
+    "Maximum concurrency",
+    "took",
+    "total_gpu_memory",
+    "CUDA graph memory",
+    "equested",
+    "max model len",
+    "max_num_batched_tokens",
+    "Defaulting ",
+    "memory snapshot",
+    "block size",
+    "Prefix cache hit rate",
+    "█  model",
+    "█  version",
+    "version",
+    "LLM engine",
+    "args",
+    "headless",
+)
+
+
 class Vllm:
     """The vLLM engine."""
 
     name: EngineName = "vllm"
     flags = FLAGS
+    anchors = ANCHORS
+    phrases = PHRASES
     fraction_setting = "gpu_memory_utilization"
     fraction_label = "requested (util)"
     overhead_label = "activation peak"
@@ -68,9 +96,13 @@ class Vllm:
         return _metrics()
 
     def default_block_size(self, model: ModelGeometry | None) -> int | None:
+        from kvwatch.engines.vllm import budget
+
         return budget.DEFAULT_BLOCK_SIZE
 
     def layer_bytes(self, layer: LayerSpec, d: Deployment, elem_bytes: int) -> int:
+        from kvwatch.engines.vllm import budget
+
         if layer.kind == "mla" and d.kv_cache_dtype == "fp8_ds_mla":
             return budget.FP8_DS_MLA_BYTES + layer.extra_bytes_per_token
         return layer.bytes_per_token(d.tp, elem_bytes)
@@ -79,11 +111,15 @@ class Vllm:
         return d.available_kv_bytes is None
 
     def predict(self, model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
+        from kvwatch.engines.vllm import predict
+
         return predict.predict(model, d, basis)
 
     def pool_from_available(
         self, model: ModelGeometry, d: Deployment, elem_bytes: int, available: int
     ) -> tuple[int, int | None]:
+        from kvwatch.engines.vllm import budget, memory
+
         max_model_len = d.max_model_len or model.max_position_embeddings
         if max_model_len is None:
             raise ConfigError("config.json has no max_position_embeddings; pass --max-model-len")
@@ -103,11 +139,15 @@ class Vllm:
         total: int | None,
         kv: int | None,
     ) -> Budget:
+        from kvwatch.engines.vllm import observed
+
         return observed.observed_budget(terms, memory, settings, total, kv)
 
     def budget_terms_for_gap(
         self, observed_terms: Mapping[str, int | None], settings: SettingsFacts
     ) -> dict[str, int | None]:
+        from kvwatch.engines.vllm import observed
+
         out = dict(observed_terms)
         if not observed.graphs_in_budget(settings.version):
             # Captured after the pool was sized: printed, but not part of this budget.
@@ -121,6 +161,8 @@ class Vllm:
         observed_fraction: float | None,
         predicted_fraction: float | None,
     ) -> list[Contribution]:
+        from kvwatch.capacity.budget import Contribution, usable_and_weights
+
         # kv = total x f - weights - (activation + non-torch + CUDA graphs); the last three are one
         # term because kvwatch predicts them as one allowance.
         out: list[Contribution] = []
@@ -141,6 +183,8 @@ class Vllm:
     def fraction_lever(
         self, d: Deployment, observed_budget: Budget, fraction: float, new: float
     ) -> FractionLever | None:
+        from kvwatch.engines.vllm import budget
+
         total = observed_budget.get("total")
         if total is None:
             return None

@@ -1,0 +1,249 @@
+"""`kvwatch demo` tells one true story: real runs, agreeing figures, named models, one labelled fault.
+
+The data (kvwatch/data/demo) is checked against its sources; the demo is run in-process for its
+figures, as a subprocess for Ctrl-C (every child it started must be gone), and with the real
+Prometheus server for the fault's alert, which must actually fire (bounded wait).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from kvwatch import names
+from kvwatch.demo import Demo, _demo_files, _sections, explain_fault, fault_report, run_demo
+from kvwatch.demo_prometheus import DemoPrometheus, find_prometheus
+from kvwatch.pipeline import replay
+
+TESTS = Path(__file__).parent
+DATA = _demo_files()
+APRIORI_LOG = TESTS / "apriori" / "logs" / "meta-llama-llama---h100-80gb--tp1pp1dp1--8192-dtbf16.log.gz"
+SGLANG_SAMPLE = TESTS / "log_samples" / "sglang" / "017-dsv32-dp8-mla-kv-size-single-pool.log"
+
+
+def _wait(check: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(check) and check():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def test_the_vllm_log_is_the_real_run_byte_for_byte() -> None:
+    assert (DATA / "vllm.log").read_bytes() == gzip.decompress(APRIORI_LOG.read_bytes())
+
+
+def test_the_sglang_pool_lines_are_the_real_ones_and_the_notes_are_ignored(tmp_path: Path) -> None:
+    text = (DATA / "sglang.log").read_text(encoding="utf-8")
+    for line in SGLANG_SAMPLE.read_text(encoding="utf-8").splitlines():
+        assert line in text.splitlines()
+    assert text.startswith("# ")  # the header says what is real and what is derived
+    without = tmp_path / "without-notes.log"
+    without.write_text(
+        "".join(f"{x}\n" for x in text.splitlines() if not x.startswith("#")), encoding="utf-8"
+    )
+
+    # kvwatch skips the notes: the same summary with and without them.
+    def read(path: Path) -> list[object]:
+        return [dataclasses.replace(s, source="-") for s in replay([str(path)]).fleet.snapshot()]
+
+    assert read(DATA / "sglang.log") == read(without)
+
+
+def test_sglang_decode_lines_agree_with_their_pool() -> None:
+    sections = _sections((DATA / "sglang.log").read_text(encoding="utf-8").splitlines())
+    pools = [1462784, 972595]
+    stats = [lines for kind, _, lines in sections if kind == "stats"]
+    assert len(stats) == 2
+    for pool, lines in zip(pools, stats, strict=True):
+        for line in lines:
+            fields = dict(p.strip().split(": ", 1) for p in line.split("] ", 1)[1].split(",") if ": " in p)
+            assert round(int(fields["#token"]) / pool, 2) == float(fields["token usage"]), line
+
+
+def test_healthy_engines_usage_headroom_models_and_the_fault() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        demo = Demo(Path(tmp), listen="127.0.0.1:0", interval=0.05, fault_after=None)
+        demo.start()
+        try:
+            reg = demo.sidecar.registry
+
+            def both_have_usage() -> bool:
+                demo.sidecar.refresh()
+                snaps = demo.sidecar.fleet.snapshot()
+                return len(snaps) == 2 and all(s.usage.kv_usage_ratio is not None for s in snaps)
+
+            _wait(both_have_usage)
+            demo.sidecar.refresh()
+            by_source = {s.source: s for s in demo.sidecar.fleet.snapshot()}
+            vllm = by_source["vllm"]
+            labels = {
+                "source": "vllm",
+                names.ENGINE_KIND_LABEL: vllm.engine,
+                names.MODEL_LABEL: "meta-llama/Llama-3.1-8B-Instruct",
+                "dp_rank": "0",
+            }
+            assert reg.get_sample_value(names.KV_POOL_TOKENS.sample_name, labels) == 476_000
+            gap = reg.get_sample_value(names.KV_POOL_GAP_RATIO.sample_name, {**labels, "basis": "config"})
+            assert gap is not None and abs(gap) < 0.01  # the a-priori model: within ~0.1% of this run
+            # Usage and headroom agree with the pool on both engines.
+            for snap in by_source.values():
+                model = snap.settings.served_model_name or snap.settings.model
+                lab = {"source": snap.source, names.ENGINE_KIND_LABEL: snap.engine, "dp_rank": "0"}
+                lab[names.MODEL_LABEL] = str(model)
+                pool = reg.get_sample_value(names.KV_POOL_TOKENS.sample_name, lab)
+                usage = reg.get_sample_value(names.KV_USAGE_RATIO.sample_name, lab)
+                head = reg.get_sample_value(names.KV_HEADROOM_TOKENS.sample_name, lab)
+                assert pool and usage is not None and head is not None, snap.source
+                assert abs(head - pool * (1 - usage)) <= 0.006 * pool, (snap.source, pool, usage, head)
+            # Every kvwatch series that carries a model label names the model.
+            for family in reg.collect():
+                for sample in family.samples:
+                    if names.MODEL_LABEL in sample.labels:
+                        assert sample.labels[names.MODEL_LABEL], sample
+            # The fault: played now, explained by the term it changed, and its alert named.
+            demo._play_fault(1.0)
+            assert demo.fault is not None
+            assert demo.fault.pool_before == 1_462_784 and demo.fault.pool_after == 972_595
+            assert demo.fault.explanation.startswith("non_torch")
+
+            def shrunk() -> bool:
+                demo.sidecar.refresh()
+                return any(s.pool.tokens == 972_595 for s in demo.sidecar.fleet.snapshot())
+
+            _wait(shrunk)
+            report = fault_report(demo, None)
+            assert "FAULT (deliberate" in report and "KVPoolShrankSinceLastStart would fire" in report
+        finally:
+            demo.stop()
+
+
+def test_the_fault_is_explained_by_free_memory_before_weights() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        demo = Demo(Path(tmp), listen="127.0.0.1:0")
+        engine = next(e for e in demo.engines if e.fault is not None)
+        before, after, why = explain_fault(engine)
+        demo.sidecar.stop()
+    assert (before, after) == (1_462_784, 972_595)
+    assert why.startswith("non_torch (GPU total - free memory before weights): 0.60 -> 20.60 GiB"), why
+
+
+def test_the_alert_is_one_of_the_shipped_rules() -> None:
+    text = (TESTS.parent / "rules" / "kvwatch.alerts.yaml").read_text(encoding="utf-8")
+    assert "- alert: KVPoolShrankSinceLastStart" in text
+
+
+def test_run_demo_without_prometheus_prints_the_story() -> None:
+    out = io.StringIO()
+    assert run_demo(6.5, "127.0.0.1:0", 0.05, out, every=1.0, fault_after=3.0, prometheus=False) == 0
+    text = out.getvalue()
+    assert "model=meta-llama/Llama-3.1-8B-Instruct" in text
+    assert "model=deepseek-ai/DeepSeek-V3.2-Exp" in text
+    assert "pool=476,000 tokens  usage=0.0%  headroom=476,000 tokens" in text
+    assert "FAULT (deliberate, at 3s) sglang" in text
+    assert "KVPoolShrankSinceLastStart would fire" in text
+    assert text.rstrip().endswith("kvwatch demo: stopped")
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    out: set[int] = set()
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent and fields[0] != "Z":
+                out.add(int(entry.name))
+                frontier.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_everything_the_demo_started() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "demo", "--listen", "127.0.0.1:0", "--duration", "60",
+         "--interval", "0.1", "--fault-after", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if line.startswith("[") or not line:
+                break
+        children = _children(proc.pid)
+        if find_prometheus() is not None:
+            assert children, "Prometheus should run as the demo's child"
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, "".join(seen) + rest
+        assert rest.rstrip().endswith("kvwatch demo: stopped")
+        for pid in children:
+            _wait(lambda pid=pid: not _alive(pid), timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_with_prometheus_the_alert_fires(tmp_path: Path) -> None:
+    binary = find_prometheus()
+    if binary is None:
+        pytest.skip("prometheus not installed")
+    (tmp_path / "demo").mkdir()
+    demo = Demo(tmp_path / "demo", listen="127.0.0.1:0", interval=0.05, fault_after=None)
+    demo.start()
+    prom = None
+    try:
+        target = demo.sidecar.url.split("//", 1)[1].split("/", 1)[0]
+        prom = DemoPrometheus(binary, tmp_path / "prom", target, demo.alert, "2s", "1s")
+        assert prom.shipped_for == "5m"
+        assert prom.wait_ready(), (tmp_path / "prom" / "prometheus.log").read_text()
+
+        _wait(lambda: prom is not None and prom.has_series(names.KV_POOL_TOKENS.sample_name, "sglang"), 30)
+        time.sleep(1)  # another scrape of the healthy pool (the alert's max_over_time)
+        demo._play_fault(1.0)
+
+        def firing() -> bool:
+            alerts = prom.alerts() if prom is not None else None
+            return any(a.name == demo.alert and a.state == "firing" for a in alerts or [])
+
+        _wait(firing, timeout=40)
+        report = fault_report(demo, prom)
+        assert f"alert {demo.alert} (source=sglang): firing in Prometheus" in report, report
+    finally:
+        if prom is not None:
+            prom.stop()
+        demo.stop()
+    assert prom is not None and prom.proc.poll() is not None
+    assert os.path.exists(tmp_path / "prom" / "prometheus.yml")
