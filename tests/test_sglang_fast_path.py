@@ -334,3 +334,26 @@ def test_fast_block_equals_general_lines(lines: list[str], engine: str) -> None:
     counters = ("lines_read", "lines_matched", "parse_errors", "lines_truncated", "engine")
     assert [getattr(fast, c) for c in counters] == [getattr(general, c) for c in counters]
     assert repr(fast.fleet.snapshot()) == repr(general.fleet.snapshot())
+
+
+def test_events_are_built_as_model_construct_builds_them() -> None:
+    from kvwatch.events import UsageSample
+
+    line = COMMON[0]
+    (event,) = _fast(line) or ()
+    constructed = UsageSample.model_construct(**{k: getattr(event, k) for k in event.model_fields_set})
+    assert list(event.__dict__.items()) == list(constructed.__dict__.items())
+    assert event.model_fields_set == constructed.model_fields_set
+    assert UsageSample.__pydantic_post_init__ is None  # model_construct would run it
+    # Each event has its own fields set, so nothing one event's holder does reaches another's.
+    again = _fast(line)
+    assert again is not None and again[0].model_fields_set is not event.model_fields_set
+
+
+def test_shape_cache_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastpath, "_SHAPES", {})
+    monkeypatch.setattr(fastpath, "_MAX_SHAPES", 3)
+    lines = [f"[2026-03-17 15:00:10 TP{n}] Decode batch, #running-req: {n}" for n in range(10)]
+    for line in lines:
+        _identical(_fast(line) or (), _general(line))
+    assert len(fastpath._SHAPES) <= 3

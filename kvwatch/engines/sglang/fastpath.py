@@ -14,8 +14,9 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
+from pydantic import BaseModel
+
 from kvwatch.engines.sglang.stats import _USAGE_KEYS
-from kvwatch.engines.vllm.fastpath import _constructor
 from kvwatch.events import Event, UsageSample
 from kvwatch.parsers.prefix import SGLANG, fast_identity, fast_prefix
 
@@ -58,6 +59,7 @@ _PREFIX_ROW = ("cts", "p1name", "p2name", "ts", "tags")
 if tuple(sorted(_FAST_BATCH_LINES.groupindex, key=_FAST_BATCH_LINES.groupindex.__getitem__)) != _PREFIX_ROW:
     raise AssertionError("fast batch pattern: its named groups are not in _PREFIX_ROW's order")
 # Unnamed groups follow the named ones: the mixed head's running count, then one per _KEYS entry.
+_TS = _PREFIX_ROW.index("ts")
 _MIXED = len(_PREFIX_ROW)
 _FIRST_KEY = _MIXED + 1
 if _FAST_BATCH_LINES.groups != _FIRST_KEY + len(_KEYS):
@@ -71,23 +73,51 @@ def _percent(value: bytes) -> float:
 _CONVERT: dict[str, Any] = {"int": int, "float": float, "ratio": float, "percent": _percent}
 # Per key group: (UsageSample field, converter), in group order.
 _FIELDS: tuple[tuple[str, Any], ...] = tuple((field, _CONVERT[kind]) for _, field, kind in _KEYS)
-Plan = tuple[tuple[int, str, Any], ...] | None
+
+# A row's shape: (the prefix groups that name the printer, then which value groups it fills). Per
+# shape, what every row of it shares: the event's __dict__ but for ts and the values, its fields
+# set, and (group, field, converter) per value; None when the general path must read such rows.
+ShapeKey = tuple[Any, ...]
+Shape = tuple[dict[str, Any], frozenset[str], tuple[tuple[int, str, Any], ...]] | None
+_SHAPES: dict[ShapeKey, Shape] = {}
+_MAX_SHAPES = 4096
+_UNKNOWN: Shape = ({}, frozenset(), ())
+
+# UsageSample events are built as UsageSample.model_construct would build them (the same __dict__
+# in field order, fields set, no extras, no private attributes; see vllm/fastpath._constructor),
+# from values the pattern and converters have already given their final type: tests compare them
+# with validated ones, attribute by attribute.
+_TEMPLATE = dict(UsageSample(engine="sglang").__dict__)
+_NEW = object.__new__
+_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+_SET_DICT, _SET_FIELDS_SET, _SET_EXTRA, _SET_PRIVATE = (BaseModel.__dict__[n].__set__ for n in _SLOTS)
 
 
-@lru_cache(maxsize=1024)
-def _plan(present: tuple[bool, ...]) -> Plan:
-    """For the key groups a row fills (``present``, in group order): (group, field, converter) of
-    each, or None when two of them fill one field ('#token' and '#full token'): only the items'
-    order says which one _batch_fields keeps, and a row has lost that order."""
-    plan = tuple(
-        (_FIRST_KEY + i, field, convert)
-        for i, ((field, convert), there) in enumerate(zip(_FIELDS, present, strict=True))
+def _shape(key: ShapeKey) -> Shape:
+    """What rows of shape ``key`` share, or None for a row the general path must read: one without a
+    readable field (it counts a parse error), or where two keys fill one field ('#token' and
+    '#full token': only the items' order says which one _batch_fields keeps, and a row has lost
+    that order)."""
+    p1name, p2name, tags, mixed, *present = key
+    plan = [
+        (_FIRST_KEY + i, f, c)
+        for i, ((f, c), there) in enumerate(zip(_FIELDS, present, strict=True))
         if there
-    )
-    return plan if len({field for _, field, _ in plan}) == len(plan) else None
-
-
-_usage_sample = _constructor(UsageSample)
+    ]
+    fields = [f for _, f, _ in plan]
+    shape: Shape = None
+    if len(set(fields)) == len(fields):
+        if mixed and "running" not in fields:
+            plan.append((_MIXED, "running", int))  # stats.parse_batch: the mixed head's count
+        if plan:
+            instance, rank = _identity(p1name, p2name, tags) if p1name or p2name or tags else ("0", None)
+            base = {**_TEMPLATE, "engine": "sglang", "instance": instance, "rank": rank}
+            names = frozenset(("engine", "instance", "rank", "ts", *(f for _, f, _ in plan)))
+            shape = (base, names, tuple(plan))
+    if len(_SHAPES) >= _MAX_SHAPES:
+        _SHAPES.clear()  # shapes come from the log: forgetting them only costs rebuilding them
+    _SHAPES[key] = shape
+    return shape
 
 
 @lru_cache(maxsize=256)
@@ -110,22 +140,29 @@ def parse_lines(lines: list[bytes]) -> list[tuple[Event, ...] | None]:
     rows = _FAST_BATCH_LINES.findall(b"\n".join(lines))
     if len(rows) != len(lines):
         return [None] * len(lines)
-    return [_batch_events(row) if row[3] else None for row in rows]
-
-
-def _batch_events(row: tuple[bytes, ...]) -> tuple[Event, ...] | None:
-    """The events of one matched row (absent groups are b'': every group that takes part in a match
-    is non-empty), or None when the general path must read the line."""
-    plan = _plan(tuple(map(bool, row[_FIRST_KEY:])))
-    if plan is None:
-        return None
-    values: dict[str, Any] = {field: convert(row[i]) for i, field, convert in plan}
-    mixed = row[_MIXED]
-    if mixed and "running" not in values:
-        values["running"] = int(mixed)
-    if not values:
-        return None  # the general path counts a parse error: a batch line without a readable field
-    _, p1name, p2name, ts, tags = row[:_MIXED]
-    instance, rank = _identity(p1name, p2name, tags) if p1name or p2name or tags else ("0", None)
-    values.update(engine="sglang", instance=instance, rank=rank, ts=ts.decode())
-    return (_usage_sample(values),)
+    out: list[tuple[Event, ...] | None] = []
+    shapes, unknown = _SHAPES, _UNKNOWN
+    for row in rows:
+        # (Absent groups are b'': every group that takes part in a match is non-empty, ts always.)
+        if not row[_TS]:
+            out.append(None)
+            continue
+        key = (row[1], row[2], row[4], *map(bool, row[_MIXED:]))
+        shape = shapes.get(key, unknown)
+        if shape is unknown:
+            shape = _shape(key)
+        if shape is None:
+            out.append(None)
+            continue
+        base, names, plan = shape
+        values = base.copy()
+        values["ts"] = row[_TS].decode()
+        for i, field, convert in plan:
+            values[field] = convert(row[i])
+        event: UsageSample = _NEW(UsageSample)
+        _SET_DICT(event, values)
+        _SET_FIELDS_SET(event, set(names))
+        _SET_EXTRA(event, None)
+        _SET_PRIVATE(event, None)
+        out.append((event,))
+    return out
