@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 
+from kvwatch.engines.sglang import fastpath as sglang_fastpath
 from kvwatch.engines.vllm import fastpath
 from kvwatch.pipeline import replay
 from kvwatch.summary import summarize
@@ -107,10 +108,14 @@ def test_every_shape_replays_to_what_the_generator_put_in(tmp_path: Path, shape:
         assert inst["kv_usage_ratio"] == last["kv_usage_ratio"]
     # (SGLang's retractions are lines of their own, beside the batch lines.)
     assert result.pipelines[0].lines_read == path.read_bytes().count(b"\n") >= LINES
-    # The vLLM shapes' stats lines are the fast path's to answer: the general path must not see them.
+    # The stats (vLLM) and batch (SGLang) lines are the fast path's to answer: the general path
+    # must not see them.
     if shape != "sglang":
         stats = [x for x in path.read_bytes().split(b"\n") if b"Avg prompt throughput" in x]
         assert stats and all(row is not None for row in fastpath.parse_lines(stats))
+    else:
+        batch = [x for x in path.read_bytes().split(b"\n") if b" batch, #" in x]
+        assert batch and all(row is not None for row in sglang_fastpath.parse_lines(batch))
 
 
 def test_ensure_reuses_a_matching_file_and_rebuilds_a_changed_one(tmp_path: Path) -> None:

@@ -107,12 +107,15 @@ def fast_prefix(engine_layer: Atoms) -> str:
     )
 
 
-def fast_identity(p1name: str | None, p2name: str | None) -> tuple[str | None, int | None]:
-    """(instance, rank) that the process names of a ``fast_prefix`` match give, as _peel reads them."""
+def fast_identity(p1name: str | None, p2name: str | None, tags: str = "") -> tuple[str | None, int | None]:
+    """(instance, rank) that the process names of a ``fast_prefix`` match give, as _peel reads them;
+    ``tags``: the SGLANG layer's tags (' DP0 TP1'), read after the processes, as _peel reads them."""
     meta = _Meta()
     for name in (p1name, p2name):
         if name:
             _process_name(name, meta)
+    if tags:
+        _sglang_tags(tags, meta)
     return meta.instance, meta.rank
 
 

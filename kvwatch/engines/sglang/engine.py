@@ -177,9 +177,9 @@ class Sglang:
 # Built on first use, as in the vLLM package: a prediction never parses a log or /metrics.
 @functools.cache
 def _log_dialect() -> LogDialect:
-    from kvwatch.engines.sglang import log
+    from kvwatch.engines.sglang import fastpath, log
 
-    return LogDialect(parse=log.parse, anchors=log.ANCHORS, phrases=PHRASES)
+    return LogDialect(parse=log.parse, anchors=log.ANCHORS, phrases=PHRASES, fast_path=fastpath.parse_lines)
 
 
 @functools.cache
