@@ -57,6 +57,9 @@ class MetricsDialect(Protocol):
     identity_labels: frozenset[str]
     # Gauges that hold a cumulative count: checked for resets like counters.
     cumulative_gauges: frozenset[str]
+    # Every series name (prefix stripped) ``facts`` reads. A /metrics body materialises only these
+    # (and their counters' ``_created``); every other line is checked for syntax and dropped.
+    families: frozenset[str]
 
     def identity(self, labels: Mapping[str, str]) -> tuple[str, tuple[int, int, int] | None]:
         """(engine instance, (tp, pp, ep) rank or None) of one series."""
