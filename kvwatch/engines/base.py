@@ -104,6 +104,11 @@ class Engine(Protocol):
     def metrics(self) -> MetricsDialect: ...
 
     @property
+    def known_versions(self) -> tuple[str, str]:
+        """The oldest and newest release kvwatch knows, e.g. ('0.3', '0.33')."""
+        ...
+
+    @property
     def fraction_setting(self) -> str:
         """The EngineSettings field of the memory fraction its budget uses."""
         ...
