@@ -238,3 +238,20 @@ def test_any_config_and_flags_exit_0_or_2(
     assert "Traceback" not in out.err
     if rc == 2:
         assert out.err.count("\n") == 1, out.err
+
+
+# --- CR-only line endings (item 8): the replay path reads them as the lines they are ------------------
+
+
+@pytest.mark.parametrize("ending", [b"\r", b"\r\n"])
+def test_parse_reads_cr_and_crlf_logs_as_lf(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ending: bytes
+) -> None:
+    data = VLLM_LOG.read_bytes()
+    converted = tmp_path / "cr.log"
+    converted.write_bytes(data.replace(b"\n", ending))
+    assert main(["parse", str(VLLM_LOG), "--events"]) == 0
+    want = capsys.readouterr().out
+    assert main(["parse", str(converted), "--events"]) == 0
+    got = capsys.readouterr().out
+    assert want and got == want.replace(str(VLLM_LOG), str(converted))

@@ -29,10 +29,12 @@ _BYTES_PER_CHAR = 4
 class LineSplitter:
     """Split byte chunks into lines, keeping the partial tail between calls.
 
-    ``\\n`` and ``\\r\\n`` both end a line and are stripped. Not thread-safe: one splitter per stream.
+    ``\\n``, ``\\r\\n`` and a lone ``\\r`` (what progress bars write between redraws) each end a
+    line and are stripped; a ``\\r\\n`` split across two chunks is still one line end. Not
+    thread-safe: one splitter per stream.
     """
 
-    __slots__ = ("max_line_chars", "truncated", "_cap", "_buf", "_dropped")
+    __slots__ = ("max_line_chars", "truncated", "_cap", "_buf", "_dropped", "_after_cr")
 
     def __init__(self, max_line_chars: int = 65536) -> None:
         if max_line_chars < 1:
@@ -46,6 +48,8 @@ class LineSplitter:
         self._buf = bytearray()
         # Bytes of the current partial line that were discarded because it passed the cap.
         self._dropped = 0
+        # The last chunk ended in b"\r": a b"\n" opening the next one completes that CRLF.
+        self._after_cr = False
 
     @property
     def pending_bytes(self) -> int:
@@ -55,11 +59,25 @@ class LineSplitter:
         """
         return len(self._buf) + self._dropped
 
+    def _line_ends(self, data: bytes | bytearray, start: int, end: int) -> tuple[bytes | bytearray, int, int]:
+        """``data[start:end]`` with every line end as b"\n" (a copy only when it holds a b"\r")."""
+        if self._after_cr and start < end:
+            self._after_cr = False
+            if data[start] == 0x0A:
+                start += 1
+        if data.find(b"\r", start, end) < 0:
+            return data, start, end
+        part = bytes(data[start:end])
+        self._after_cr = part.endswith(b"\r")
+        part = part.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        return part, 0, len(part)
+
     def feed(self, data: bytes) -> list[str]:
         """Return the lines completed by ``data``; keep what follows the last newline."""
         if not data:
             return []
-        pieces = data.split(b"\n")
+        ended, start, end = self._line_ends(data, 0, len(data))
+        pieces = bytes(ended[start:end] if start or end != len(ended) else ended).split(b"\n")
         tail = pieces.pop()
         out: list[str] = []
         if pieces:
@@ -89,14 +107,14 @@ class LineSplitter:
         characters), then the whole lines inside ``data``, handed on without copying ``data`` (read
         it before reusing the buffer). What follows the last newline is kept, as ``feed`` keeps it.
         """
-        end = len(data) if size is None else size
-        first = data.find(b"\n", 0, end)
+        data, start, end = self._line_ends(data, 0, len(data) if size is None else size)
+        first = data.find(b"\n", start, end)
         if first < 0:
-            self._keep(data[:end])
+            self._keep(data[start:end])
             return []
-        self._keep(data[:first])
+        self._keep(data[start:first])
         line = b"\n" + self._first_chars()
-        self.reset()
+        self._clear()
         out: list[RawBlock] = [(line, 0, len(line))]
         last = data.rfind(b"\n", 0, end)
         if last > first:
@@ -107,10 +125,10 @@ class LineSplitter:
     def flush_raw(self) -> list[RawBlock]:
         """The unfinished line as a raw block (the stream ended without a newline), or none."""
         if not self._buf:
-            self.reset()
+            self._clear()
             return []
         line = b"\n" + self._first_chars()
-        self.reset()
+        self._clear()
         return [(line, 0, len(line))]
 
     def _first_chars(self) -> bytes:
@@ -131,6 +149,10 @@ class LineSplitter:
 
     def reset(self) -> None:
         """Forget the unfinished line (the stream it belonged to is gone)."""
+        self._clear()
+        self._after_cr = False
+
+    def _clear(self) -> None:
         self._buf.clear()
         self._dropped = 0
 
