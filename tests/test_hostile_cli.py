@@ -5,6 +5,7 @@ flags for predict / plan / explain."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvwatch.cli import main
+from kvwatch.sources.logfile import LogTailer
 
 CONFIGS = Path(__file__).parent / "model_configs"
 LLAMA8 = CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"
@@ -255,3 +257,36 @@ def test_parse_reads_cr_and_crlf_logs_as_lf(
     assert main(["parse", str(converted), "--events"]) == 0
     got = capsys.readouterr().out
     assert want and got == want.replace(str(VLLM_LOG), str(converted))
+
+
+def test_tailer_splits_cr_lines_and_resumes_after_them(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"Loading 10%\rLoading 100%\rINFO ready\r\nnext\n")
+    got: list[str] = []
+    tailer = LogTailer(str(log), lambda _path, line: got.append(line), recheck_interval=3600.0)
+    tailer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(got) < 4 and time.monotonic() < deadline:
+            tailer.refresh()
+            time.sleep(0.02)
+        position = tailer.positions()[str(log)]
+    finally:
+        tailer.stop()
+    assert got == ["Loading 10%", "Loading 100%", "INFO ready", "next"]
+    assert position.offset == log.stat().st_size
+    with log.open("ab") as fh:
+        fh.write(b"after\r")
+    again: list[str] = []
+    resumed = LogTailer(
+        str(log), lambda _path, line: again.append(line), recheck_interval=3600.0, resume={str(log): position}
+    )
+    resumed.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not again and time.monotonic() < deadline:
+            resumed.refresh()
+            time.sleep(0.02)
+    finally:
+        resumed.stop()
+    assert again == ["after"]

@@ -125,3 +125,12 @@ def test_arbitrary_bytes_never_raise_and_respect_the_cap(data: bytes, cap: int) 
     assert all(len(line) <= cap for line in out)
     ends = len(_LINE_END.findall(data))
     assert len(out) == ends + (0 if data.endswith((b"\n", b"\r")) or not data else 1)
+
+
+def test_feed_ends_gives_the_offset_after_each_terminator() -> None:
+    s = LineSplitter()
+    assert s.feed_ends(b"a\rb\r\nc\nd\r") == [("a", 2), ("b", 5), ("c", 7), ("d", 9)]
+    # The LF completing that CRLF is no line of its own.
+    assert s.feed_ends(b"\ne\n") == [("e", 3)]
+    assert s.feed_ends(b"par") == []
+    assert s.feed_ends(b"tial\r\n") == [("partial", 6)]

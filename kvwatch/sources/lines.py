@@ -13,6 +13,7 @@ whole lines (``feed_raw``, replay's bulk path, which decodes only the lines it m
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 
 # Replay's read size: one reused buffer of this many bytes.
@@ -20,6 +21,9 @@ READ_BLOCK_BYTES = 1 << 20
 
 # (block, pos, endpos): ``block[pos:endpos]`` is whole raw lines, each preceded by b"\n".
 RawBlock = tuple["bytes | bytearray", int, int]
+
+# Line ends as the splitter reads them (CRLF, a lone CR, LF), for the offsets of ``feed_ends``.
+_LINE_END = re.compile(rb"\r\n?|\n")
 
 # A UTF-8 character is at most 4 bytes, so keeping 4 bytes per allowed character is always enough
 # to decode the first ``max_line_chars`` characters of a line.
@@ -99,6 +103,13 @@ class LineSplitter:
                 out.append(self._finish(piece, False))
         self._keep(tail)
         return out
+
+    def feed_ends(self, data: bytes) -> list[tuple[str, int]]:
+        """``feed``, with the offset in ``data`` just past each completed line's terminator (where
+        a reader resumes to read the next line)."""
+        skip = 1 if self._after_cr and data[:1] == b"\n" else 0
+        lines = self.feed(data)
+        return list(zip(lines, (m.end() for m in _LINE_END.finditer(data, skip)), strict=False))
 
     def feed_raw(self, data: bytes | bytearray, size: int | None = None) -> list[RawBlock]:
         """The lines completed by ``data[:size]`` as raw blocks (no decoding, no CR stripping).

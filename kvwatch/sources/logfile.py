@@ -809,16 +809,12 @@ class LogTailer:
         to ``on_line``: inside the callback ``positions()`` includes that line, so a consumer can
         store exactly the position of the last line it applied.
         """
-        lines = reader.splitter.feed(body)
         if not publish:
-            self._deliver(stream.path, lines)
+            self._deliver(stream.path, reader.splitter.feed(body))
             return
-        pos = 0
-        for line in lines:
+        for line, end in reader.splitter.feed_ends(body):
             if self._stop.is_set():
                 return  # the published position stays at the last line delivered
-            end = body.index(b"\n", pos) + 1
-            pos = end
             fp = (
                 body[end - _FINGERPRINT : end]
                 if end >= _FINGERPRINT
