@@ -290,3 +290,14 @@ def test_tailer_splits_cr_lines_and_resumes_after_them(tmp_path: Path) -> None:
     finally:
         resumed.stop()
     assert again == ["after"]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"), [(bytes(range(256)), "not UTF-8"), (b"[" * 100_000, "nests too deeply")]
+)
+def test_run_settings_file_binary_or_deep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, needle: str
+) -> None:
+    path = tmp_path / "kvwatch.yaml"
+    path.write_bytes(content)
+    _one_line_exit_2(capsys, ["run", "--config", str(path)], needle)
