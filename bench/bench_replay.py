@@ -115,6 +115,9 @@ def _mtail_argv(path: Path, engine: str) -> list[str]:
         "-one_shot_format",
         "json",
         "-logtostderr",
+        # mtail serves HTTP even in one-shot mode: a free port, never a collision on :3903.
+        "-port",
+        "0",
         "-progs",
         str(MTAIL_PROGS[engine]),
         "-logs",

@@ -118,7 +118,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # command) imports none of them. "" names no command: argparse then answers with the list.
     only = arglist[0] if arglist and arglist[0] in COMMANDS else ""
     parser = build_parser(only)
+    # `kvwatch predict MODEL ... -- <the engine's own flags>`: what follows `--` is the engine's.
+    engine_argv: list[str] | None = None
+    if "--" in arglist:
+        cut = arglist.index("--")
+        arglist, engine_argv = arglist[:cut], arglist[cut + 1 :]
     args = parser.parse_args(_join_negative_values(parser, only, arglist))
+    if engine_argv is not None:
+        if not hasattr(args, "engine_flags"):
+            parser.error(f"'--' (the engine's own flags) is not taken by '{args.command}'")
+        args.engine_flags = engine_argv
     try:
         return int(args._run(args))
     except KvwatchError as exc:

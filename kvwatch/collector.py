@@ -231,6 +231,9 @@ class KvwatchCollector(Collector):
         block_size = pool.block_size or settings.block_size or settings.page_size or pred.block_size
         pool_tokens = pool.tokens
         blocks = pool.blocks
+        # Known only in blocks (V0 logs, /metrics before 0.28): the gap compares blocks, as the
+        # engine's own token count is not blocks x block size for hybrid or sliding-window models.
+        in_blocks = pool_tokens is None and blocks is not None
         if pool_tokens is None and blocks is not None and block_size:
             pool_tokens = blocks * block_size
         gauge(names.KV_POOL_TOKENS, pool_tokens)
@@ -244,7 +247,12 @@ class KvwatchCollector(Collector):
             predicted = pred.tokens.get(basis)
             gauge(names.KV_POOL_PREDICTED_TOKENS, predicted, basis)
             gauge(names.KV_POOL_PREDICTED_BYTES, pred.bytes.get(basis), basis)
-            gauge(names.KV_POOL_GAP_RATIO, gap_ratio(pool_tokens, predicted), basis)
+            predicted_blocks = pred.blocks.get(basis)
+            if in_blocks and predicted_blocks is not None:
+                gauge(names.KV_POOL_GAP_RATIO, gap_ratio(blocks, predicted_blocks), basis)
+            else:
+                gauge(names.KV_POOL_GAP_RATIO, gap_ratio(pool_tokens, predicted), basis)
+            gauge(names.KV_POOL_PREDICTION_ERROR_RATIO, pred.error_ratio.get(basis), basis)
         bpt = pred.bytes_per_token
         if bpt is None and pool_tokens and pool.bytes:
             bpt = pool.bytes // pool_tokens

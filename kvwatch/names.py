@@ -119,6 +119,12 @@ KV_POOL_GAP_RATIO = _m(
     "Observed pool tokens / predicted pool tokens - 1 (negative: smaller than predicted).",
     "basis",
 )
+KV_POOL_PREDICTION_ERROR_RATIO = _m(
+    "kvwatch_kv_pool_prediction_error_ratio",
+    "gauge",
+    "Expected relative error of the predicted pool (about one standard error of the a-priori model on real startups); the drift alert's config-basis tolerance follows it.",
+    "basis",
+)
 KV_BYTES_PER_TOKEN = _m(
     "kvwatch_kv_bytes_per_token",
     "gauge",

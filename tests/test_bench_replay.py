@@ -132,7 +132,8 @@ def test_mtail_program_extracts_the_same_facts(busy_log: tuple[Path, dict[str, o
         pytest.skip("Debian's mtail is not installed")
     path, facts = busy_log
     out = subprocess.run(
-        [MTAIL, "-one_shot", "-one_shot_format", "json", "-logtostderr"]
+        # -port 0: mtail serves HTTP even in one-shot mode; never collide with another mtail on :3903.
+        [MTAIL, "-one_shot", "-one_shot_format", "json", "-logtostderr", "-port", "0"]
         + ["-progs", str(ROOT / "bench" / "kvwatch.mtail"), "-logs", str(path)],
         capture_output=True,
         text=True,

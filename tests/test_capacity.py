@@ -21,6 +21,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.capacity.weights import weights_per_rank
+from kvwatch.engines.sglang import budget as sglang_budget
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
 from kvwatch.errors import ConfigError, ModelConfigError
 from kvwatch.facts import MemoryFacts, SettingsFacts
@@ -730,7 +731,8 @@ def test_sglang_tokens_are_whole_pages(stem: str, available: int, page: int) -> 
     m = model(stem)
     d = Deployment(engine="sglang", page_size=page, max_model_len=4096)
     tokens, _ = pool_from_available(m, d, available)
-    cell = m.bytes_per_token()
+    # SGLang's own cell: bf16 K/V, except DeepSeek-V3.2's fp8 DSA default (sglang.budget.dsa_kv_elem_bytes)
+    cell = sglang_budget.cell_size(m, d, 2)
     assert tokens % page == 0
     assert tokens * cell <= available < (tokens + page) * cell
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from kvwatch.cli import main
 from kvwatch.engines.flags import human_int, read_flags
 from kvwatch.engines.sglang.flags import FLAGS as SGLANG
 from kvwatch.engines.vllm.flags import FLAGS as VLLM
@@ -106,3 +111,63 @@ def test_human_int_reads_as_vllm_does() -> None:
     assert human_int("1M") == 1024**2
     with pytest.raises(ValueError):
         human_int("1.5")
+
+
+CONFIGS = Path(__file__).parent / "model_configs"
+QWEN8 = str(CONFIGS / "Qwen--Qwen3-8B.json")
+
+
+def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert main(["predict", *argv]) == 0
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_predict_takes_the_engines_own_flags_after_a_double_dash(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = _json(capsys, QWEN8, "--gpu", "h100", "--json")
+    flagged = _json(
+        capsys,
+        QWEN8,
+        "--gpu",
+        "h100",
+        "--json",
+        "--",
+        "--max-model-len",
+        "16k",
+        "--max-num-seqs",
+        "256",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--trust-remote-code",
+    )
+    assert flagged["max_model_len"] == 16000 and plain["max_model_len"] == 40960
+    assert flagged["gpu_memory_utilization"] == 0.85
+    assert flagged["memory"]["cuda_graphs"] == 0  # --enforce-eager captures none
+    assert flagged["memory"]["activation"] < plain["memory"]["activation"]  # 256 sequences sample less
+    assert any("ignored: --trust-remote-code" in a for a in flagged["assumptions"])
+
+
+def test_sglang_flags_after_the_double_dash(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(
+        capsys, QWEN8, "--engine", "sglang", "--gpu", "h100", "--json", "--", "--mem-fraction-static", "0.8"
+    )
+    assert data["mem_fraction_static"] == 0.8
+
+
+def test_double_dash_is_refused_where_no_engine_flags_are_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["parse", "x.log", "--", "--tp", "2"])
+    assert exc.value.code == 2
+
+
+def test_predict_without_a_card_prints_every_card(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", QWEN8, "--max-model-len", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "147,456 B per GPU" in out and "15.27 GiB per GPU" in out
+    assert "H100-SXM-80GB" in out and "RTX-4090-24GB" in out
+    data = _json(capsys, QWEN8, "--max-model-len", "32768", "--json")
+    cards = {c["gpu"]: c for c in data["cards"]}
+    assert cards["H100-SXM-80GB"]["fits"] and not cards["L4-24GB"]["fits"]
+    totals = [c["memory"]["total"] for c in data["cards"]]
+    assert totals == sorted(totals)

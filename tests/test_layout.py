@@ -10,7 +10,12 @@
   ``dict[str, Any]``, ``Mapping[str, Any]`` (or any other mapping with ``Any`` keys or values, at
   any depth) or ``**kwargs: Any`` fails. Names starting with ``_`` (and everything inside a private
   class or a function body) are private and exempt.
-- The capacity model's modules stay under MAX_LINES lines.
+- Importing a submodule counts as importing every package above it (their ``__init__`` runs first),
+  so a package that re-exports its submodules and a submodule that imports a sibling through it
+  form a cycle.
+- Every module stays under MAX_LINES lines: split by concern, not by size.
+- No module outside kvwatch/engines spells an engine's name: code reaches an engine through the
+  ``Engine`` protocol (kvwatch/engines/registry.py), never by comparing names.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kvwatch"
-# Modules the capacity model keeps under this many lines (the rest of the tree has its own step).
 MAX_LINES = 500
 
 
@@ -49,7 +53,11 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                 head = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*head, base] if base else head)
             targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-        found |= {t for t in targets if t in known and t != name}
+        for target in targets:
+            parts = target.split(".")
+            # The target and every package above it: their __init__ modules run on this import.
+            found |= {".".join(parts[: i + 1]) for i in range(len(parts))} & known
+    found.discard(name)
     return found
 
 
@@ -89,10 +97,63 @@ def test_the_cycle_check_sees_function_local_imports() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_capacity_modules_stay_small() -> None:
-    for path in sorted((PACKAGE / "capacity").glob("*.py")):
-        lines = len(path.read_text(encoding="utf-8").splitlines())
-        assert lines <= MAX_LINES, f"{path.name} has {lines} lines (at most {MAX_LINES})"
+def test_a_package_reexporting_a_submodule_that_imports_a_sibling_is_a_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "kvwatch" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from kvwatch.pkg.a import A\n", encoding="utf-8")
+    (pkg / "a.py").write_text("from kvwatch.pkg.b import B\nA = 1\n", encoding="utf-8")
+    (pkg / "b.py").write_text("B = 2\n", encoding="utf-8")
+    known = {"kvwatch.pkg", "kvwatch.pkg.a", "kvwatch.pkg.b"}
+    graph = {
+        "kvwatch.pkg": _imports("kvwatch.pkg", pkg / "__init__.py", known),
+        "kvwatch.pkg.a": _imports("kvwatch.pkg.a", pkg / "a.py", known),
+        "kvwatch.pkg.b": _imports("kvwatch.pkg.b", pkg / "b.py", known),
+    }
+    assert _cycle(graph) is not None
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_modules_stay_small(path: Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{path} has {lines} lines (at most {MAX_LINES}): split it by concern"
+
+
+# --- engine names only inside kvwatch/engines -------------------------------------------------------
+def _engine_names() -> tuple[str, ...]:
+    from kvwatch.engines.kinds import ENGINE_NAMES
+
+    return ENGINE_NAMES
+
+
+def engine_literals(path: Path) -> list[str]:
+    """String constants equal to an engine's name (docstrings are prose and exempt)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    names = _engine_names()
+    return [
+        f"{path}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docs
+        and node.value.lower() in names
+    ]
+
+
+def test_engine_names_are_spelled_only_in_engines() -> None:
+    outside = [p for p in PACKAGE.rglob("*.py") if "engines" not in p.relative_to(PACKAGE).parts]
+    assert [hit for p in sorted(outside) for hit in engine_literals(p)] == []
+
+
+def test_the_engine_name_check_sees_a_literal(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""vllm in a docstring is prose."""\nX = {"vllm": 1}\n', encoding="utf-8")
+    assert [hit.rsplit(": ", 1)[1] for hit in engine_literals(probe)] == ["'vllm'"]
 
 
 # --- no Any-valued mapping in a public signature -------------------------------------------------

@@ -129,7 +129,6 @@ def bad_configs(tmp_path: Path) -> dict[str, str]:
         ("ok", ["--available-kv-memory", "0GiB"], "positive"),
         ("ok", ["--tp", "3"], "divisible by tensor parallel size"),
         ("ok", ["--gpu", "voodoo5"], "unknown GPU"),
-        ("ok", [], "--gpu"),
         ("ok", ["--gpu", "h100", "--mem-fraction-static", "0.8"], "SGLang setting"),
         ("ok", ["--gpu", "h100", "--kv-cache-dtype", "int3"], "kv cache dtype"),
         ("ok", ["--gpu", "h100", "--weights-dtype", "int3"], "weights dtype"),

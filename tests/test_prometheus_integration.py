@@ -154,7 +154,7 @@ def test_prometheus_reads_pool_gap_headroom_and_preemptions(
 # --- Issue 13: a fleet of sidecars, real Prometheus and Alertmanager, the shipped rules ------------
 #
 # Pods (static targets with namespace/pod target labels, as the PodMonitor would add):
-#   healthy-1, healthy-2  vLLM 0.11 on H100 (the compose startup block + a real stats line): no page.
+#   healthy-1, healthy-2  vLLM 0.19 on H100 (the compose startup block, a real start, + a real stats line): no page.
 #   small-3               the same engine with its pool edited down to 300,000 tokens: one page,
 #                         KVPoolBelowSiblingReplicas; its KVPoolDriftsFromPrediction is inhibited.
 #   failed-4              a real 'max_model_len too large' startup failure: KVEngineStartupFailed
@@ -299,7 +299,7 @@ def test_fleet_pages_name_the_pod_inhibit_per_cause_and_catch_a_frozen_source(
     logs = {
         "healthy-1": H100_STARTUP + V1_STATS,
         "healthy-2": H100_STARTUP + V1_STATS,
-        "small-3": H100_STARTUP.replace("428,560 tokens", "300,000 tokens") + V1_STATS,
+        "small-3": H100_STARTUP.replace("476,016 tokens", "300,000 tokens") + V1_STATS,
         "failed-4": FAILED_START,
         # SGLang's allocation line (pool tokens and bytes); no model config: prediction info only.
         "sglang-8": (SAMPLES / "sglang/001-qwen3-235b-fp8-tp4-kv-alloc.log").read_text(),

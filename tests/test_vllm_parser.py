@@ -780,3 +780,39 @@ def test_event_types() -> None:
     for name, body, expected in CASES:
         for event, want in zip(vllm.parse(body, META), expected, strict=True):
             assert isinstance(event, kinds[want["kind"]]), name
+
+
+# xorbitsai/inference#3237 (2025-04): Xinference re-logs vLLM's V0 max-seq-len error under its own
+# logger ('%(asctime)s %(name)s %(process)d %(levelname)s' + xoscar's '[address=..., pid=...]'). The
+# first line is verbatim as pasted (the paste lost the year's first digit), the second as printed.
+XINFERENCE_MAXLEN = (
+    "025-04-12 21:57:39,467 xinference.api.restful_api 1 ERROR    [address=0.0.0.0:43423, pid=167] The "
+    "model's max seq len (32768) is larger than the maximum number of tokens that can be stored in KV cache "
+    "(17744). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+    "engine."
+)
+
+
+@pytest.mark.parametrize("line", [XINFERENCE_MAXLEN, "2" + XINFERENCE_MAXLEN])
+def test_max_seq_len_error_re_logged_by_xinference_is_a_startup_failure(line: str) -> None:
+    body, _meta = strip_prefixes(line)
+    assert facts(vllm.parse(body, META)) == [
+        {
+            "kind": "startup_failure",
+            "reason": "max_model_len_too_large",
+            "max_model_len": 32768,
+            "max_tokens_in_cache": 17744,
+        },
+        {"kind": "pool", "pool": "full", "tokens": 17744},
+    ]
+
+
+def test_max_seq_len_error_re_logged_through_the_pipeline() -> None:
+    from kvwatch.pipeline import LinePipeline
+    from kvwatch.state import Fleet
+
+    fleet = Fleet(clock=lambda: 1.0)
+    LinePipeline("x", fleet, "auto").feed(XINFERENCE_MAXLEN)
+    (snap,) = fleet.snapshot()
+    assert snap.engine == "vllm"
+    assert dict(snap.startup_failures) == {"max_model_len_too_large": 1}

@@ -41,6 +41,12 @@ class PredictionResult:
     tokens: Mapping[str, int] = field(default_factory=dict)
     bytes: Mapping[str, int] = field(default_factory=dict)
     max_concurrency: Mapping[str, float] = field(default_factory=dict)
+    # basis -> the prediction's expected relative error, where it is modelled (config).
+    error_ratio: Mapping[str, float] = field(default_factory=dict)
+    # basis -> predicted pool blocks (vLLM): what an observed pool known only in blocks is compared
+    # with, since vLLM's token count is not blocks x block size (hybrid groups; from 0.20.1 every
+    # sliding-window model, budget.logs_tokens_from_concurrency).
+    blocks: Mapping[str, int] = field(default_factory=dict)
     bytes_per_token: int | None = None
     memory: Mapping[str, int] = field(default_factory=dict)
     # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
@@ -128,6 +134,8 @@ class Predictor:
         tokens: dict[str, int] = {}
         pool_bytes: dict[str, int] = {}
         concurrency: dict[str, float] = {}
+        error_ratio: dict[str, float] = {}
+        blocks: dict[str, int] = {}
         memory: dict[str, int] = {}
         bytes_per_token = block_size = None
         max_model_len = model.max_position_embeddings
@@ -145,6 +153,10 @@ class Predictor:
                 tokens["config"] = pred.kv_pool_tokens
                 pool_bytes["config"] = pred.kv_pool_bytes
                 concurrency["config"] = float(pred.max_concurrency)
+                if pred.error_band_ratio is not None:
+                    error_ratio["config"] = pred.error_band_ratio
+                if pred.kv_pool_blocks is not None:
+                    blocks["config"] = pred.kv_pool_blocks
                 memory = {k: int(v) for k, v in pred.memory_terms().items() if v is not None}
             # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
             # vLLM prints its budget ('Available KV cache memory'); SGLang prints the pool's bytes.
@@ -153,12 +165,17 @@ class Predictor:
                 available = snap.pool.bytes
             if available is not None and available > 0:
                 full = deployment_from_settings(snap.engine, settings, snap.memory, gpu)
-                budget_tokens, _blocks = pool_from_available(model, full, available)
+                budget_tokens, budget_blocks = pool_from_available(model, full, available)
                 tokens["engine_budget"] = budget_tokens
+                if budget_blocks is not None:
+                    blocks["engine_budget"] = budget_blocks
                 pool_bytes["engine_budget"] = available
+                # The engine's own concurrency (blocks over the blocks one request takes), not
+                # tokens / max_model_len: the two differ for sliding-window layers up to vLLM 0.20.0.
                 max_len = settings.max_model_len
                 if max_len is not None and max_len > 0:
-                    concurrency["engine_budget"] = budget_tokens / max_len
+                    own = predict(model, full.with_(available_kv_bytes=available))
+                    concurrency["engine_budget"] = float(own.max_concurrency)
         except KvwatchError as exc:
             log.info("no prediction source=%s dp_rank=%s err=%s", snap.source, snap.instance, exc)
             return PredictionResult(
@@ -172,6 +189,8 @@ class Predictor:
             tokens=tokens,
             bytes=pool_bytes,
             max_concurrency=concurrency,
+            error_ratio=error_ratio,
+            blocks=blocks,
             bytes_per_token=bytes_per_token,
             memory=memory,
             block_size=block_size,

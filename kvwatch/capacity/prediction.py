@@ -8,9 +8,13 @@ read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from kvwatch.jsontypes import JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    from kvwatch.capacity.deployment import Deployment
+    from kvwatch.capacity.model import ModelGeometry
 
 InputSource = Literal["given", "engine_default", "estimated", "derived"]
 
@@ -153,3 +157,49 @@ class Basis:
     weights_scheme: str | None
     inputs: dict[str, InputSource] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
+
+    def identity(self, model: ModelGeometry, d: Deployment) -> PredictionIdentity:
+        """The Prediction fields every engine fills the same way (who, where, bytes per token, weights)."""
+        return PredictionIdentity(
+            engine=d.engine,
+            engine_version=d.engine_version,
+            model=model.name,
+            gpu_name=d.gpu_name,
+            tp=d.tp,
+            pp=d.pp,
+            dcp=d.dcp,
+            kv_cache_dtype=d.kv_cache_dtype,
+            kv_elem_bytes=self.kv_elem_bytes,
+            bytes_per_token=self.bytes_per_token,
+            bytes_per_token_all_ranks=self.bytes_per_token_all_ranks,
+            weights_bytes=self.weights_bytes,
+            weights_total_bytes=self.weights_total_bytes,
+            weights_scheme=self.weights_scheme,
+            param_count=model.param_count,
+            max_model_len=self.max_model_len,
+            inputs=self.inputs,
+            assumptions=tuple(self.assumptions),
+        )
+
+
+class PredictionIdentity(TypedDict):
+    """Keyword arguments of ``Prediction`` that do not depend on the engine's arithmetic."""
+
+    engine: str
+    engine_version: str | None
+    model: str
+    gpu_name: str | None
+    tp: int
+    pp: int
+    dcp: int
+    kv_cache_dtype: str
+    kv_elem_bytes: int
+    bytes_per_token: int
+    bytes_per_token_all_ranks: int
+    weights_bytes: int | None
+    weights_total_bytes: int | None
+    weights_scheme: str | None
+    param_count: int
+    max_model_len: int
+    inputs: dict[str, InputSource]
+    assumptions: tuple[str, ...]

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from typing import cast
 
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity import gpus
-from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, Deployment
+from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, Deployment, DeploymentValue, validate
 from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.engines import registry
+from kvwatch.engines.flags import FlagReading, read_flags
 from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES
+from kvwatch.errors import KvwatchError
 from kvwatch.units import format_bytes, parse_size
 
 HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model (config.json or Hub name)"
@@ -90,10 +95,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--disable-hybrid-kv-cache-manager", action="store_true", help="vLLM: treat sliding layers as full"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    # Everything after `--` (cli.main splits it off): the engine's own flags as users type them.
+    parser.set_defaults(engine_flags=[])
+    parser.epilog = (
+        "After --, the engine's own flags as you type them (vllm serve: --tensor-parallel-size 4 "
+        "--max-num-seqs 256 --enforce-eager ...; sglang.launch_server: --tp-size 8 --mem-fraction-static "
+        "0.85 --context-length 65536 ...). They win over kvwatch's own flags; flags kvwatch does not "
+        "model are listed as ignored."
+    )
+
+
+def engine_flags(args: argparse.Namespace) -> FlagReading:
+    """The engine's own flags given after ``--``, read by the engine's flag table."""
+    return read_flags(getattr(args, "engine_flags", None) or [], registry.get(args.engine).flags)
 
 
 def build_deployment(args: argparse.Namespace) -> Deployment:
-    """Flags -> Deployment (sizes parsed, GPU looked up)."""
+    """Flags -> Deployment (sizes parsed, GPU looked up); the engine's own flags after ``--`` win."""
     gpu_name = None
     gpu_memory = None
     if args.gpu:
@@ -102,7 +120,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
     elif args.gpu_memory:
         gpu_memory = parse_size(args.gpu_memory, maximum=MAX_GPU_MEMORY_BYTES)
     registry.check_version(args.engine, args.engine_version)
-    engine_flags = registry.get(args.engine).deployment_flags(
+    fraction_flags = registry.get(args.engine).deployment_flags(
         args.gpu_memory_utilization, args.mem_fraction_static, args.block_size
     )
     return Deployment(
@@ -123,7 +141,12 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         available_kv_bytes=parse_size(args.available_kv_memory) if args.available_kv_memory else None,
         max_num_batched_tokens=args.max_num_batched_tokens,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-    ).with_(**engine_flags)
+    ).with_(**{**fraction_flags, **engine_flags_fields(args)})
+
+
+def engine_flags_fields(args: argparse.Namespace) -> dict[str, DeploymentValue]:
+    """Deployment fields of the engine flags after ``--`` (typed by each flag's converter)."""
+    return {k: cast(DeploymentValue, v) for k, v in engine_flags(args).fields.items()}
 
 
 def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:
@@ -210,9 +233,81 @@ def render(p: Prediction) -> str:
     return "\n".join(lines)
 
 
+def _with_flag_notes(p: Prediction, reading: FlagReading, model_config: str) -> Prediction:
+    notes = []
+    if reading.ignored:
+        notes.append(f"engine flags kvwatch does not model, ignored: {' '.join(reading.ignored)}")
+    if reading.model is not None and reading.model != model_config:
+        notes.append(f"the engine flags name the model {reading.model}; sized from {model_config}")
+    return dataclasses.replace(p, assumptions=(*p.assumptions, *notes)) if notes else p
+
+
+def card_table(model: ModelGeometry, base: Deployment) -> list[Prediction]:
+    """The prediction on every NVIDIA card of the catalogue that holds the weights, smallest first."""
+    out = []
+    for card in sorted(gpus.CATALOGUE, key=lambda g: g.total_bytes):
+        if card.vendor != "nvidia":
+            continue
+        try:
+            p = predict(model, base.with_(gpu_memory_bytes=card.total_bytes, gpu_name=card.name))
+        except KvwatchError:
+            continue
+        out.append(p)
+    return out
+
+
+def render_cards(model: ModelGeometry, preds: list[Prediction]) -> str:
+    """Bytes per token, weights, and the pool on each card (``predict`` without a card)."""
+    if not preds:
+        return "no catalogue card fits this deployment"
+    first = preds[0]
+    lines = [
+        f"model               {first.model} ({first.param_count / 1e9:.2f}B params)",
+        f"engine              {first.engine} {first.engine_version or '(newest defaults)'}",
+        f"bytes per token     {first.bytes_per_token:,} B per GPU ({format_bytes(first.bytes_per_token)})",
+        f"weights             {format_bytes(first.weights_bytes)} per GPU ({first.weights_scheme})",
+        f"max_model_len       {first.max_model_len:,}",
+        "",
+        "no card given (--gpu / --gpu-memory): the pool on each card of the catalogue",
+    ]
+    rows = [("card", "total", "available KV", "KV pool tokens", "concurrency", "fits")]
+    for p in preds:
+        kv = format_bytes(p.available_kv_bytes)
+        if p.available_kv_band_bytes is not None:
+            kv += f" ± {format_bytes(p.available_kv_band_bytes)}"
+        rows.append(
+            (
+                p.gpu_name or "-",
+                format_bytes(p.total_bytes),
+                kv,
+                f"{p.kv_pool_tokens:,}",
+                f"{p.max_concurrency:.2f}x",
+                "yes" if p.fits else "NO",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for n, r in enumerate(rows):
+        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     model = load_model(resolve_model_config(args.model_config))
-    prediction = predict(model, build_deployment(args))
+    deployment = build_deployment(args)
+    reading = engine_flags(args)
+    if deployment.gpu_memory_bytes is None and registry.get(deployment.engine).needs_gpu_memory(deployment):
+        validate(model, deployment)  # what the engine refuses on any card (TP split, dtypes)
+        preds = [_with_flag_notes(p, reading, args.model_config) for p in card_table(model, deployment)]
+        if args.json:
+            json.dump({"cards": [p.to_json_dict() for p in preds]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print(render_cards(model, preds))
+        return 0
+    prediction = _with_flag_notes(predict(model, deployment), reading, args.model_config)
     if args.json:
         json.dump(prediction.to_json_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

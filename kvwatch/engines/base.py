@@ -10,7 +10,7 @@ of the budget it printed (``observed_budget``), its defaults and its flag spelli
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -18,6 +18,7 @@ from kvwatch.capacity.budget import Budget, Contribution, Term
 from kvwatch.capacity.deployment import Deployment, DeploymentValue
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
+from kvwatch.engines.flags import Flag
 from kvwatch.engines.kinds import EngineName
 
 if TYPE_CHECKING:
@@ -177,6 +178,11 @@ class Engine(Protocol):
         self, d: Deployment, observed: Budget, fraction: float, new: float
     ) -> FractionLever | None:
         """What raising the memory fraction from ``fraction`` to ``new`` makes of the observed budget."""
+        ...
+
+    @property
+    def flags(self) -> Sequence[Flag]:
+        """The engine's own command-line flags that move the pool (``predict MODEL -- <flags>``)."""
         ...
 
     def deployment_flags(

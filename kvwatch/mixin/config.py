@@ -40,6 +40,11 @@ INHIBIT_RANK: tuple[str, ...] = (*INHIBIT_SOURCE, "dp_rank")
 # `engine_budget` redoes the engine's own division on the memory it logged and should match to a
 # block, so anything past 2 % means the engine sized the pool differently than kvwatch thinks.
 GAP_RATIO: dict[str, float] = {"config": 0.10, "engine_budget": 0.02}
+# Where kvwatch exports the prediction's expected error (kvwatch_kv_pool_prediction_error_ratio, the
+# a-priori model's band), the config-basis tolerance is this many times it, never under the floor;
+# GAP_RATIO is then the fallback for a prediction without a band.
+GAP_ERROR_MULTIPLE = 3.0
+GAP_RATIO_FLOOR: dict[str, float] = {"config": 0.02}
 # vLLM's usage is block-granular and runs high under load by design; only a sustained 95 % matters.
 USAGE_RATIO_FULL = 0.95
 # Requests of max_model_len the free pool must still hold; below this a long request waits or preempts.

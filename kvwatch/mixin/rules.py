@@ -26,6 +26,7 @@ ALERTS_GROUP = "kvwatch.alerts"
 POOL = names.KV_POOL_TOKENS.sample_name
 PREDICTED = names.KV_POOL_PREDICTED_TOKENS.sample_name
 GAP = names.KV_POOL_GAP_RATIO.sample_name
+GAP_ERROR = names.KV_POOL_PREDICTION_ERROR_RATIO.sample_name
 USAGE = names.KV_USAGE_RATIO.sample_name
 USED = names.KV_USED_TOKENS.sample_name
 HEADROOM_TOKENS = names.KV_HEADROOM_TOKENS.sample_name
@@ -217,10 +218,20 @@ _SERIES = config.RANK_LABELS
 
 
 def _gap_expr() -> str:
+    """Outside the tolerance of its basis: a multiple of the prediction's own expected error where
+    kvwatch exports one (never under the floor), else the fixed GAP_RATIO."""
     parts = []
     for basis, limit in config.GAP_RATIO.items():
         sel = f'{GAP}{{basis="{basis}"}}'
-        parts.append(f"({sel} > {limit:g} or {sel} < -{limit:g})")
+        fixed = f"({sel} > {limit:g} or {sel} < -{limit:g})"
+        floor = config.GAP_RATIO_FLOOR.get(basis)
+        if floor is None:
+            parts.append(fixed)
+            continue
+        err = f'{GAP_ERROR}{{basis="{basis}"}}'
+        tol = f"clamp_min({config.GAP_ERROR_MULTIPLE:g} * {err}, {floor:g})"
+        parts.append(f"({sel} > {tol} or {sel} < -{tol})")
+        parts.append(f"({fixed} unless {err})")
     return "\nor\n".join(parts)
 
 
@@ -242,7 +253,15 @@ def alerts() -> list[Alert]:
     """Every alert, in the order of docs/runbook.md."""
     replica = config.REPLICA_LABELS
     siblings = config.SIBLING_LABELS
-    gap_limits = ", ".join(f"±{limit:.0%} for basis {basis}" for basis, limit in config.GAP_RATIO.items())
+    gap_limits = ", ".join(
+        (
+            f"for basis {basis} {config.GAP_ERROR_MULTIPLE:g} x the prediction's expected error, at least "
+            f"±{config.GAP_RATIO_FLOOR[basis]:.0%} (±{limit:.0%} without one)"
+        )
+        if basis in config.GAP_RATIO_FLOOR
+        else f"±{limit:.0%} for basis {basis}"
+        for basis, limit in config.GAP_RATIO.items()
+    )
     failure_window = config.STARTUP_FAILURE_WINDOW
     return [
         Alert(

@@ -1,10 +1,11 @@
 #!/bin/sh
-# Demo log writer for the compose stack when no GPU is at hand: replays a vLLM 0.11.0 startup
-# block (Llama-3.1-8B on one H100 80 GB at --gpu-memory-utilization 0.92 and --max-model-len 8192:
-# 14.96 GiB of weights, 52.32 GiB of KV cache = 428,560 tokens, the worked example of the KV
-# sizing notes) with timestamps rewritten to now, then appends a stats line every 10 seconds whose
+# Demo log writer for the compose stack when no GPU is at hand: replays the startup lines of a real
+# vLLM 0.19.0 start (Llama-3.1-8B-Instruct on one H100 80GB HBM3, --gpu-memory-utilization 0.95,
+# --max-model-len 8192: 14.99 GiB of weights, 58.11 GiB of KV cache = 476,016 tokens; copied verbatim
+# from tests/apriori/logs/meta-llama-llama-3-1-8b---h100-80gb--tp1pp1dp1--8192.log.gz, llm-d's
+# accuracy sweep) with timestamps rewritten to now, then appends a stats line every 10 seconds whose
 # KV usage climbs from 5 % to 99 % and falls back, so usage, headroom and the KV-full alert move.
-# The load is synthetic; only the line formats are vLLM's.
+# The load is synthetic; the startup and the line formats are vLLM's.
 #   usage: vllm-replay.sh STARTUP_LOG OUTPUT_LOG
 set -eu
 startup=$1
@@ -23,7 +24,7 @@ i=0
 while true; do
   phase=$((i % 40))
   if [ "$phase" -lt 20 ]; then usage=$((5 + phase * 5)); else usage=$((99 - (phase - 20) * 5)); fi
-  running=$((usage * 52 / 100))
+  running=$((usage * 58 / 100))
   waiting=0
   if [ "$usage" -gt 90 ]; then waiting=$(((usage - 90) * 4)); fi
   prompt=$((running * 180))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, version_tuple
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
 from kvwatch.units import GiB, MiB
@@ -20,6 +21,7 @@ from kvwatch.units import GiB, MiB
 # distributed ends. mem usage=' line, typically 0.5-0.7 GiB); an estimate when not measured.
 DEFAULT_CONTEXT_BYTES = 6 * GiB // 10
 DEFAULT_PAGE_SIZE = 1
+DSA_PAGE_SIZE = 64
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 # The rope part of the MLA latent (qk_rope_head_dim) in DeepSeek sparse-attention models.
@@ -89,23 +91,89 @@ def default_mem_fraction_static(d: Deployment) -> StaticFraction:
     )
 
 
-def layer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int) -> int:
-    """Bytes per token one layer adds to SGLang's cell size on one rank."""
+def is_dsa(layer: LayerSpec) -> bool:
+    """A DeepSeek sparse-attention (V3.2, NSA/DSA) MLA layer: the latent plus an indexer key."""
+    return layer.kind == "mla" and layer.extra_bytes_per_token > 0
+
+
+def dsa_kv_elem_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
+    """The KV element width SGLang runs a DSA model with when --kv-cache-dtype is 'auto'.
+
+    SGLang sets fp8_e4m3 on SM >= 10 and keeps bf16 on Hopper (0.5.3 server_args.py:826-832;
+    0.5.9 server_args.py:1142-1143; 0.5.23 arg_groups/overrides.py:532-535, bf16 also for learnable
+    sinks). An unknown card is taken as fp8, the default SGLang names ("DeepSeek V3.2 defaults to
+    FP8 KV cache", 0.5.9 server_args.py:1139).
+    """
+    if d.kv_cache_dtype != "auto" or not any(is_dsa(layer) for layer in model.layers):
+        return elem_bytes
+    card = gpus.find(d.gpu_name)
+    if card is not None and card.sm_major < 10:
+        return elem_bytes
+    return 1
+
+
+def layer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int, version: str | None = None) -> int:
+    """Bytes per token one layer adds to the cell SGLang divides its budget by, on one rank.
+
+    DSA (DeepSeek-V3.2) layers, per release of profile_max_num_token / the pool configurator:
+    up to 0.5.3 (kv_lora_rank + qk_rope_head_dim) x element size, no indexer (0.5.3
+    model_executor/model_runner.py:1274-1279); 0.5.4-0.5.16 add the fp8 indexer key with its scales,
+    index_head_dim + index_head_dim / 128 x 4 = 132 B (0.5.4 model_runner.py, 'Add indexer KV cache
+    overhead'; 0.5.9 model_runner_kv_cache_mixin.py:47-80); from 0.5.17 the latent is
+    calculate_mla_kv_cache_dim's, which for fp8 is kv_lora_rank + kv_lora_rank / 128 x 4 + the rope
+    part in bf16 = 656 B (0.5.17 model_executor/pool_configurator.py:205; 0.5.9
+    model_runner_kv_cache_mixin.py:212-250).
+    """
     if layer.kind != "mla":
         return layer.bytes_per_token(tp_for_heads, elem_bytes)
-    if elem_bytes == 1 and layer.extra_bytes_per_token:
-        # DSA models keep fp8 latents with a 4-byte scale per 128 and the rope part in bf16
-        # (calculate_mla_kv_cache_dim), plus the indexer key.
-        lora = layer.head_size_k - _DSA_ROPE_DIM
-        return lora + lora // 128 * 4 + _DSA_ROPE_DIM * 2 + layer.extra_bytes_per_token
-    return layer.head_size_k * elem_bytes + layer.extra_bytes_per_token
+    if not is_dsa(layer):
+        return layer.head_size_k * elem_bytes + layer.extra_bytes_per_token
+    v = version_tuple(version)
+    if elem_bytes == 1 and (v is None or v >= (0, 5, 17)):
+        latent = _dsa_fp8_latent(layer)
+    else:
+        latent = layer.head_size_k * elem_bytes
+    indexer = layer.extra_bytes_per_token if v is None or v >= (0, 5, 4) else 0
+    return latent + indexer
+
+
+def _dsa_fp8_latent(layer: LayerSpec) -> int:
+    lora = layer.head_size_k - _DSA_ROPE_DIM
+    return lora + lora // 128 * 4 + _DSA_ROPE_DIM * 2
+
+
+def buffer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int, version: str | None = None) -> int:
+    """Bytes per token one layer's pool buffers hold: what 'KV size' counts.
+
+    For DSA layers the fp8 buffer is 656 B wide in every release (0.5.3 mem_cache/memory_pool.py:1052-1058
+    'TODO do not hardcode' 656; later calculate_mla_kv_cache_dim), and the indexer buffer is in the
+    printed size from 0.5.4 (0.5.4 memory_pool.py:1511-1515; 0.5.3 printed the latent buffer only,
+    sgl-project/sglang#11309). Other layers: their cell.
+    """
+    if not is_dsa(layer):
+        return layer_cell(layer, tp_for_heads, elem_bytes, version)
+    v = version_tuple(version)
+    latent = _dsa_fp8_latent(layer) if elem_bytes == 1 else layer.head_size_k * elem_bytes
+    indexer = layer.extra_bytes_per_token if v is None or v >= (0, 5, 4) else 0
+    return latent + indexer
 
 
 def cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Bytes per token over one rank's growing KV layers (largest pipeline stage)."""
     tp_for_heads = max(1, d.tp // d.dcp)
+    elem = dsa_kv_elem_bytes(model, d, elem_bytes)
     return max(
-        sum(layer_cell(layer, tp_for_heads, elem_bytes) for layer in stage if layer.grows)
+        sum(layer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.grows)
+        for stage in stage_layers(model.layers, d.pp)
+    )
+
+
+def buffer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
+    """Bytes per token of the pool's buffers on one rank (the printed 'KV size' / #tokens)."""
+    tp_for_heads = max(1, d.tp // d.dcp)
+    elem = dsa_kv_elem_bytes(model, d, elem_bytes)
+    return max(
+        sum(buffer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.grows)
         for stage in stage_layers(model.layers, d.pp)
     )
 
@@ -113,8 +181,9 @@ def cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
 def all_layer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Cell size counting every attention layer, sliding ones included (hybrid SWA sizing)."""
     tp_for_heads = max(1, d.tp // d.dcp)
+    elem = dsa_kv_elem_bytes(model, d, elem_bytes)
     return max(
-        sum(layer_cell(layer, tp_for_heads, elem_bytes) for layer in stage if layer.is_paged)
+        sum(layer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.is_paged)
         for stage in stage_layers(model.layers, d.pp)
     )
 
@@ -132,6 +201,10 @@ class SglangPool:
 def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -> SglangPool:
     """max_total_num_tokens for ``available`` bytes of KV budget on one rank."""
     page = d.page_size or d.block_size or DEFAULT_PAGE_SIZE
+    if d.page_size is None and d.block_size is None and any(is_dsa(layer) for layer in model.layers):
+        # DeepSeek sparse attention on CUDA runs with pages of 64 (0.5.3 server_args.py:820-821;
+        # 0.5.9 server_args.py:1256-1259; 1 on ROCm, not modelled).
+        page = DSA_PAGE_SIZE
     notes: list[str] = []
     exact = True
     n_sliding = model.count("sliding", "chunked")

@@ -13,6 +13,7 @@ from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName
 from kvwatch.engines.sglang import budget, observed, predict
+from kvwatch.engines.sglang.flags import FLAGS
 from kvwatch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Sglang:
     """The SGLang engine."""
 
     name: EngineName = "sglang"
+    flags = FLAGS
     fraction_setting = "mem_fraction_static"
     fraction_label = "static (mem_fraction)"
     overhead_label = "reserved (1 - fraction)"

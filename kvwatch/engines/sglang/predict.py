@@ -16,9 +16,19 @@ from kvwatch.units import format_bytes
 def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     """SGLang's budget: (free before weights) x mem_fraction_static - weights, divided by the cell."""
     elem, max_model_len = basis.kv_elem_bytes, basis.max_model_len
-    per_rank, all_ranks = basis.bytes_per_token, basis.bytes_per_token_all_ranks
-    weights_rank, weights_total, scheme = basis.weights_bytes, basis.weights_total_bytes, basis.weights_scheme
+    per_rank = basis.bytes_per_token
+    weights_rank = basis.weights_bytes
     inputs, assumptions = basis.inputs, basis.assumptions
+    dsa_elem = budget.dsa_kv_elem_bytes(model, d, elem)
+    if dsa_elem != elem:
+        # SGLang's own default for DeepSeek sparse attention (budget.dsa_kv_elem_bytes).
+        elem = basis.kv_elem_bytes = dsa_elem
+        per_rank = basis.bytes_per_token = budget.cell_size(model, d, elem)
+        basis.bytes_per_token_all_ranks = per_rank * d.tp * d.pp
+        assumptions.append(
+            "kv_cache_dtype auto: SGLang runs DeepSeek sparse attention with an fp8 KV cache "
+            "(bf16 only on cards before SM 10)"
+        )
     total = d.gpu_memory_bytes
     mfs = d.mem_fraction_static
     usable = activation = non_torch = None
@@ -79,21 +89,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     if tokens > 0 and not fits:
         assumptions.append("SGLang starts anyway; a request longer than the pool cannot be admitted")
     return Prediction(
-        engine="sglang",
-        engine_version=d.engine_version,
-        model=model.name,
-        gpu_name=d.gpu_name,
-        tp=d.tp,
-        pp=d.pp,
-        dcp=d.dcp,
-        kv_cache_dtype=d.kv_cache_dtype,
-        kv_elem_bytes=elem,
-        bytes_per_token=per_rank,
-        bytes_per_token_all_ranks=all_ranks,
-        weights_bytes=weights_rank,
-        weights_total_bytes=weights_total,
-        weights_scheme=scheme,
-        param_count=model.param_count,
+        **basis.identity(model, d),
         total_bytes=total,
         usable_bytes=usable,
         activation_bytes=activation,
@@ -102,12 +98,13 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         available_kv_bytes=available,
         kv_pool_tokens=max(tokens, 0),
         kv_pool_blocks=None,
-        kv_pool_bytes=max(tokens, 0) * sg.cell_bytes,
+        # What SGLang prints as the pool's size: its buffers, which for DSA differ from the cell.
+        kv_pool_bytes=max(tokens, 0)
+        * (sg.cell_bytes + budget.buffer_cell_size(model, d, elem) - budget.cell_size(model, d, elem)),
         block_size=sg.page_size,
         page_bytes=None,
         kv_groups=None,
         swa_pool_tokens=sg.swa_tokens,
-        max_model_len=max_model_len,
         max_concurrency=max(tokens, 0) / max_model_len,
         fits=fits,
         estimated_max_model_len=estimated,
@@ -116,6 +113,4 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         mem_fraction_static=mfs,
         exact=sg.exact,
         failure=failure,
-        inputs=inputs,
-        assumptions=tuple(assumptions),
     )

@@ -25,9 +25,16 @@ FP8_DS_MLA_BYTES = 656
 
 
 def logs_tokens_from_concurrency(version: str | None) -> bool:
-    """0.20+ logs int(max_concurrency * max_model_len); earlier num_blocks // groups * block_size."""
+    """Whether 'GPU KV cache size: N tokens' is int(max_concurrency x max_model_len).
+
+    From 0.20.1 (0.20.1 v1/core/kv_cache_utils.py:1699-1708, 0.21.0 :1701-1710): N is the tokens of
+    context the pool holds at max concurrency, so a sliding-window group counts its capped
+    per-request blocks, and DCP/PCP is inside max_memory_usage_bytes. Up to 0.20.0 (0.20.0
+    kv_cache_utils.py:1694-1711, 0.19.0 :1302-1319): num_blocks // len(groups) x min block size,
+    times dcp x pcp. 0.20.0 still has the old formula: the change is not "0.20+".
+    """
     v = version_tuple(version)
-    return v is None or v >= (0, 20)
+    return v is None or v >= (0, 20, 1)
 
 
 def hybrid_manager(d: Deployment) -> bool:
@@ -36,10 +43,17 @@ def hybrid_manager(d: Deployment) -> bool:
     return d.hybrid_kv_cache_manager and (v is None or v >= (0, 9, 2))
 
 
-def pads_to_largest_type(version: str | None) -> bool:
-    """0.20+ groups hybrid layers by the larger type count when it is under 1.5x the smaller."""
+def largest_type_ratio(version: str | None) -> float | None:
+    """Hybrid groups take the larger type's layer count as group size when it is under this
+    multiple of the smaller's (else the smaller's): none up to 0.11 (0.11.0 kv_cache_utils.py:977 takes
+    the min), 1.25 in 0.12-0.17 (0.12.0 :1017, 0.17.0 :1043), 1.5 from 0.18 (0.18.0 :1043,
+    0.21.0 :1139)."""
     v = version_tuple(version)
-    return v is None or v >= (0, 20)
+    if v is not None and v < (0, 12):
+        return None
+    if v is not None and v < (0, 18):
+        return 1.25
+    return 1.5
 
 
 @dataclass(frozen=True)
@@ -191,7 +205,8 @@ def _plan_stage(
             by_type.setdefault((s.kind, s.window), []).append(s)
         group_size = min(len(v) for v in by_type.values())
         largest = max(len(v) for v in by_type.values())
-        if pads_to_largest_type(d.engine_version) and largest < group_size * 1.5:
+        ratio = largest_type_ratio(d.engine_version)
+        if ratio is not None and largest < group_size * ratio:
             group_size = largest
         group_list: list[Group] = []
         for members in by_type.values():
@@ -220,15 +235,57 @@ def _plan_stage(
     )
 
 
+def needed_rule(version: str | None) -> str:
+    """How the 'To serve at least one request' check counts the bytes one request needs.
+
+    'layers' (0.11-0.13): the sum over the layers' specs, per worker (0.13.0
+    v1/core/kv_cache_utils.py:664 check_enough_kv_cache_memory, called at :1340).
+    'first_group' (0.14-0.18): _max_memory_usage_bytes_from_groups, group_size x page x the blocks
+    of group 0 only (0.18.0 kv_cache_utils.py:1329-1362), over the global (all-stage) groups
+    against min(available) in 0.14-0.16 (0.16.0 :1514-1527), per worker from 0.17 (0.18.0 :1570-1579).
+    'groups' (0.19+): group_size x page x the blocks summed over the groups, padding included, per
+    worker (0.19.0 :1332-1367; 0.29.0 :2041-2070 is the same sum over bytes_per_block).
+    """
+    v = version_tuple(version)
+    if v is not None and v < (0, 14):
+        return "layers"
+    if v is not None and v < (0, 19):
+        return "first_group"
+    return "groups"
+
+
+def _stage_needed(specs: list[Spec], d: Deployment, block: int, model_len: int, mnbt: int, rule: str) -> int:
+    layers = sum(s.max_memory_usage(model_len, mnbt, d.dcp) for s in specs)
+    if rule == "layers" or len({(s.kind, s.window) for s in specs}) < 2:
+        # One attention type: group_size x page x blocks is the layers' own sum (one group of all
+        # layers, or a UniformTypeKVCacheSpecs group whose sum runs over its layers).
+        return layers
+    pool = _plan_stage(specs, 0, model_len, mnbt, d, block, [])
+    if rule == "first_group":
+        first = pool.groups[0].spec
+        blocks = ceil_div(first.max_memory_usage(model_len, mnbt, d.dcp), first.page_bytes)
+    else:
+        blocks = sum(
+            ceil_div(g.spec.max_memory_usage(model_len, mnbt, d.dcp), g.spec.page_bytes) for g in pool.groups
+        )
+    return pool.tensors * pool.page_bytes * blocks
+
+
 def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len: int, mnbt: int) -> int:
-    """KV bytes one request of model_len tokens needs on the most loaded rank (max_memory_usage_bytes)."""
+    """KV bytes one request of model_len tokens needs on the most loaded rank, as the release's
+    check counts them (needed_rule); 0.14-0.16 check the global groups, every stage at once."""
     block = block_size_for(model, d)
+    rule = needed_rule(d.engine_version)
+    v = version_tuple(d.engine_version)
+    global_groups = v is not None and (0, 14) <= v < (0, 17)
+    stages = [list(model.layers)] if global_groups else stage_layers(model.layers, d.pp)
     worst = 0
-    for stage in stage_layers(model.layers, d.pp):
+    for stage in stages:
         specs = [
             layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged
         ]
-        worst = max(worst, sum(s.max_memory_usage(model_len, mnbt, d.dcp) for s in specs))
+        if specs:
+            worst = max(worst, _stage_needed(specs, d, block, model_len, mnbt, rule))
     return worst
 
 
@@ -246,6 +303,25 @@ def estimate_max_model_len(
         else:
             right = mid - 1
     return result
+
+
+def holds_back_null_block(version: str | None) -> bool:
+    """From 0.29.0 the 'To serve at least one request' check and its estimate plan against the
+    available memory less one block of the pool, the null block BlockPool keeps for itself
+    (0.29.0 v1/core/kv_cache_utils.py:975-989 check_enough_kv_cache_memory, :2316-2336
+    get_kv_cache_configs; 0.33.0 v1/core/kv_cache_planning.py:170-181, :1533-1555). 0.28.0
+    (kv_cache_utils.py:2193) checks the whole budget."""
+    v = version_tuple(version)
+    return v is None or v >= (0, 29)
+
+
+def check_bytes(pool: VllmPool, available: int, version: str | None) -> int:
+    """The bytes the fit check, its message and estimate_max_model_len use: the budget, less from
+    0.29 one pool block (_pool_bytes_per_block, 0.29.0 kv_cache_utils.py:1082-1089 and :1358-1370:
+    the largest group's page summed over its layers = page x tensors sharing it)."""
+    if holds_back_null_block(version) and pool.groups:
+        return available - pool.page_bytes * pool.tensors
+    return available
 
 
 def requested_bytes(total: int, utilization: float) -> int:

@@ -13,6 +13,7 @@ from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.engines.base import FractionLever, LogDialect
 from kvwatch.engines.kinds import EngineName
 from kvwatch.engines.vllm import budget, memory, observed, predict
+from kvwatch.engines.vllm.flags import FLAGS
 from kvwatch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class Vllm:
     """The vLLM engine."""
 
     name: EngineName = "vllm"
+    flags = FLAGS
     fraction_setting = "gpu_memory_utilization"
     fraction_label = "requested (util)"
     overhead_label = "activation peak"

@@ -16,8 +16,8 @@ from typing import Any
 import regex
 from pydantic import ValidationError
 
-from kvwatch.engines.vllm import settings
-from kvwatch.engines.vllm.common import ERROR_HEAD, INT, NUM, gib, ident, ratio, to_int
+from kvwatch.engines.vllm import failures, settings
+from kvwatch.engines.vllm.common import INT, NUM, gib, ident, ratio, to_int
 from kvwatch.events import (
     EngineSettings,
     Event,
@@ -140,31 +140,6 @@ _PREEMPTED = regex.compile(
     r"space\..*?total_num_cumulative_preemption=(?P<n>\d+)"
 )
 
-# --- startup failures --------------------------------------------------------------------------
-
-# V0 0.4.0-0.10.2: 'The model's max seq len (131072) is larger than the maximum number of tokens that
-# can be stored in KV cache (79392). Try increasing ...'
-_V0_MAXLEN = regex.compile(
-    r"^The model's max seq len \((?P<len>\d+)\) is larger than the maximum number of tokens that can be "
-    r"stored in KV cache \((?P<tokens>-?\d+)\)"
-)
-
-# V1 0.7.0+: 'To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is
-# needed, which is larger than the available KV cache memory (9.47 GiB). Based on the available memory,
-# the estimated maximum model length is 77536. Try ...' ('GB' before 0.8.5; 0.8.5/0.9.0 drop the number;
-# 'model's' again from 0.22).
-_V1_MAXLEN = regex.compile(
-    r"^To serve at least one request with the models?'s max seq len \((?P<len>\d+)\), \((?P<need>"
-    + NUM
-    + r") ?(?P<u1>GiB|GB) KV cache is needed, which is larger than the available KV cache memory \((?P<avail>"
-    + NUM
-    + r") ?(?P<u2>GiB|GB)\)\.(?:\s*Based on the available memory,\s*(?:the estimated maximum model length "
-    r"is (?P<est>\d+)\.)?)?"
-)
-
-# All versions: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` ...'
-_NO_MEMORY = regex.compile(r"^No available memory for the cache blocks\.")
-
 
 def _pool(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _BLOCKS.match(body)
@@ -216,43 +191,12 @@ def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
         p = _PREEMPTED.search(body)
         if p is not None:
             return (Preemption(**ident(meta), mechanism="preempt", total=int(p.group("n"))),)
-    return _failure(body, meta)
+    return failures.failure(body, meta)
 
 
-def _failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
-    head = ERROR_HEAD.match(body)
-    text = body[head.end() :] if head is not None else body
-    m = _V1_MAXLEN.match(text)
-    if m is not None:
-        est = m.group("est")
-        return (
-            StartupFailure(
-                **ident(meta),
-                reason="max_model_len_too_large",
-                max_model_len=int(m.group("len")),
-                needed_kv_bytes=gib(m.group("need"), m.group("u1")),
-                available_kv_bytes=gib(m.group("avail"), m.group("u2")),
-                estimated_max_model_len=int(est) if est is not None else None,
-            ),
-        )
-    m = _V0_MAXLEN.match(text)
-    if m is not None:
-        tokens = int(m.group("tokens"))
-        return (
-            StartupFailure(
-                **ident(meta),
-                reason="max_model_len_too_large",
-                max_model_len=int(m.group("len")),
-                max_tokens_in_cache=tokens,
-            ),
-            # block_size x num_gpu_blocks: the pool's token capacity, printed nowhere else by V0.
-            PoolSized(**ident(meta), tokens=tokens),
-        )
-    if _NO_MEMORY.match(text) is not None:
-        return (StartupFailure(**ident(meta), reason="no_memory_for_cache"),)
-    return NO_EVENTS
-
-
+# Where a failure message starts when a serving framework re-logs it under its own logger, e.g.
+# Xinference's '2025-04-12 21:57:39,467 xinference.api.restful_api 1 ERROR    [address=0.0.0.0:43423,
+# pid=167] The model's max seq len (32768) is larger than ...' (xorbitsai/inference#3237).
 def _percent(val: str) -> float:
     return ratio(val.removesuffix("%"))
 
@@ -382,7 +326,7 @@ def _took(body: str, meta: LineMeta) -> tuple[Event, ...]:
 def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     """Lines with 'blocks': the V0 pool, the no-memory failure, cache_config_info, the override."""
     if "No available memory" in body:
-        return _failure(body, meta)
+        return failures.failure(body, meta)
     if "num_gpu_blocks" in body:
         m = _CACHE_CONFIG_INFO.match(body)
         if m is not None:

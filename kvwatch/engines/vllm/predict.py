@@ -15,6 +15,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
+from kvwatch.capacity.weights import weight_bytes
 from kvwatch.engines.vllm import budget, memory, weights
 from kvwatch.units import GiB, format_bytes
 
@@ -72,6 +73,17 @@ def _terms(
         basis.assumptions[:] = [a for a in basis.assumptions if not a.startswith("weights:")]
         stage_weights, quant = weights.weights_per_stage(dims, d, card)
         act_bytes = memory.activation_dtype_bytes(dims, d)
+        index = model.safetensors_total_size
+        if index is not None and d.weights_dtype is None and d.quantization is None and not d.dtype:
+            # The checkpoint's own byte count (model.safetensors.index.json) holds what a count from
+            # config.json misses (vision towers, extra heads); vLLM's placement rules stay.
+            counted = weight_bytes(model)[0]
+            if counted > 0:
+                stage_weights = [round(w * index / counted) for w in stage_weights]
+                notes.append(
+                    f"weights: scaled to the checkpoint's {format_bytes(index)} "
+                    "(model.safetensors.index.json)"
+                )
         scheme_name = quant or ("float32" if act_bytes == 4 else model.dtype)
         basis.weights_bytes, basis.weights_scheme = stage_weights[0], scheme_name
         basis.weights_total_bytes = sum(stage_weights) * d.tp
@@ -183,8 +195,6 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 f"pipeline stages: the pool is sized from the smallest stage ({format_bytes(min(stage_available))}); "
                 f"stage 0 logs {format_bytes(available)}"
             )
-    per_rank, all_ranks = basis.bytes_per_token, basis.bytes_per_token_all_ranks
-    weights_rank, weights_total, scheme = basis.weights_bytes, basis.weights_total_bytes, basis.weights_scheme
     mnbt = _limits(model, d, max_model_len)[1]
     if any(layer.kind in ("sliding", "chunked") for layer in model.layers):
         inputs["max_num_batched_tokens"] = "given" if d.max_num_batched_tokens else "engine_default"
@@ -201,6 +211,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     estimated = None
     # The pool is sized from the smallest stage's budget (all stages allocate the same blocks).
     limiting = min(stage_available) if stage_available else available
+    # From 0.29 the check and the estimate hold back the null block (budget.check_bytes).
+    limiting = budget.check_bytes(plan, limiting, d.engine_version) if limiting > 0 else limiting
     if limiting <= 0:
         failure = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
         fits = False
@@ -222,21 +234,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         fits = True
     pool_bytes = plan.num_blocks * plan.page_bytes * plan.tensors
     return Prediction(
-        engine="vllm",
-        engine_version=d.engine_version,
-        model=model.name,
-        gpu_name=d.gpu_name,
-        tp=d.tp,
-        pp=d.pp,
-        dcp=d.dcp,
-        kv_cache_dtype=d.kv_cache_dtype,
-        kv_elem_bytes=elem,
-        bytes_per_token=per_rank,
-        bytes_per_token_all_ranks=all_ranks,
-        weights_bytes=weights_rank,
-        weights_total_bytes=weights_total,
-        weights_scheme=scheme,
-        param_count=model.param_count,
+        **basis.identity(model, d),
         total_bytes=total,
         usable_bytes=requested,
         activation_bytes=activation,
@@ -250,7 +248,6 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         page_bytes=plan.page_bytes,
         kv_groups=len(plan.groups),
         swa_pool_tokens=None,
-        max_model_len=max_model_len,
         max_concurrency=plan.max_concurrency,
         fits=fits,
         estimated_max_model_len=estimated,
@@ -261,6 +258,4 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         cuda_graphs_subtracted=memory.subtracts_cuda_graphs(d.engine_version) if graphs else None,
         exact=plan.exact,
         failure=failure,
-        inputs=inputs,
-        assumptions=tuple(assumptions),
     )
