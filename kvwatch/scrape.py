@@ -94,7 +94,7 @@ class Scraper:
         self._max_bytes = max_bytes
         self._clock = clock
         self._lock = threading.Lock()
-        self._active: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
         self._aborted = False
         self._headers = {
             "Accept": _ACCEPT,
@@ -143,21 +143,23 @@ class Scraper:
         """End the fetch in progress now (it fails as a connection error), and every later one."""
         with self._lock:
             self._aborted = True
-            conn = self._active
-        if conn is not None and conn.sock is not None:
+            sock = self._sock
+        if sock is not None:
             with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _get(self, sink: Callable[[str], None] | None) -> tuple[int, str | None]:
         conn = self._connection()
-        with self._lock:
-            if self._aborted:
-                raise _Failure("connection", "scraper stopped")
-            self._active = conn
+        if self._aborted:
+            raise _Failure("connection", "scraper stopped")
         try:
             conn.connect()
-            if self._aborted:
-                raise _Failure("connection", "scraper stopped")
+            # The socket itself: http.client drops conn.sock once a reply that closes the connection
+            # has begun (the reply reads on through its own reference to it).
+            with self._lock:
+                self._sock = conn.sock
+                if self._aborted:
+                    raise _Failure("connection", "scraper stopped")
             deadline = self._clock() + self._read_timeout
             self._arm(conn, deadline)
             conn.request("GET", self._path, headers=self._headers)
@@ -182,7 +184,7 @@ class Scraper:
             return resp.status, None if sink is not None else "".join(pieces)
         finally:
             with self._lock:
-                self._active = None
+                self._sock = None
             conn.close()
 
     def _arm(self, conn: http.client.HTTPConnection, deadline: float) -> None:

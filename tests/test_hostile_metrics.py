@@ -202,6 +202,7 @@ def test_abort_ends_a_stalled_fetch_at_once() -> None:
         thread = threading.Thread(target=lambda: out.append(scraper.fetch(lambda _: None)))
         thread.start()
         assert engine.stalled.wait(10)
+        time.sleep(0.5)  # the client has read what was sent and waits in recv()
         started = time.monotonic()
         scraper.abort()
         thread.join(5)
