@@ -2,7 +2,9 @@
 
 Each subcommand lives in ``kvwatch/commands/<name>.py`` and exposes ``HELP``,
 ``add_arguments(parser)`` and ``run(args) -> int``. A KvwatchError anywhere becomes one line on
-stderr and exit code 2 (bad input or configuration); argparse already exits 2 on bad flags.
+stderr and exit code 2 (bad input or configuration), and so does a bad flag (one line, not
+argparse's usage block). An error nobody foresaw is one line and exit 1 (KVWATCH_TRACEBACK=1
+shows the traceback): no input makes kvwatch print a traceback.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import NoReturn, Protocol, cast
 
 from kvwatch import __version__
 from kvwatch.errors import KvwatchError
@@ -42,10 +44,17 @@ class _Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (exit 2), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argparse tree: every command's subparser with its flags, or with ``only`` given, that command's
     flags and the others by name and help alone (their modules are not imported)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvwatch",
         description="Predict, observe and explain the KV-cache pool of vLLM and SGLang servers.",
     )
@@ -74,6 +83,31 @@ def _reexec_without_docstrings(arglist: list[str]) -> None:
         os.execv(sys.executable, [sys.executable, "-OO", "-m", "kvwatch", *arglist])
 
 
+def _join_negative_values(parser: argparse.ArgumentParser, command: str, args: list[str]) -> list[str]:
+    """``--gpu-memory -5GB`` -> ``--gpu-memory=-5GB``: argparse reads a value that starts with '-'
+    and a digit as a flag of its own ('expected one argument'); joined, the flag's own check says
+    what is wrong with it (e.g. 'size must be positive')."""
+    takes_value: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            sub = action.choices[command]
+            takes_value = {o for a in sub._actions if a.nargs != 0 for o in a.option_strings}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        nxt = args[i + 1] if i + 1 < len(args) else ""
+        if arg in takes_value and len(nxt) > 1 and nxt[0] == "-" and (nxt[1].isdigit() or nxt[1] == "."):
+            out.append(f"{arg}={nxt}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run kvwatch with ``argv`` (default: sys.argv[1:]) and return the exit code."""
     arglist = list(sys.argv[1:] if argv is None else argv)
@@ -89,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in arglist:
         cut = arglist.index("--")
         arglist, engine_argv = arglist[:cut], arglist[cut + 1 :]
-    args = parser.parse_args(arglist)
+    args = parser.parse_args(_join_negative_values(parser, only, arglist))
     if engine_argv is not None:
         if not hasattr(args, "engine_flags"):
             parser.error(f"'--' (the engine's own flags) is not taken by '{args.command}'")
@@ -103,3 +137,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+    except (RecursionError, MemoryError, OverflowError, UnicodeError) as exc:
+        # Input past what kvwatch can hold or compute: bad input, said in one line.
+        print(
+            f"kvwatch {args.command}: error: input kvwatch cannot handle ({type(exc).__name__})",
+            file=sys.stderr,
+        )
+        return 2
+    except Exception as exc:
+        if os.environ.get("KVWATCH_TRACEBACK"):
+            raise
+        print(
+            f"kvwatch {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(a bug: please report it; KVWATCH_TRACEBACK=1 shows where)",
+            file=sys.stderr,
+        )
+        return 1

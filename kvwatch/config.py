@@ -269,12 +269,16 @@ def _file_layer(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read settings file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"settings file {path} is not UTF-8 text") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" line {where.line + 1}" if where is not None else ""
         raise ConfigError(f"settings file {path}{line}: not valid YAML") from None
+    except RecursionError:
+        raise ConfigError(f"settings file {path} nests too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

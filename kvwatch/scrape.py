@@ -5,17 +5,24 @@ one of ``kvwatch.names.SCRAPE_ERROR_REASONS``, so the sidecar counts it and trie
 interval. The whole exchange is bounded: ``connect_timeout`` for the TCP/TLS connect,
 ``read_timeout`` for everything after it (a server that drips one byte at a time still stops
 there), ``max_bytes`` for the body on the wire and again after gzip decoding (so a compressed bomb
-stops at the cap too). Only configuration mistakes raise, at construction, as ConfigError.
+stops at the cap too). With a ``sink``, the body is never held whole: each piece is decoded
+(UTF-8, incrementally) and handed over as it arrives, so a 16 MiB exposition costs the reader's
+memory, not the body's. ``abort`` (from another thread) ends a fetch in progress at once. Only
+configuration mistakes raise, at construction, as ConfigError.
 Standard library only (http.client, ssl, zlib): the sidecar needs nothing a dependency would add.
 """
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import http.client
+import socket
 import ssl
+import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -86,6 +93,9 @@ class Scraper:
         self._read_timeout = read_timeout
         self._max_bytes = max_bytes
         self._clock = clock
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._aborted = False
         self._headers = {
             "Accept": _ACCEPT,
             "Accept-Encoding": "gzip",
@@ -103,11 +113,15 @@ class Scraper:
                 self._tls.check_hostname = False
                 self._tls.verify_mode = ssl.CERT_NONE
 
-    def fetch(self) -> ScrapeResult:
-        """GET the URL once; never raises."""
+    def fetch(self, sink: Callable[[str], None] | None = None) -> ScrapeResult:
+        """GET the URL once; never raises (``sink`` must not either).
+
+        Without ``sink`` the decoded body is the result's ``text``; with it, the body goes to
+        ``sink`` piece by piece as it arrives and ``text`` is None.
+        """
         start = self._clock()
         try:
-            status, text = self._get()
+            status, text = self._get(sink)
         except _Failure as f:
             return ScrapeResult(False, None, self._clock() - start, f.reason, f.status, f.detail)
         except TimeoutError as exc:  # socket.timeout is TimeoutError since 3.10
@@ -125,10 +139,27 @@ class Scraper:
             )
         return http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
 
-    def _get(self) -> tuple[int, str]:
+    def abort(self) -> None:
+        """End the fetch in progress now (it fails as a connection error), and every later one."""
+        with self._lock:
+            self._aborted = True
+            sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _get(self, sink: Callable[[str], None] | None) -> tuple[int, str | None]:
         conn = self._connection()
+        if self._aborted:
+            raise _Failure("connection", "scraper stopped")
         try:
             conn.connect()
+            # The socket itself: http.client drops conn.sock once a reply that closes the connection
+            # has begun (the reply reads on through its own reference to it).
+            with self._lock:
+                self._sock = conn.sock
+                if self._aborted:
+                    raise _Failure("connection", "scraper stopped")
             deadline = self._clock() + self._read_timeout
             self._arm(conn, deadline)
             conn.request("GET", self._path, headers=self._headers)
@@ -141,12 +172,19 @@ class Scraper:
             encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
             if encoding not in ("identity", "gzip"):
                 raise _Failure("decode", f"unsupported Content-Encoding {encoding!r}", resp.status)
-            body = self._read_body(conn, resp, deadline, gzip=encoding == "gzip")
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            pieces: list[str] = []
+            give = sink if sink is not None else pieces.append
             try:
-                return resp.status, body.decode("utf-8")
+                for chunk in self._read_body(conn, resp, deadline, gzip=encoding == "gzip"):
+                    give(decoder.decode(chunk))
+                give(decoder.decode(b"", final=True))
             except UnicodeDecodeError as exc:
                 raise _Failure("decode", f"body is not UTF-8: {exc}", resp.status) from exc
+            return resp.status, None if sink is not None else "".join(pieces)
         finally:
+            with self._lock:
+                self._sock = None
             conn.close()
 
     def _arm(self, conn: http.client.HTTPConnection, deadline: float) -> None:
@@ -164,27 +202,29 @@ class Scraper:
         deadline: float,
         *,
         gzip: bool,
-    ) -> bytes:
+    ) -> Iterator[bytes]:
+        """The body in pieces as they arrive (inflated), within the deadline and the caps."""
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
-        out = bytearray()
+        decoded = 0
         wire = 0
         while True:
             self._arm(conn, deadline)
             chunk = resp.read1(_CHUNK)
+            if self._aborted:  # a body that a shutdown ended is not the whole body
+                raise _Failure("connection", "scraper stopped", resp.status)
             if not chunk:
                 break
             wire += len(chunk)
             if wire > self._max_bytes:
                 raise _Failure("too_large", f"body over {self._max_bytes} bytes", resp.status)
-            if inflater is None:
-                out += chunk
-            else:
-                out += self._inflate(inflater, chunk, len(out), resp.status)
-            if len(out) > self._max_bytes:
+            if inflater is not None:
+                chunk = self._inflate(inflater, chunk, decoded, resp.status)
+            decoded += len(chunk)
+            if decoded > self._max_bytes:
                 raise _Failure("too_large", f"decoded body over {self._max_bytes} bytes", resp.status)
+            yield chunk
         if inflater is not None and not inflater.eof:
             raise _Failure("decode", "gzip stream ends early", resp.status)
-        return bytes(out)
 
     def _inflate(self, inflater: zlib._Decompress, chunk: bytes, have: int, status: int) -> bytes:
         # max_length stops a small compressed chunk from expanding past the cap in memory.

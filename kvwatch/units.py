@@ -8,6 +8,7 @@ one place so every command reads and writes sizes the same way.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import regex
 
@@ -39,15 +40,20 @@ _UNITS: dict[str, int] = {
 }
 
 _SIZE = regex.compile(
-    r"^\s*(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)\s*$"
+    r"^\s*(?P<sign>[-+]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)\s*$"
 )
 
 
-def parse_size(text: str, *, allow_zero: bool = False) -> int:
+# No size kvwatch reads is near this (16 PiB); past it a number is a typo, refused before arithmetic.
+MAX_SIZE = 2**54
+
+
+def parse_size(text: str, *, allow_zero: bool = False, maximum: int = MAX_SIZE) -> int:
     """Parse '52.31566GiB', '80GB', '81559MiB' or '1234' into whole bytes (rounded down).
 
     Capacities must be positive; ``allow_zero`` is for terms that can really be nothing (an
-    activation allowance in a "before activations" plan).
+    activation allowance in a "before activations" plan). Over ``maximum`` is a ConfigError that
+    names it. Exact arithmetic: no float overflow, whatever the exponent.
     """
     m = _SIZE.match(text)
     if m is None:
@@ -57,11 +63,25 @@ def parse_size(text: str, *, allow_zero: bool = False) -> int:
         raise ConfigError(
             f"unknown size unit {m.group('unit')!r} in {text!r} (use B, KB, MB, GB, KiB, MiB, GiB)"
         )
-    number = float(m.group("num")) * (10 ** int(m.group("exp")) if m.group("exp") else 1)
-    value = math.floor(number * _UNITS[unit])
-    if value < 0 or (value == 0 and not allow_zero):
+    exp_text = m.group("exp") or "0"
+    exp = int(exp_text) if len(exp_text.lstrip("+-0")) <= 4 else (1 if exp_text[0] != "-" else -1) * 10**5
+    number = Fraction(m.group("num")) if exp >= -400 else Fraction(0)
+    if m.group("sign") == "-" and number > 0:
+        raise ConfigError(f"size must be positive: {text!r}")
+    if exp > 30 or number * 10**exp * _UNITS[unit] > maximum:
+        raise ConfigError(f"size {text.strip()!r} is over the plausible maximum of {_bound(maximum)}")
+    value = math.floor(number * Fraction(10) ** exp * _UNITS[unit])
+    if value == 0 and not allow_zero:
         raise ConfigError(f"size must be positive: {text!r}")
     return value
+
+
+def _bound(n_bytes: int) -> str:
+    """A bound in the largest binary unit it is a whole number of ('16 TiB')."""
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n_bytes >= size and n_bytes % size == 0:
+            return f"{n_bytes // size} {unit}"
+    return f"{n_bytes} B"
 
 
 def gib(n_bytes: float) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,15 +20,26 @@ def test_partial_line_is_kept_until_its_newline() -> None:
     assert s.pending_bytes == 0
 
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
 def test_crlf_and_lf_are_both_stripped_and_empty_lines_kept() -> None:
     s = LineSplitter()
-    assert s.feed(b"a\r\nb\n\r\n\nc\r") == ["a", "b", "", ""]
-    # A CR that ends a chunk belongs to a CRLF split across reads.
-    assert s.feed(b"\n") == ["c"]
+    assert s.feed(b"a\r\nb\n\r\n\nc\r") == ["a", "b", "", "", "c"]
+    # A CR that ends a chunk and the LF that opens the next are one CRLF, not two line ends.
+    assert s.feed(b"\nd\n") == ["d"]
 
 
-def test_lone_cr_inside_a_line_is_kept() -> None:
-    assert LineSplitter().feed(b"progress 10%\rprogress 20%\n") == ["progress 10%\rprogress 20%"]
+def test_lone_cr_ends_a_line_as_progress_bars_write_it() -> None:
+    """tqdm redraws with a bare CR: each redraw is a line, and a log line after the bar is its own."""
+    s = LineSplitter()
+    assert s.feed(b"progress 10%\rprogress 20%\rINFO GPU KV cache size: 5 tokens\n") == [
+        "progress 10%",
+        "progress 20%",
+        "INFO GPU KV cache size: 5 tokens",
+    ]
+    assert s.feed(b"a\r") == ["a"]
+    assert s.feed(b"b\r\r\n") == ["b", ""]
 
 
 def test_invalid_utf8_becomes_replacement_characters() -> None:
@@ -110,4 +123,14 @@ def test_arbitrary_bytes_never_raise_and_respect_the_cap(data: bytes, cap: int) 
     if tail is not None:
         out.append(tail)
     assert all(len(line) <= cap for line in out)
-    assert len(out) == data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+    ends = len(_LINE_END.findall(data))
+    assert len(out) == ends + (0 if data.endswith((b"\n", b"\r")) or not data else 1)
+
+
+def test_feed_ends_gives_the_offset_after_each_terminator() -> None:
+    s = LineSplitter()
+    assert s.feed_ends(b"a\rb\r\nc\nd\r") == [("a", 2), ("b", 5), ("c", 7), ("d", 9)]
+    # The LF completing that CRLF is no line of its own.
+    assert s.feed_ends(b"\ne\n") == [("e", 3)]
+    assert s.feed_ends(b"par") == []
+    assert s.feed_ends(b"tial\r\n") == [("partial", 6)]

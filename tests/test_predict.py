@@ -125,7 +125,7 @@ def bad_configs(tmp_path: Path) -> dict[str, str]:
         ("missing", [], "num_hidden_layers"),
         ("absent", [], "not found"),
         ("ok", ["--gpu-memory", "0"], "positive"),
-        ("ok", ["--gpu-memory=-80GB"], "not a size"),
+        ("ok", ["--gpu-memory=-80GB"], "must be positive"),
         ("ok", ["--available-kv-memory", "0GiB"], "positive"),
         ("ok", ["--tp", "3"], "divisible by tensor parallel size"),
         ("ok", ["--gpu", "voodoo5"], "unknown GPU"),

@@ -18,6 +18,7 @@ from typing import Any
 
 import regex
 
+from kvwatch.capacity.deployment import MAX_TOKENS
 from kvwatch.errors import ConfigError
 from kvwatch.units import parse_size
 
@@ -61,6 +62,12 @@ class Workload:
         """Every sequence longer by ``positions`` (each conversation keeps growing; prefixes do not)."""
         if positions == 0:
             return self
+        longest = max(r.length for r in self.rows) + positions
+        if positions < 0 or longest > MAX_TOKENS:
+            raise ConfigError(
+                f"growing by {positions:,} positions makes sequences of {longest:,}, over the plausible "
+                f"maximum {MAX_TOKENS:,}"
+            )
         return Workload(
             tuple(Row(r.count, r.length + positions, r.group) for r in self.rows), dict(self.prefixes)
         )
@@ -135,6 +142,8 @@ def _int(value: Any, what: str) -> int:
         raise ConfigError(f"workload: {what} must be a whole number, got {value!r}") from None
     if number < 1:
         raise ConfigError(f"workload: {what} must be positive, got {number}")
+    if number > MAX_TOKENS:
+        raise ConfigError(f"workload: {what} {number:,} is over the plausible maximum {MAX_TOKENS:,}")
     return number
 
 
@@ -142,7 +151,13 @@ def _length(text: str) -> int:
     m = _ITEM.match(text)
     if m is None or m.group("count"):
         raise ConfigError(f"workload: not a length: {text!r}")
-    return _int(m.group("len"), "length") * (1024 if m.group("k") else 1)
+    return _bounded(_int(m.group("len"), "length") * (1024 if m.group("k") else 1))
+
+
+def _bounded(length: int) -> int:
+    if length > MAX_TOKENS:
+        raise ConfigError(f"workload: length {length:,} is over the plausible maximum {MAX_TOKENS:,}")
+    return length
 
 
 def _finish(rows: list[Row], prefixes: dict[str, int]) -> Workload:
@@ -174,7 +189,7 @@ def parse_inline(spec: str) -> Workload:
                 f"workload: cannot read {item.strip()!r} (use COUNTxLENGTH items, e.g. 6x32768,20x8192)"
             )
         count = _int(m.group("count"), "count") if m.group("count") else 1
-        rows.append(Row(count, _int(m.group("len"), "length") * (1024 if m.group("k") else 1)))
+        rows.append(Row(count, _bounded(_int(m.group("len"), "length") * (1024 if m.group("k") else 1))))
     return _finish(rows, {})
 
 
@@ -219,6 +234,8 @@ def parse_json(text: str) -> Workload:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"workload JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError("workload JSON nests too deeply") from None
     prefixes: dict[str, int] = {}
     if isinstance(data, dict):
         groups = data.get("prefix_groups") or {}
@@ -257,6 +274,8 @@ def load_workload(spec: str) -> Workload:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read workload file {spec}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"workload file {spec} is not UTF-8 text") from None
         return parse_json(text) if spec.lower().endswith(".json") else parse_csv(text)
     return parse_inline(spec)
 

@@ -21,6 +21,35 @@ if TYPE_CHECKING:
     # never needs.
     from kvwatch.facts import MemoryFacts, SettingsFacts
 
+# Plausibility bounds, far above any real deployment: a value past one is a typo or an attack, refused
+# with the bound named (and the arithmetic stays finite). Sizes are per GPU.
+MAX_GPU_MEMORY_BYTES = 16 * 2**40  # 16 TiB
+MAX_RANKS = 4096  # tp, pp, dcp
+MAX_BLOCK_TOKENS = 1 << 16  # block_size / page_size: 65,536
+MAX_TOKENS = 1 << 30  # context lengths, batched tokens, workload lengths: 1,073,741,824
+MAX_SEQS = 1 << 20  # max_num_seqs, cuda_graph_max_bs: 1,048,576
+_COUNT_BOUNDS: dict[str, int] = {
+    "tp": MAX_RANKS,
+    "pp": MAX_RANKS,
+    "dcp": MAX_RANKS,
+    "block_size": MAX_BLOCK_TOKENS,
+    "page_size": MAX_BLOCK_TOKENS,
+    "max_model_len": MAX_TOKENS,
+    "chunked_prefill_size": MAX_TOKENS,
+    "max_num_batched_tokens": MAX_TOKENS,
+    "cuda_graph_max_bs": MAX_SEQS,
+    "max_num_seqs": MAX_SEQS,
+}
+_SIZE_FIELDS = (
+    "gpu_memory_bytes",
+    "weights_bytes",
+    "activation_bytes",
+    "non_torch_bytes",
+    "cuda_graph_bytes",
+    "available_kv_bytes",
+    "free_after_weights_bytes",
+)
+
 # A value of one Deployment field, for changes by field name (command-line overrides).
 DeploymentValue: TypeAlias = str | int | float | bool | None
 
@@ -130,6 +159,17 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
         value = getattr(d, name)
         if value is not None and value < 0:
             raise ConfigError(f"{name.replace('_bytes', '')} memory cannot be negative, got {value} bytes")
+    for name, bound in _COUNT_BOUNDS.items():
+        value = getattr(d, name)
+        if value is not None and value > bound:
+            raise ConfigError(f"{name} {value} is over the plausible maximum {bound:,}")
+    for name in _SIZE_FIELDS:
+        value = getattr(d, name)
+        if value is not None and abs(value) > MAX_GPU_MEMORY_BYTES:
+            raise ConfigError(
+                f"{name.replace('_bytes', '')} memory {value:.4g} bytes is over the plausible maximum "
+                f"of {MAX_GPU_MEMORY_BYTES // 2**40} TiB per GPU"
+            )
     if d.gpu_memory_utilization is not None and not 0 < d.gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {d.gpu_memory_utilization}")
     if d.mem_fraction_static is not None and not 0 < d.mem_fraction_static < 1:

@@ -32,6 +32,56 @@ from kvwatch.jsontypes import JsonObject, JsonValue
 
 # Far above any real model; guards against a corrupt file asking for billions of layer records.
 _MAX_LAYERS = 100_000
+# config.json and model.safetensors.index.json are kilobytes to a few MiB.
+MAX_JSON_BYTES = 64 * 2**20
+
+# Plausibility bounds of config.json fields, far above any real model: a value past one is a corrupt
+# or hostile file, refused with the bound named (the arithmetic downstream stays finite and exact).
+_WIDTH = 1 << 20  # hidden and intermediate widths: 1,048,576
+_HEADS = 1 << 14  # attention heads: 16,384
+_HEAD_DIM = 1 << 16  # per-head and latent widths: 65,536
+_POSITIONS = 1 << 30  # context lengths and windows: 1,073,741,824
+_EXPERTS = 1 << 16
+_BOUNDS: dict[str, int] = {
+    **dict.fromkeys(
+        ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"),
+        _WIDTH,
+    ),
+    **dict.fromkeys(
+        ("num_attention_heads", "num_key_value_heads", "num_kv_heads", "num_global_key_value_heads"), _HEADS
+    ),
+    **dict.fromkeys(
+        (
+            "head_dim",
+            "v_head_dim",
+            "attention_head_dim",
+            "global_head_dim",
+            "qk_rope_head_dim",
+            "qk_nope_head_dim",
+            "kv_lora_rank",
+            "q_lora_rank",
+            "index_head_dim",
+        ),
+        _HEAD_DIM,
+    ),
+    "vocab_size": 1 << 24,
+    **dict.fromkeys(
+        (
+            "max_position_embeddings",
+            "sliding_window",
+            "attention_chunk_size",
+            "original_max_position_embeddings",
+        ),
+        _POSITIONS,
+    ),
+    **dict.fromkeys(
+        ("num_experts", "num_local_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok"),
+        _EXPERTS,
+    ),
+    "num_hidden_layers": _MAX_LAYERS,
+}
+# rope_scaling / rope_parameters ``factor``: real ones are 2-64.
+_MAX_ROPE_FACTOR = 1 << 16
 
 # DeepSeek sparse-attention indexer key: fp8 values plus one fp32 scale per 128 (both engines).
 _DSA_QUANT_BLOCK = 128
@@ -66,14 +116,23 @@ def find_config(path: str | Path) -> tuple[Path, Path | None]:
 def read_json(path: Path) -> JsonObject:
     """Parse a JSON object; a malformed file is a one-line ModelConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
     except OSError as exc:
         raise ModelConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise ModelConfigError(f"{path} is over {MAX_JSON_BYTES // 2**20} MiB, not a model config")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelConfigError(f"{path} is not UTF-8 text (byte {exc.start}): not a JSON config") from None
     try:
         # Python's json accepts Infinity/NaN, which real configs contain (Nemotron-H time_step_limit).
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise ModelConfigError(f"{path} nests too deeply to be a model config") from None
     if not isinstance(data, dict):
         raise ModelConfigError(f"{path} is not a JSON object")
     return data
@@ -183,6 +242,15 @@ def _attention_dims(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
         kv_heads = 1
     else:
         kv_heads = _opt_int(cfg, "num_key_value_heads") or _opt_int(cfg, "num_kv_heads") or heads
+    # Grouped-query attention shares each KV head among a whole number of query heads.
+    if kv_heads > heads:
+        raise ModelConfigError(
+            f"config.json has {kv_heads} KV heads for {heads} attention heads (at most one per attention head)"
+        )
+    if heads % kv_heads:
+        raise ModelConfigError(
+            f"config.json num_attention_heads {heads} is not a multiple of its {kv_heads} KV heads"
+        )
     v_dim = _opt_int(cfg, "v_head_dim") or head_dim
     return kv_heads, head_dim, v_dim
 
@@ -296,8 +364,8 @@ def geometry_from_config(
         KeyError,
         IndexError,
         AttributeError,
-        ZeroDivisionError,
-        OverflowError,
+        ArithmeticError,
+        RecursionError,
     ) as exc:
         # A field of the wrong shape somewhere kvwatch did not check explicitly: still one line.
         raise ModelConfigError(
@@ -305,11 +373,33 @@ def geometry_from_config(
         ) from None
 
 
+def _check_bounds(cfg: Mapping[str, Any]) -> None:
+    """Refuse numbers no real model has (ModelConfigError naming the field and its bound)."""
+    for key, bound in _BOUNDS.items():
+        value = cfg.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and not -bound <= value <= bound:
+            raise ModelConfigError(
+                f"config.json field {key!r} is {value!r}, over the plausible maximum {bound:,}"
+            )
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = cfg.get(key)
+        factor = rope.get("factor") if isinstance(rope, Mapping) else None
+        if (
+            isinstance(factor, int | float)
+            and not isinstance(factor, bool)
+            and not factor <= _MAX_ROPE_FACTOR
+        ):
+            raise ModelConfigError(
+                f"config.json {key}.factor is {factor!r}, over the plausible maximum {_MAX_ROPE_FACTOR:,}"
+            )
+
+
 def _geometry(
     raw: Mapping[str, Any], name: str, source: str, safetensors_total_size: int | None
 ) -> ModelGeometry:
     # config.json is a document of any shape: read dynamically here, checked by the helpers.
     cfg: Mapping[str, Any] = text_config(raw)
+    _check_bounds(cfg)
     layers, notes = _layers(cfg)
     if not layers:
         raise ModelConfigError("config.json describes no decoder layers")

@@ -10,11 +10,13 @@ from kvwatch.analysis.attribution import Attribution
 from kvwatch.analysis.explain import Explanation, Overrides, explain
 from kvwatch.capacity import gpus
 from kvwatch.capacity.budget import Budget
+from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.commands.predict import _positive_int
-from kvwatch.engines.kinds import ENGINE_CHOICES
+from kvwatch.engines import registry
+from kvwatch.engines.kinds import ENGINE_CHOICES, ENGINE_NAMES
 from kvwatch.errors import ConfigError
 from kvwatch.events import Event
 from kvwatch.pipeline import replay
@@ -69,6 +71,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _check_version(engine: str, version: str) -> None:
+    """The version must be one the named engine (or, with --engine auto, either engine) knows."""
+    errors = []
+    for name in ENGINE_NAMES if engine == "auto" else (engine,):
+        try:
+            registry.check_version(name, version)
+            return
+        except ConfigError as exc:
+            errors.append(exc)
+    raise errors[0]
+
+
 def _has_budget(e: Explanation) -> bool:
     return bool(e.observed.terms) or e.observed_tokens is not None
 
@@ -81,12 +95,14 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu:
         gpu_memory = gpus.lookup(args.gpu).total_bytes
     elif args.gpu_memory:
-        gpu_memory = parse_size(args.gpu_memory)
+        gpu_memory = parse_size(args.gpu_memory, maximum=MAX_GPU_MEMORY_BYTES)
     events: list[Event] = []
     try:
         result = replay(args.logs, engine=args.engine, on_events=events.extend)
     except OSError as exc:
         raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    if args.engine_version is not None:
+        _check_version(args.engine, args.engine_version)
     overrides = Overrides(
         tp=args.tp,
         pp=args.pp,

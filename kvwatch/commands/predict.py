@@ -10,7 +10,7 @@ from typing import cast
 
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity import gpus
-from kvwatch.capacity.deployment import Deployment, DeploymentValue, validate
+from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, Deployment, DeploymentValue, validate
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
@@ -118,7 +118,8 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         spec = gpus.lookup(args.gpu)
         gpu_name, gpu_memory = spec.name, spec.total_bytes
     elif args.gpu_memory:
-        gpu_memory = parse_size(args.gpu_memory)
+        gpu_memory = parse_size(args.gpu_memory, maximum=MAX_GPU_MEMORY_BYTES)
+    registry.check_version(args.engine, args.engine_version)
     fraction_flags = registry.get(args.engine).deployment_flags(
         args.gpu_memory_utilization, args.mem_fraction_static, args.block_size
     )

@@ -60,6 +60,9 @@ class MetricsDialect(Protocol):
     identity_labels: frozenset[str]
     # Gauges that hold a cumulative count: checked for resets like counters.
     cumulative_gauges: frozenset[str]
+    # Every series name (prefix stripped) ``facts`` reads. A /metrics body materialises only these
+    # (and their counters' ``_created``); every other line is checked for syntax and dropped.
+    families: frozenset[str]
 
     def identity(self, labels: Mapping[str, str]) -> tuple[str, tuple[int, int, int] | None]:
         """(engine instance, (tp, pp, ep) rank or None) of one series."""
@@ -112,6 +115,11 @@ class Engine(Protocol):
 
     @property
     def metrics(self) -> MetricsDialect: ...
+
+    @property
+    def known_versions(self) -> tuple[str, str]:
+        """The oldest and newest release kvwatch knows, e.g. ('0.3', '0.33')."""
+        ...
 
     @property
     def fraction_setting(self) -> str:

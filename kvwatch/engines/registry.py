@@ -8,7 +8,9 @@ the engines' own tables.
 from __future__ import annotations
 
 import functools
+import re
 
+from kvwatch.capacity.deployment import version_tuple
 from kvwatch.engines.base import Engine
 from kvwatch.engines.kinds import ENGINE_NAMES, EngineName
 from kvwatch.engines.sglang.engine import ENGINE as SGLANG
@@ -33,6 +35,32 @@ def get(name: str) -> Engine:
         if engine.name == name:
             return engine
     raise ConfigError(f"unknown engine {name!r} (use {' or '.join(ENGINE_NAMES)})")
+
+
+def check_version(name: str, version: str | None) -> None:
+    """ConfigError unless ``version`` (a user's --engine-version; None = newest) is a release of
+    engine ``name`` kvwatch knows, naming the range it knows."""
+    if version is None:
+        return
+    engine = get(name)
+    oldest, newest = engine.known_versions
+    label = {"vllm": "vLLM", "sglang": "SGLang"}.get(engine.name, engine.name)
+    known = f"kvwatch knows {label} {oldest} to {newest}"
+    parsed = version_tuple(version)
+    text = version.strip().lstrip("v")
+    if (
+        parsed is None
+        or not re.fullmatch(r"[0-9]+(\.[0-9]+)*([.+-]?[A-Za-z0-9.+-]*)?", text)
+        or len(text) > 40
+    ):
+        raise ConfigError(f"engine version {version!r} is not a version number ({known})")
+    low, high = version_tuple(oldest), version_tuple(newest)
+    assert low is not None and high is not None
+    if not low <= parsed[: len(high)] <= high and parsed[: len(low)] != low:
+        raise ConfigError(
+            f"{label} {version} is not a release kvwatch knows ({label} {oldest} to {newest}); "
+            "omit --engine-version for the newest"
+        )
 
 
 def detect_engine(line: str) -> EngineName | None:

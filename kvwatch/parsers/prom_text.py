@@ -14,13 +14,12 @@ negative counts, unreadable label strings) are skipped and counted in ``bad_valu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from kvwatch.engines import registry
+from kvwatch.engines.base import MetricsDialect
 from kvwatch.engines.kinds import ENGINE_CHOICES, EngineChoice, EngineName
 from kvwatch.errors import ConfigError
 from kvwatch.events import (
@@ -32,6 +31,7 @@ from kvwatch.events import (
     UsageSample,
 )
 from kvwatch.parsers.base import ParseError
+from kvwatch.parsers.prom_stream import MAX_KEPT_SERIES, Dialect, ExpositionStream, key_labels
 from kvwatch.parsers.samples import Sample, SampleReader, finite
 
 _EventClass = type[EngineSettings] | type[PoolSized] | type[UsageSample] | type[Preemption]
@@ -39,6 +39,16 @@ _EventClass = type[EngineSettings] | type[PoolSized] | type[UsageSample] | type[
 # Labels that say who exported a series, not what it measures, in any engine: they pick the instance
 # and rank and are left out of the key that tells two series of one metric apart.
 _IDENTITY_LABELS = frozenset().union(*(e.metrics.identity_labels for e in registry.ENGINES.values()))
+_READ_CHUNK = 1 << 20
+# Counter values and per-series figures remembered between reads, at most (see _bound_memory).
+_REMEMBERED = 4 * MAX_KEPT_SERIES
+
+
+def _wanted(dialect: MetricsDialect) -> frozenset[str]:
+    """The series names (prefix stripped) kept of a body: what ``facts`` reads, the ``_created`` of
+    its counters (a restart whose counters grew past the old values) and the cumulative gauges."""
+    created = {f"{name[: -len('_total')]}_created" for name in dialect.families if name.endswith("_total")}
+    return dialect.families | created | dialect.cumulative_gauges
 
 
 def _instance_order(instance: str) -> tuple[int, int, str]:
@@ -57,63 +67,98 @@ class MetricsReader(SampleReader):
         self.engine: EngineName | None = None if engine == "auto" else engine
         # (instance, exposed name, series key) -> last value, for counters, `_created` and cumulative gauges.
         self._counters: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
+        # Series of the families read that were over MAX_KEPT_SERIES in a body, left out.
+        self.dropped_series = 0
+        # The last body's counters of families kvwatch does not read (ExpositionStream.other_counters).
+        self._other: dict[EngineName, dict[str, float]] = {}
 
     # --- parsing -----------------------------------------------------------------------------------
+
+    def stream(self) -> MetricsRead:
+        """Start reading one /metrics body that arrives in pieces (the scraper feeds it as it reads)."""
+        engines = registry.ENGINES if self.engine is None else {self.engine: registry.get(self.engine)}
+        dialects: dict[str, Dialect] = {
+            name: Dialect(e.metrics.prefix, _wanted(e.metrics), _IDENTITY_LABELS, e.metrics.identity)
+            for name, e in engines.items()
+        }
+        return MetricsRead(self, ExpositionStream(dialects))
 
     def read(self, text: str) -> tuple[Event, ...]:
         """Events for one scrape, ordered per instance: reset, settings, pools, usage, preemption.
 
         Raises ParseError when the text is not Prometheus exposition format.
         """
-        try:
-            families = list(text_string_to_metric_families(text))
-        except Exception as exc:  # the lax parser raises ValueError, IndexError, TypeError...
-            raise ParseError(f"not Prometheus exposition text: {exc}") from exc
-        raw = [(fam.type, s.name, s.labels, float(s.value)) for fam in families for s in fam.samples]
-        engine = self._detect(name for _, name, _, _ in raw)
+        body = self.stream()
+        for start in range(0, len(text), _READ_CHUNK):
+            body.feed(text[start : start + _READ_CHUNK])
+        return body.finish()
+
+    def _events(self, stream: ExpositionStream) -> tuple[Event, ...]:
+        stream.close()
+        if stream.error is not None:
+            raise ParseError(f"not Prometheus exposition text: {stream.error}")
+        self.dropped_series += stream.dropped
+        engine = self._detect(stream.prefix_counts)
         if engine is None:
             return ()
-        samples = list(self._samples(engine, raw))
+        samples = stream.kept[engine]
         by_instance: dict[str, list[Sample]] = {}
         for sample in samples:
             by_instance.setdefault(sample.instance, []).append(sample)
         # vLLM's front end sums num_gpu_blocks over the DP engines it serves and repeats the sum in
         # every engine's cache_config_info (v1/engine/utils.py, 0.11): per instance only with one engine.
         summed = registry.get(engine).metrics.sums_pool_across_instances(samples)
+        other = self._other_resets(engine, stream.other_counters[engine])
         events: list[Event] = []
         for instance in sorted(by_instance, key=_instance_order):
             chosen = self._one_rank(by_instance[instance])
-            events.extend(self._instance_events(engine, instance, chosen, summed))
+            events.extend(self._instance_events(engine, instance, chosen, summed, other.get(instance)))
+        self._bound_memory(samples)
         return tuple(events)
 
-    def _detect(self, names: Iterable[str]) -> EngineName | None:
+    def _bound_memory(self, samples: list[Sample]) -> None:
+        """Series that come and go (label churn) must not grow what is remembered without end: past
+        the bound, only the series of this body are kept."""
+        if len(self._counters) > _REMEMBERED:
+            now = {(s.instance, s.exposed, s.series) for s in samples}
+            self._counters = {k: v for k, v in self._counters.items() if k in now}
+        if len(self.remembered) > _REMEMBERED:
+            self.remembered.clear()
+
+    def _other_resets(self, engine: EngineName, current: dict[str, float]) -> dict[str, CounterReset]:
+        """Per instance, the first counter kvwatch does not read that went back since the last body."""
+        previous, self._other = self._other.get(engine, {}), {engine: current}
+        dialect = registry.get(engine).metrics
+        out: dict[str, CounterReset] = {}
+        for key in sorted(current.keys() & previous.keys()):
+            value, before = current[key], previous[key]
+            name = key.split("{", 1)[0]
+            if not (finite(value) and finite(before)):
+                continue
+            if value != before if name.endswith("_created") else value < before:
+                try:
+                    instance = dialect.identity(key_labels(key))[0]
+                except ValueError:
+                    continue
+                if instance not in out:
+                    out[instance] = CounterReset(
+                        engine=engine,
+                        instance=instance,
+                        origin="metrics",
+                        metric=name,
+                        previous=before,
+                        current=value,
+                    )
+        return out
+
+    def _detect(self, counts: dict[str, int]) -> EngineName | None:
         if self.engine is not None:
             return self.engine
-        counts: dict[EngineName, int] = dict.fromkeys(registry.ENGINES, 0)
-        prefixes = [(name, e.metrics.prefix) for name, e in registry.ENGINES.items()]
-        for name in names:
-            for engine, pattern in prefixes:
-                if pattern.match(name):
-                    counts[engine] += 1
-        best = max(counts, key=lambda e: counts[e])
-        if counts[best] == 0:
+        best = max(registry.ENGINES, key=lambda e: counts.get(e, 0))
+        if counts.get(best, 0) == 0:
             return None
         self.engine = best
         return best
-
-    @staticmethod
-    def _samples(engine: EngineName, raw: list[tuple[str, str, dict[str, str], float]]) -> Iterator[Sample]:
-        dialect = registry.get(engine).metrics
-        pattern = dialect.prefix
-        for family_type, exposed, labels, value in raw:
-            m = pattern.match(exposed)
-            if m is None:
-                continue
-            name = m.group("name")
-            instance, rank = dialect.identity(labels)
-            series = tuple(sorted((k, v) for k, v in labels.items() if k not in _IDENTITY_LABELS))
-            counter = name.endswith("_total") and family_type in ("counter", "unknown", "untyped")
-            yield Sample(name, exposed, labels, value, instance, rank, series, counter)
 
     @staticmethod
     def _one_rank(samples: list[Sample]) -> dict[str, list[Sample]]:
@@ -131,10 +176,15 @@ class MetricsReader(SampleReader):
     # --- per instance ------------------------------------------------------------------------------
 
     def _instance_events(
-        self, engine: EngineName, instance: str, by_name: dict[str, list[Sample]], summed_blocks: bool
+        self,
+        engine: EngineName,
+        instance: str,
+        by_name: dict[str, list[Sample]],
+        summed_blocks: bool,
+        other_reset: CounterReset | None,
     ) -> list[Event]:
         events: list[Event] = []
-        reset = self._check_counters(engine, instance, by_name)
+        reset = self._check_counters(engine, instance, by_name, other_reset)
         if reset is not None:
             events.append(reset)
         ident: dict[str, Any] = {"engine": engine, "instance": instance, "origin": "metrics"}
@@ -166,9 +216,14 @@ class MetricsReader(SampleReader):
             self.bad_values += 1
 
     def _check_counters(
-        self, engine: EngineName, instance: str, by_name: dict[str, list[Sample]]
+        self,
+        engine: EngineName,
+        instance: str,
+        by_name: dict[str, list[Sample]],
+        other_reset: CounterReset | None,
     ) -> CounterReset | None:
-        """Compare this read's counters with the last; the first that went back is the reset."""
+        """Compare this read's counters with the last; the first that went back is the reset (one of
+        the counters kvwatch does not read, ``other_reset``, when none of those it reads did)."""
         current: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
         totals = {name for name, group in by_name.items() if any(s.counter for s in group)}
         cumulative_gauges = registry.get(engine).metrics.cumulative_gauges
@@ -193,6 +248,7 @@ class MetricsReader(SampleReader):
                     previous=previous,
                     current=value,
                 )
+        reset = reset if reset is not None else other_reset
         if reset is not None:
             # A new engine process: every remembered figure of this instance belongs to the old one.
             for old in [k for k in self._counters if k[0] == instance]:
@@ -200,3 +256,23 @@ class MetricsReader(SampleReader):
             self.forget(instance)
         self._counters.update(current)
         return reset
+
+
+class MetricsRead:
+    """One /metrics body in progress: ``feed`` its pieces as they arrive, then ``finish``.
+
+    Only the scrape that started it may use it; the reader's memory changes at ``finish`` alone, so
+    a body that fails half way (timeout, cap) leaves the reader as it was.
+    """
+
+    def __init__(self, reader: MetricsReader, stream: ExpositionStream) -> None:
+        self._reader = reader
+        self._stream = stream
+
+    def feed(self, chunk: str) -> None:
+        """The next piece of the body; never raises (a syntax error is kept for ``finish``)."""
+        self._stream.feed(chunk)
+
+    def finish(self) -> tuple[Event, ...]:
+        """The body's events (as ``MetricsReader.read``); ParseError when it is not exposition text."""
+        return self._reader._events(self._stream)

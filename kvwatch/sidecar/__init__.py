@@ -23,10 +23,11 @@ Threading model -- every thread, what it may touch, and why that is safe:
   ``Sidecar.refresh``, which reads the tailers' appends *in the worker*, under the same delivery lock
   and in file order, so a scrape is never behind the log; then it renders a ``Fleet.snapshot``
   (frozen copies). /healthz and / touch no state.
-* **scrape** (one per ``--metrics-url``) -- fetches the engine's /metrics and puts a ``Scraped``
-  message on the queue; it never touches the fleet.
+* **scrape** (one per ``--metrics-url``) -- fetches the engine's /metrics and reads it as it
+  arrives (its own ``MetricsReader``, used by no other thread), then puts a ``Scraped`` message
+  with the events on the queue; it never touches the fleet. ``stop()`` aborts a fetch in flight.
 * **stdin** (``--log -``) -- puts ``StdinLine`` / ``StdinClosed`` messages on the queue.
-* **consumer** (``kvwatch-consumer``) -- the only reader of the queue: applies scrape results and
+* **consumer** (``kvwatch-consumer``) -- the only reader of the queue: applies scrape events and
   stdin lines, and is the only thread that writes the state file (``SaveSchedule.save``).
 
 So ``Fleet.apply`` is called from several threads (tailers, HTTP workers, consumer); the fleet's lock makes

@@ -26,7 +26,6 @@ from kvwatch.collector import KvwatchCollector, SelfStats, SourceStatus
 from kvwatch.config import Settings, WebConfig, load_web_config
 from kvwatch.errors import ConfigError
 from kvwatch.jsontypes import JsonObject, JsonValue
-from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prom_text import MetricsReader
 from kvwatch.persist import StateStore, restore
 from kvwatch.pipeline import LinePipeline
@@ -209,6 +208,8 @@ class Sidecar:
         either, so the next start reads them again -- once.
         """
         self._stop.set()
+        for scrape in self._scrapes:
+            scrape.scraper.abort()  # a scrape in progress ends now, whatever it is waiting for
         saved = threading.Event()
         self._queue.put(msg.FinalSave(saved))
         saved.wait(timeout=5)
@@ -225,8 +226,13 @@ class Sidecar:
                 if thread.name == "kvwatch-http":
                     thread.join(timeout=5)
             self._server.server_close()
+        # Scrape threads were aborted above; one still stuck in a TCP connect is a daemon thread that
+        # holds nothing to save, so it is given a moment, not the whole budget of a clean stop.
+        deadline = time.monotonic() + 0.5
         for thread in self._threads:
-            if thread.name != "kvwatch-stdin":
+            if thread.name.startswith("kvwatch-scrape-"):
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            elif thread.name != "kvwatch-stdin":
                 thread.join(timeout=5)
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -272,31 +278,31 @@ class Sidecar:
         match item:
             case msg.StdinLine(source=src, line=line):
                 self.saves.mark(src.on_line(line))
-            case msg.Scraped(source=src, result=result):
-                self._handle_scrape(src, result)
+            case msg.Scraped():
+                self._handle_scrape(item)
             case msg.StdinClosed(source=src):
                 src.stdin_up = False
             case _:  # Dirty only wakes the consumer to plan its next save
                 pass
 
-    def _handle_scrape(self, src: ScrapeSource, result: ScrapeResult) -> None:
+    def _handle_scrape(self, item: msg.Scraped) -> None:
+        src, result = item.source, item.result
         src.duration = result.duration_seconds
-        if not result.ok or result.text is None:
+        if not result.ok:
             src.up = False
             # Bounded label values: a reason the collector does not export is a connection failure.
             reason = result.error if result.error in names.SCRAPE_ERROR_REASONS else "connection"
             src.errors[reason] = src.errors.get(reason, 0) + 1
             return
-        try:
-            events = src.reader.read(result.text)
-            if events:
-                self.fleet.apply_all(src.name, events)
-                self.saves.mark(events)
-        except ParseError as exc:
+        if item.unreadable is not None:
             src.up = False
             src.errors["parse"] = src.errors.get("parse", 0) + 1
-            log.debug("metrics unreadable source=%s err=%s", src.name, exc)
+            log.debug("metrics unreadable source=%s err=%s", src.name, item.unreadable)
             return
+        try:
+            if item.events:
+                self.fleet.apply_all(src.name, item.events)
+                self.saves.mark(item.events)
         except Exception:
             # Input nobody foresaw must not stop the consumer: count it as unreadable and go on.
             src.up = False
@@ -309,7 +315,15 @@ class Sidecar:
     def _scrape_loop(self, src: ScrapeSource) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            self._queue.put(msg.Scraped(src, src.scraper.fetch()))
+            try:
+                result, events, unreadable = src.scrape()
+            except Exception as exc:  # input nobody foresaw: counted as unreadable, the loop goes on
+                log.exception("metrics not read source=%s", src.name)
+                result = ScrapeResult(True, None, time.monotonic() - started, None, None)
+                events, unreadable = (), f"{type(exc).__name__}: {exc}"
+            if self._stop.is_set() and not result.ok:
+                return  # aborted by stop(): not the engine's failure
+            self._queue.put(msg.Scraped(src, result, events, unreadable))
             # A steady cadence: the interval runs from the start of one scrape to the next.
             self._stop.wait(max(0.0, self.settings.scrape_interval - (time.monotonic() - started)))
 

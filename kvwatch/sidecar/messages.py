@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvwatch.events import Event
 from kvwatch.scrape import ScrapeResult
 
 if TYPE_CHECKING:
@@ -33,10 +34,13 @@ class StdinClosed:
 
 @dataclass(frozen=True, slots=True)
 class Scraped:
-    """One fetch of an engine's /metrics, to be read and applied by the consumer."""
+    """One fetch of an engine's /metrics, read as it arrived (by the scrape thread): its events,
+    for the consumer to apply, or why the body could not be read (``unreadable``)."""
 
     source: ScrapeSource
     result: ScrapeResult
+    events: tuple[Event, ...] = ()
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,10 @@ import dataclasses
 
 from kvwatch.collector import SourceStatus
 from kvwatch.events import Event
+from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prom_text import MetricsReader
 from kvwatch.pipeline import LinePipeline
-from kvwatch.scrape import Scraper
+from kvwatch.scrape import Scraper, ScrapeResult
 from kvwatch.sources.logfile import LogTailer
 
 
@@ -51,7 +52,8 @@ class LogSource:
 
 @dataclasses.dataclass
 class ScrapeSource:
-    """One --metrics-url: its scraper, reader and last result (written by the consumer only)."""
+    """One --metrics-url: its scraper and reader (used by its scrape thread only) and last result
+    (written by the consumer only)."""
 
     name: str
     scraper: Scraper
@@ -59,6 +61,18 @@ class ScrapeSource:
     up: bool = False
     duration: float | None = None
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def scrape(self) -> tuple[ScrapeResult, tuple[Event, ...], str | None]:
+        """Fetch and read one body as it arrives (the scrape thread; only it uses ``reader``): the
+        fetch, its events, and why the body was unreadable (None when it was read)."""
+        body = self.reader.stream()
+        result = self.scraper.fetch(body.feed)
+        if not result.ok:
+            return result, (), None
+        try:
+            return result, body.finish(), None
+        except ParseError as exc:
+            return result, (), str(exc)
 
     def status(self) -> SourceStatus:
         """Self-metrics of this endpoint, for the collector."""

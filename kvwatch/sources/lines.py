@@ -13,6 +13,7 @@ whole lines (``feed_raw``, replay's bulk path, which decodes only the lines it m
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 
 # Replay's read size: one reused buffer of this many bytes.
@@ -20,6 +21,9 @@ READ_BLOCK_BYTES = 1 << 20
 
 # (block, pos, endpos): ``block[pos:endpos]`` is whole raw lines, each preceded by b"\n".
 RawBlock = tuple["bytes | bytearray", int, int]
+
+# Line ends as the splitter reads them (CRLF, a lone CR, LF), for the offsets of ``feed_ends``.
+_LINE_END = re.compile(rb"\r\n?|\n")
 
 # A UTF-8 character is at most 4 bytes, so keeping 4 bytes per allowed character is always enough
 # to decode the first ``max_line_chars`` characters of a line.
@@ -29,10 +33,12 @@ _BYTES_PER_CHAR = 4
 class LineSplitter:
     """Split byte chunks into lines, keeping the partial tail between calls.
 
-    ``\\n`` and ``\\r\\n`` both end a line and are stripped. Not thread-safe: one splitter per stream.
+    ``\\n``, ``\\r\\n`` and a lone ``\\r`` (what progress bars write between redraws) each end a
+    line and are stripped; a ``\\r\\n`` split across two chunks is still one line end. Not
+    thread-safe: one splitter per stream.
     """
 
-    __slots__ = ("max_line_chars", "truncated", "_cap", "_buf", "_dropped")
+    __slots__ = ("max_line_chars", "truncated", "_cap", "_buf", "_dropped", "_after_cr")
 
     def __init__(self, max_line_chars: int = 65536) -> None:
         if max_line_chars < 1:
@@ -46,6 +52,8 @@ class LineSplitter:
         self._buf = bytearray()
         # Bytes of the current partial line that were discarded because it passed the cap.
         self._dropped = 0
+        # The last chunk ended in b"\r": a b"\n" opening the next one completes that CRLF.
+        self._after_cr = False
 
     @property
     def pending_bytes(self) -> int:
@@ -55,11 +63,25 @@ class LineSplitter:
         """
         return len(self._buf) + self._dropped
 
+    def _line_ends(self, data: bytes | bytearray, start: int, end: int) -> tuple[bytes | bytearray, int, int]:
+        """``data[start:end]`` with every line end as b"\n" (a copy only when it holds a b"\r")."""
+        if self._after_cr and start < end:
+            self._after_cr = False
+            if data[start] == 0x0A:
+                start += 1
+        if data.find(b"\r", start, end) < 0:
+            return data, start, end
+        part = bytes(data[start:end])
+        self._after_cr = part.endswith(b"\r")
+        part = part.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        return part, 0, len(part)
+
     def feed(self, data: bytes) -> list[str]:
         """Return the lines completed by ``data``; keep what follows the last newline."""
         if not data:
             return []
-        pieces = data.split(b"\n")
+        ended, start, end = self._line_ends(data, 0, len(data))
+        pieces = bytes(ended[start:end] if start or end != len(ended) else ended).split(b"\n")
         tail = pieces.pop()
         out: list[str] = []
         if pieces:
@@ -82,6 +104,13 @@ class LineSplitter:
         self._keep(tail)
         return out
 
+    def feed_ends(self, data: bytes) -> list[tuple[str, int]]:
+        """``feed``, with the offset in ``data`` just past each completed line's terminator (where
+        a reader resumes to read the next line)."""
+        skip = 1 if self._after_cr and data[:1] == b"\n" else 0
+        lines = self.feed(data)
+        return list(zip(lines, (m.end() for m in _LINE_END.finditer(data, skip)), strict=False))
+
     def feed_raw(self, data: bytes | bytearray, size: int | None = None) -> list[RawBlock]:
         """The lines completed by ``data[:size]`` as raw blocks (no decoding, no CR stripping).
 
@@ -89,14 +118,14 @@ class LineSplitter:
         characters), then the whole lines inside ``data``, handed on without copying ``data`` (read
         it before reusing the buffer). What follows the last newline is kept, as ``feed`` keeps it.
         """
-        end = len(data) if size is None else size
-        first = data.find(b"\n", 0, end)
+        data, start, end = self._line_ends(data, 0, len(data) if size is None else size)
+        first = data.find(b"\n", start, end)
         if first < 0:
-            self._keep(data[:end])
+            self._keep(data[start:end])
             return []
-        self._keep(data[:first])
+        self._keep(data[start:first])
         line = b"\n" + self._first_chars()
-        self.reset()
+        self._clear()
         out: list[RawBlock] = [(line, 0, len(line))]
         last = data.rfind(b"\n", 0, end)
         if last > first:
@@ -107,10 +136,10 @@ class LineSplitter:
     def flush_raw(self) -> list[RawBlock]:
         """The unfinished line as a raw block (the stream ended without a newline), or none."""
         if not self._buf:
-            self.reset()
+            self._clear()
             return []
         line = b"\n" + self._first_chars()
-        self.reset()
+        self._clear()
         return [(line, 0, len(line))]
 
     def _first_chars(self) -> bytes:
@@ -131,6 +160,10 @@ class LineSplitter:
 
     def reset(self) -> None:
         """Forget the unfinished line (the stream it belonged to is gone)."""
+        self._clear()
+        self._after_cr = False
+
+    def _clear(self) -> None:
         self._buf.clear()
         self._dropped = 0
 

@@ -24,6 +24,10 @@ Design (one reader thread, watchdog only as a doorbell):
 * Truncation is seen by comparing the bytes just before our offset, and the first bytes of the file,
   with what we read there; a shrink alone would miss a file that grew past our offset again before
   we looked.
+
+Modules, by concern: this one (the tailer: its loop, reading and delivery), ``files`` (positions,
+open files, followed paths), ``rotation`` (identity, rotation, copytruncate, resume), ``watch``
+(watchdog as a doorbell), ``lines`` (bytes -> lines).
 """
 
 from __future__ import annotations
@@ -33,13 +37,9 @@ import fnmatch
 import glob
 import logging
 import os
-import select
-import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.events import (
@@ -48,19 +48,16 @@ from watchdog.events import (
     FileModifiedEvent,
     FileMovedEvent,
     FileSystemEvent,
-    FileSystemEventHandler,
 )
-from watchdog.observers.polling import PollingObserver
 
-from kvwatch.jsontypes import JsonObject, JsonValue
-from kvwatch.sources.lines import LineSplitter
+from kvwatch.sources.files import CHUNK, FINGERPRINT, FilePosition, Reader, Stream
+from kvwatch.sources.rotation import RotationHandling
+from kvwatch.sources.watch import Bell, Doorbell, WatchHandling, has_magic
+
+__all__ = ["ErrorCallback", "FilePosition", "LineCallback", "LogTailer", "PathCallback"]
 
 log = logging.getLogger(__name__)
 
-# How many bytes identify a position in a file: the last bytes before the offset (and the first
-# bytes of the file) are compared to notice truncation and to find a copytruncate copy.
-_FINGERPRINT = 64
-_CHUNK = 1 << 16
 _DRAIN_BUDGET = 128  # chunks (8 MiB) read from one file before the loop looks at the others
 # What watchdog must report; with append polling on, IN_MODIFY is not even requested from the kernel.
 _STRUCTURAL_EVENTS = [FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
@@ -71,135 +68,7 @@ PathCallback = Callable[[str], None]
 ErrorCallback = Callable[[str, BaseException], None]
 
 
-@dataclass(frozen=True, slots=True)
-class FilePosition:
-    """Where reading of one followed path stopped: the start of the first line not yet delivered.
-
-    ``fingerprint`` (hex of up to 64 bytes before ``offset``; empty when unknown) guards against an
-    inode number reused by a new file of sufficient size while kvwatch was down.
-    """
-
-    path: str
-    dev: int
-    inode: int
-    offset: int
-    fingerprint: str = ""
-
-    def to_dict(self) -> JsonObject:
-        """Plain JSON-able form for the state file."""
-        return {
-            "path": self.path,
-            "dev": self.dev,
-            "inode": self.inode,
-            "offset": self.offset,
-            "fingerprint": self.fingerprint,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, JsonValue]) -> FilePosition:
-        """Inverse of ``to_dict``; raises KeyError/TypeError/ValueError on a malformed entry."""
-        return cls(
-            path=str(data["path"]),
-            dev=_as_int(data["dev"]),
-            inode=_as_int(data["inode"]),
-            offset=_as_int(data["offset"]),
-            fingerprint=str(data.get("fingerprint", "")),
-        )
-
-
-def _as_int(value: JsonValue) -> int:
-    if isinstance(value, int | float | str):
-        return int(value)
-    raise TypeError(f"expected a number, got {type(value).__name__}")
-
-
-@dataclass(eq=False)
-class _Reader:
-    """One open file (one inode) and how far it has been read."""
-
-    fd: int
-    dev: int
-    ino: int
-    offset: int
-    splitter: LineSplitter
-    # First bytes of the current generation of this file (reset by a truncation) and the last
-    # bytes before ``offset``: together they identify the data we have read.
-    head: bytes = b""
-    tail: bytes = b""
-    last_growth: float = field(default_factory=time.monotonic)
-
-
-@dataclass(eq=False)
-class _Stream:
-    """A followed path: its current file and the rotated-away files still being drained."""
-
-    path: str
-    reader: _Reader | None = None
-    retired: list[_Reader] = field(default_factory=list)
-    opened_once: bool = False
-    # Error episodes, each counted once: the path cannot be opened (missing with nothing open,
-    # unreadable, not a regular file), or reading the open file fails.
-    failing: bool = False
-    read_failing: bool = False
-    resume: FilePosition | None = None
-
-
-class _Bell:
-    """A wake-up flag that one thread sleeps on with a timeout and others ring.
-
-    Like ``threading.Event``, but the timed wait is a single ``select()`` on a socket pair: on the
-    VMs this was measured on, an Event's timed wait costs about twice the CPU per wake-up, and the
-    wake-ups for the timed re-check are most of an idle tailer's CPU (bench/bench_sidecar.py). Socket objects, unlike raw pipe descriptors, cannot write into an
-    unrelated file that reused the number after ``close()``.
-    """
-
-    def __init__(self) -> None:
-        self._flag = False
-        self._r, self._w = socket.socketpair()
-        self._r.setblocking(False)
-        self._w.setblocking(False)
-
-    def set(self) -> None:
-        self._flag = True
-        with contextlib.suppress(OSError):  # buffer full: a wake-up is pending anyway; closed: stopped
-            self._w.send(b"\0")
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def clear(self) -> None:
-        self._flag = False
-        with contextlib.suppress(OSError):
-            while self._r.recv(4096):
-                pass
-
-    def wait(self, timeout: float) -> bool:
-        if not self._flag:
-            with contextlib.suppress(OSError, ValueError):
-                select.select([self._r], [], [], max(0.0, timeout))
-        return self._flag
-
-    def close(self) -> None:
-        self._r.close()
-        self._w.close()
-
-
-def _has_magic(pattern: str) -> bool:
-    return any(c in pattern for c in "*?[")
-
-
-class _Doorbell(FileSystemEventHandler):
-    """Hands watchdog events to the tailer; runs in watchdog's dispatcher thread."""
-
-    def __init__(self, tailer: LogTailer) -> None:
-        super().__init__()
-        self._tailer = tailer
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        self._tailer._on_fs_event(event)
-
-
-class LogTailer:
+class LogTailer(RotationHandling, WatchHandling):
     """Follow one path or glob pattern and call ``on_line(path, line)`` for every line, once.
 
     ``on_line``, ``on_rotate`` and ``on_error`` are called from the tailer's own thread, or from the
@@ -227,7 +96,7 @@ class LogTailer:
                 "recheck_interval and poll_interval must be > 0, retire_after and append_interval >= 0"
             )
         self.pattern = os.path.abspath(os.path.expanduser(pattern))
-        self.is_glob = _has_magic(self.pattern)
+        self.is_glob = has_magic(self.pattern)
         self._on_line = on_line
         self._on_rotate = on_rotate
         self._on_error = on_error
@@ -252,8 +121,8 @@ class LogTailer:
         # without the other (re-entrant: on_line may call positions()).
         self._pub_lock = threading.RLock()
         self._published: dict[str, tuple[int, int, int, bytes]] = {}
-        self._streams: dict[str, _Stream] = {}
-        self._wake = _Bell()
+        self._streams: dict[str, Stream] = {}
+        self._wake = Bell()
         self._stop = threading.Event()
         self._dirty_lock = threading.Lock()
         # Paths with news -> whether the news may be structural (created/moved/deleted), which needs a
@@ -268,7 +137,7 @@ class LogTailer:
         self._thread: threading.Thread | None = None
         self._running = False
         self._close_on_exit = False
-        self._handler = _Doorbell(self)
+        self._handler = Doorbell(self)
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -396,16 +265,6 @@ class LogTailer:
                 total += reader.splitter.truncated
         return total
 
-    @property
-    def observer_kind(self) -> str:
-        """'native' (inotify on Linux), 'polling', or 'native+polling' after an inotify limit was hit."""
-        if self._observer is None:
-            return "stopped"
-        native = not isinstance(self._observer, PollingObserver)
-        if native and self._fallback is not None:
-            return "native+polling"
-        return "native" if native else "polling"
-
     # ---- watchdog side (dispatcher thread) --------------------------------------------------
 
     def _on_fs_event(self, event: FileSystemEvent) -> None:
@@ -485,64 +344,9 @@ class LogTailer:
             for path in candidates:
                 if path not in self._streams:
                     # A saved position applies to the first file seen at that path, never again.
-                    self._streams[path] = _Stream(path, resume=self._resume.pop(path, None))
+                    self._streams[path] = Stream(path, resume=self._resume.pop(path, None))
 
-    def _sync_watches(self) -> None:
-        """Watch the directories of the paths and of their symlink targets; route events to paths."""
-        route: dict[str, str] = {}
-        dirs: set[str] = set()
-        for path in list(self._streams):
-            for name in {path, os.path.realpath(path)}:
-                parent = os.path.realpath(os.path.dirname(name))
-                route[os.path.join(parent, os.path.basename(name))] = path
-                route[name] = path
-                dirs.add(parent)
-        if self.is_glob:
-            dirs.update(os.path.realpath(d) for d in glob.glob(os.path.dirname(self.pattern)))
-        self._route = route
-        # A deleted directory's watch is dead; forget it so the directory is watched again if it returns.
-        gone = {d for d in self._watched if d not in dirs or not os.path.isdir(d)}
-        for directory in gone:
-            observer, watch = self._watched.pop(directory)
-            with contextlib.suppress(KeyError, OSError):
-                observer.unschedule(watch)
-        for directory in dirs - set(self._watched):
-            if os.path.isdir(directory):
-                self._watch(directory)
-
-    def _make_observer(self) -> Any:
-        if self.polling:
-            return PollingObserver(timeout=self.poll_interval)
-        try:
-            from watchdog.observers import Observer
-
-            return Observer()
-        except Exception as exc:  # no native backend on this platform
-            self._report("", exc)
-            self.polling = True
-            return PollingObserver(timeout=self.poll_interval)
-
-    def _watch(self, directory: str) -> None:
-        try:
-            watch = self._observer.schedule(self._handler, directory, event_filter=self._event_types)
-            self._watched[directory] = (self._observer, watch)
-            return
-        except OSError as exc:
-            if isinstance(self._observer, PollingObserver):
-                self._report(directory, exc)
-                return
-            # inotify instance or watch limit reached: poll this directory instead.
-            log.warning("inotify unavailable for %s (%s); polling it", directory, exc)
-        if self._fallback is None:
-            self._fallback = PollingObserver(timeout=self.poll_interval)
-            self._fallback.start()
-        try:
-            watch = self._fallback.schedule(self._handler, directory, event_filter=self._event_types)
-            self._watched[directory] = (self._fallback, watch)
-        except OSError as exc:
-            self._report(directory, exc)
-
-    def _poll(self, stream: _Stream, *, check_retired: bool, check_path: bool) -> None:
+    def _poll(self, stream: Stream, *, check_retired: bool, check_path: bool) -> None:
         with self._lock:
             if check_retired and stream.retired:
                 now = time.monotonic()
@@ -555,122 +359,7 @@ class LogTailer:
             if check_path or stream.reader is None:
                 self._check_identity(stream)
 
-    def _check_identity(self, stream: _Stream) -> None:
-        """Notice a rotation (the path names another file) or a file that appeared."""
-        current = stream.reader
-        try:
-            st = os.stat(stream.path)
-        except OSError as exc:
-            # Between a rename and the new file's creation the path is missing: keep reading the
-            # file we hold. Only a path with nothing open is an error.
-            if current is None:
-                self._fail(stream, exc)
-            elif (
-                self.is_glob
-                and not stream.retired
-                and time.monotonic() - current.last_growth >= self.retire_after
-            ):
-                self._forget(stream, current)
-            return
-        if current is not None and (st.st_dev, st.st_ino) == (current.dev, current.ino):
-            return
-        if not stat.S_ISREG(st.st_mode):
-            if current is None:
-                self._fail(stream, IsADirectoryError(f"not a regular file: {stream.path}"))
-            return
-        try:
-            # O_NONBLOCK: a FIFO swapped in after the stat must not block the thread in open().
-            fd = os.open(stream.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            self._fail(stream, exc)
-            return
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise IsADirectoryError(f"not a regular file: {stream.path}")
-        except OSError as exc:
-            os.close(fd)
-            if current is None:
-                self._fail(stream, exc)
-            return
-        dev, ino = st.st_dev, st.st_ino
-        if current is not None and (dev, ino) == (current.dev, current.ino):
-            os.close(fd)  # the path flipped back between stat and open; nothing changed
-            return
-        reader = _Reader(fd, dev, ino, 0, LineSplitter(self.max_line_chars))
-        if stream.resume is not None and not stream.opened_once:
-            self._apply_resume(stream, reader, stream.resume)
-        stream.resume = None
-        stream.failing = False
-        if current is not None:
-            # Rotation: finish the old file now, keep draining it a while (a writer that has not
-            # reopened yet still appends to it), and read the new one from its start.
-            self._drain(stream, current, retired=True)
-            current.last_growth = time.monotonic()
-            stream.retired.append(current)
-            self._rotated(stream.path)
-            self._rescan = True
-            self._wake.set()
-        elif stream.opened_once:
-            self._rotated(stream.path)  # reappeared after being missing: delete-and-recreate
-        stream.reader = reader
-        stream.opened_once = True
-        self._publish(stream.path, reader, reader.offset, reader.tail)
-        self._drain(stream, reader, retired=False)
-
-    def _apply_resume(self, stream: _Stream, reader: _Reader, pos: FilePosition) -> None:
-        """Continue at a saved offset when it is the same file; else finish the old file first
-        (renamed beside it while kvwatch was down) and read the new one from 0."""
-        if self._matches(reader.fd, reader.dev, reader.ino, pos):
-            self._seek(reader, pos.offset)
-            return
-        directory = os.path.dirname(os.path.realpath(stream.path))
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            return
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) != (pos.dev, pos.inode) or not stat.S_ISREG(st.st_mode):
-                continue
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
-                return
-            if self._matches(fd, st.st_dev, st.st_ino, pos):
-                old = _Reader(fd, st.st_dev, st.st_ino, 0, LineSplitter(self.max_line_chars))
-                self._seek(old, pos.offset)
-                self._drain(stream, old, retired=True)
-                stream.retired.append(old)
-            else:
-                os.close(fd)
-            return
-
-    @staticmethod
-    def _matches(fd: int, dev: int, ino: int, pos: FilePosition) -> bool:
-        if (dev, ino) != (pos.dev, pos.inode):
-            return False
-        try:
-            if os.fstat(fd).st_size < pos.offset:
-                return False
-            if pos.fingerprint:
-                want = bytes.fromhex(pos.fingerprint)
-                return os.pread(fd, len(want), pos.offset - len(want)) == want
-        except (OSError, ValueError):
-            return False
-        return True
-
-    @staticmethod
-    def _seek(reader: _Reader, offset: int) -> None:
-        reader.offset = offset
-        reader.head = os.pread(reader.fd, min(offset, _FINGERPRINT), 0)
-        k = min(offset, _FINGERPRINT)
-        reader.tail = os.pread(reader.fd, k, offset - k) if k else b""
-
-    def _drain(self, stream: _Stream, reader: _Reader, *, retired: bool) -> bool | None:
+    def _drain(self, stream: Stream, reader: Reader, *, retired: bool) -> bool | None:
         """Read ``reader`` to its current end and deliver the lines.
 
         Returns whether it grew, or None when a retired file turned out truncated (give it up).
@@ -688,7 +377,7 @@ class LogTailer:
             budget -= 1
             k = len(reader.tail)
             try:
-                data = os.pread(reader.fd, k + _CHUNK, reader.offset - k)
+                data = os.pread(reader.fd, k + CHUNK, reader.offset - k)
                 # Past the first bytes, compare those too: a file truncated and refilled could
                 # repeat the bytes before our offset (runs of '=' or spaces), not also its start.
                 if len(data) > k and reader.offset > k and reader.head and data[:k] == reader.tail:
@@ -711,97 +400,17 @@ class LogTailer:
             grew = True
             reader.offset += len(body)
             reader.last_growth = time.monotonic()
-            if len(reader.head) < _FINGERPRINT:
-                reader.head = (reader.head + body)[:_FINGERPRINT]
+            if len(reader.head) < FINGERPRINT:
+                reader.head = (reader.head + body)[:FINGERPRINT]
             before = reader.tail
-            reader.tail = (reader.tail + body[-_FINGERPRINT:])[-_FINGERPRINT:]
+            reader.tail = (reader.tail + body[-FINGERPRINT:])[-FINGERPRINT:]
             self._feed(stream, reader, body, reader.offset - len(body), before, publish=not retired)
-            if len(body) < _CHUNK:
+            if len(body) < CHUNK:
                 break
         return grew
 
-    def _truncated(self, stream: _Stream, reader: _Reader) -> None:
-        """copytruncate: recover what we had not read from the copy, then read again from 0."""
-        if not self._recover_from_copy(stream, reader):
-            reader.splitter.reset()  # its continuation is gone; don't glue it to a new line
-        reader.offset = 0
-        reader.head = b""
-        reader.tail = b""
-        self._publish(stream.path, reader, 0, b"")
-        self._rotated(stream.path)
-
-    def _recover_from_copy(self, stream: _Stream, reader: _Reader) -> bool:
-        if not reader.head:
-            return False
-        directory, base = os.path.split(self._where(stream, reader))
-        best: tuple[float, str] | None = None
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            return False
-        for entry in entries:
-            if not entry.name.startswith(base) or entry.name == base:
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode) or st.st_size < reader.offset:
-                    continue
-                if (st.st_dev, st.st_ino) == (reader.dev, reader.ino):
-                    continue
-                with open(entry.path, "rb") as fh:
-                    if fh.read(len(reader.head)) != reader.head:
-                        continue
-                    fh.seek(reader.offset - len(reader.tail))
-                    if fh.read(len(reader.tail)) != reader.tail:
-                        continue
-            except OSError:
-                continue
-            if best is None or st.st_mtime > best[0]:
-                best = (st.st_mtime, entry.path)
-        if best is None:
-            return False
-        try:
-            with open(best[1], "rb") as fh:
-                fh.seek(reader.offset)
-                while chunk := fh.read(_CHUNK):
-                    self._deliver(stream.path, reader.splitter.feed(chunk))
-        except OSError as exc:
-            self._report(best[1], exc)
-        return True
-
-    @staticmethod
-    def _where(stream: _Stream, reader: _Reader) -> str:
-        """The file's current name: Linux knows it from the descriptor even after a symlink swap."""
-        try:
-            name = os.readlink(f"/proc/self/fd/{reader.fd}")
-            if name.startswith("/") and not name.endswith(" (deleted)"):
-                return name
-        except OSError:
-            pass
-        return os.path.realpath(stream.path)
-
-    def _close(self, stream: _Stream, reader: _Reader) -> None:
-        """A rotated-away file is finished: its last unterminated line is a line."""
-        stream.retired.remove(reader)
-        last = reader.splitter.flush()
-        if last is not None:
-            self._deliver(stream.path, [last])
-        self._truncated_closed += reader.splitter.truncated
-        os.close(reader.fd)
-
-    def _forget(self, stream: _Stream, current: _Reader) -> None:
-        """A glob match gone for good (say an old rank's file deleted): finish it, stop following it,
-        so that files come and go under a glob without holding descriptors forever."""
-        stream.reader = None
-        stream.retired.append(current)
-        self._close(stream, current)
-        del self._streams[stream.path]
-        with self._pub_lock:
-            self._published.pop(stream.path, None)
-        self._rescan = True
-
     def _feed(
-        self, stream: _Stream, reader: _Reader, body: bytes, start: int, before: bytes, *, publish: bool
+        self, stream: Stream, reader: Reader, body: bytes, start: int, before: bytes, *, publish: bool
     ) -> None:
         """Deliver the lines that ``body`` (read at ``start``) completes.
 
@@ -809,26 +418,18 @@ class LogTailer:
         to ``on_line``: inside the callback ``positions()`` includes that line, so a consumer can
         store exactly the position of the last line it applied.
         """
-        lines = reader.splitter.feed(body)
         if not publish:
-            self._deliver(stream.path, lines)
+            self._deliver(stream.path, reader.splitter.feed(body))
             return
-        pos = 0
-        for line in lines:
+        for line, end in reader.splitter.feed_ends(body):
             if self._stop.is_set():
                 return  # the published position stays at the last line delivered
-            end = body.index(b"\n", pos) + 1
-            pos = end
-            fp = (
-                body[end - _FINGERPRINT : end]
-                if end >= _FINGERPRINT
-                else (before + body[:end])[-_FINGERPRINT:]
-            )
+            fp = body[end - FINGERPRINT : end] if end >= FINGERPRINT else (before + body[:end])[-FINGERPRINT:]
             with self._pub_lock:
                 self._publish(stream.path, reader, start + end, fp)
                 self._deliver(stream.path, (line,))
 
-    def _publish(self, path: str, reader: _Reader, offset: int, fingerprint: bytes) -> None:
+    def _publish(self, path: str, reader: Reader, offset: int, fingerprint: bytes) -> None:
         with self._pub_lock:
             self._published[path] = (reader.dev, reader.ino, offset, fingerprint)
 
@@ -850,7 +451,7 @@ class LogTailer:
                 self.callback_errors += 1
                 self._report(path, exc)
 
-    def _fail(self, stream: _Stream, exc: BaseException, *, reading: bool = False) -> None:
+    def _fail(self, stream: Stream, exc: BaseException, *, reading: bool = False) -> None:
         if stream.read_failing if reading else stream.failing:
             return
         if reading:

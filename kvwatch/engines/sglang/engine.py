@@ -75,6 +75,8 @@ class Sglang:
     fraction_setting = "mem_fraction_static"
     fraction_label = "static (mem_fraction)"
     overhead_label = "reserved (1 - fraction)"
+    # The releases whose logs, /metrics and defaults kvwatch knows (oldest, newest).
+    known_versions = ("0.1", "0.5.23")
 
     # Built on first use (see _log_dialect); cached on the instance, so tests may replace them.
     @functools.cached_property

@@ -25,6 +25,32 @@ class SglangMetrics:
     )
     # The cumulative retraction count kept in a gauge (0.4.10-0.5.2): treated as a counter.
     cumulative_gauges: frozenset[str] = frozenset({"total_retracted_reqs"})
+    # Every series name (prefix stripped) ``facts`` reads: the only ones a /metrics body materialises.
+    families: frozenset[str] = frozenset(
+        {
+            "cache_config_info",
+            "page_size",
+            "num_pages",
+            "context_len",
+            "max_total_num_tokens",
+            "max_total_num_tokens_swa",
+            "full_token_usage",
+            "token_usage",
+            "num_used_tokens",
+            "kv_used_tokens",
+            "swa_used_tokens",
+            "mamba_used_tokens",
+            "num_running_reqs",
+            "num_queue_reqs",
+            "cache_hit_rate",
+            "swa_token_usage",
+            "mamba_usage",
+            "gen_throughput",
+            "num_retracted_requests_total",
+            "total_retracted_reqs",
+            "num_retracted_reqs",
+        }
+    )
 
     def identity(self, labels: Mapping[str, str]) -> tuple[str, tuple[int, int, int] | None]:
         instance = labels.get("dp_rank") or "0"

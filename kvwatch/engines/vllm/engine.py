@@ -85,6 +85,8 @@ class Vllm:
     fraction_setting = "gpu_memory_utilization"
     fraction_label = "requested (util)"
     overhead_label = "activation peak"
+    # The releases whose logs, /metrics and defaults kvwatch knows (oldest, newest).
+    known_versions = ("0.3", "0.33")
 
     # Built on first use (see _log_dialect); cached on the instance, so tests may replace them.
     @functools.cached_property

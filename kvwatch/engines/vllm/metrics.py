@@ -23,6 +23,24 @@ class VllmMetrics:
     # Labels that say who exported a series, not what it measures.
     identity_labels: frozenset[str] = frozenset({"engine", "model_name"})
     cumulative_gauges: frozenset[str] = frozenset()
+    # Every series name (prefix stripped) ``facts`` reads: the only ones a /metrics body materialises.
+    families: frozenset[str] = frozenset(
+        {
+            "cache_config_info",
+            "kv_cache_usage_perc",
+            "gpu_cache_usage_perc",
+            "cpu_cache_usage_perc",
+            "num_requests_running",
+            "num_requests_waiting",
+            "num_requests_swapped",
+            "gpu_prefix_cache_hit_rate",
+            "prefix_cache_hits_total",
+            "gpu_prefix_cache_hits_total",
+            "prefix_cache_queries_total",
+            "gpu_prefix_cache_queries_total",
+            "num_preemptions_total",
+        }
+    )
 
     def identity(self, labels: Mapping[str, str]) -> tuple[str, tuple[int, int, int] | None]:
         return labels.get("engine") or "0", None
