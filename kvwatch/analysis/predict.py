@@ -38,6 +38,14 @@ def pool_from_available(
     return registry.get(deployment.engine).pool_from_available(model, deployment, elem, available_kv_bytes)
 
 
+def tokens_of_pool_bytes(model: ModelGeometry, deployment: Deployment, pool_bytes: int) -> int | None:
+    """Tokens of a pool whose buffers the engine printed in bytes (SGLang's 'KV size'); None for an
+    engine that prints its budget instead."""
+    validate(model, deployment)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype)
+    return registry.get(deployment.engine).tokens_of_pool_bytes(model, deployment, elem, pool_bytes)
+
+
 def _max_model_len(model: ModelGeometry, d: Deployment) -> int:
     if d.max_model_len is not None:
         return d.max_model_len

@@ -110,25 +110,6 @@ def kv_elem_bytes(model: ModelGeometry, kv_cache_dtype: str) -> int:
     return KV_DTYPE_BYTES[name]
 
 
-def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """'0.11.0rc2+cu130' -> (0, 11, 0); None or unparsable -> None (= newest)."""
-    if not version:
-        return None
-    out: list[int] = []
-    for part in version.lstrip("v").split("."):
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        out.append(int(digits))
-        if len(digits) != len(part):
-            break
-    return tuple(out) if out else None
-
-
 def validate(model: ModelGeometry, d: Deployment) -> None:
     """Refuse what the engine itself would refuse, and sizes that make no sense, as ConfigError."""
     if d.engine not in ENGINE_NAMES:

@@ -158,6 +158,12 @@ class Engine(Protocol):
         """(tokens, blocks or None) the engine makes of ``available`` bytes on one rank."""
         ...
 
+    def tokens_of_pool_bytes(
+        self, model: ModelGeometry, d: Deployment, elem_bytes: int, pool_bytes: int
+    ) -> int | None:
+        """Tokens of a pool whose buffers the engine printed in bytes (None: it prints no such figure)."""
+        ...
+
     def observed_budget(
         self,
         terms: dict[str, Term],

@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvwatch.capacity import gpus
-from kvwatch.capacity.deployment import Deployment, version_tuple
+from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
 from kvwatch.units import GiB, MiB
+from kvwatch.versions import version_tuple
 
 # Memory torch.distributed and the CUDA context take before weights load (the 'Init torch
 # distributed ends. mem usage=' line, typically 0.5-0.7 GiB); an estimate when not measured.
@@ -186,6 +187,19 @@ def all_layer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) ->
         sum(layer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.is_paged)
         for stage in stage_layers(model.layers, d.pp)
     )
+
+
+def tokens_of_pool_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, pool_bytes: int) -> int:
+    """The tokens a pool of ``pool_bytes`` printed buffer bytes holds ('KV Cache is allocated. K size:
+    … V size: …'): the buffers' own bytes per token (buffer_cell_size, not the budget's cell, which
+    differs for DeepSeek sparse attention), less the one padding page the pool allocates."""
+    cell = buffer_cell_size(model, d, elem_bytes) or all_layer_cell_size(model, d, elem_bytes)
+    if cell <= 0 or pool_bytes <= 0:
+        return 0
+    page = d.page_size or d.block_size or DEFAULT_PAGE_SIZE
+    if d.page_size is None and d.block_size is None and any(is_dsa(layer) for layer in model.layers):
+        page = DSA_PAGE_SIZE
+    return max(pool_bytes // cell // page * page - page, 0)
 
 
 @dataclass(frozen=True)

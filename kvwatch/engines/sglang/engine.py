@@ -111,6 +111,13 @@ class Sglang:
 
         return budget.pool(model, d, elem_bytes, available).tokens, None
 
+    def tokens_of_pool_bytes(
+        self, model: ModelGeometry, d: Deployment, elem_bytes: int, pool_bytes: int
+    ) -> int | None:
+        from kvwatch.engines.sglang import budget
+
+        return budget.tokens_of_pool_bytes(model, d, elem_bytes, pool_bytes)
+
     def observed_budget(
         self,
         terms: dict[str, Term],

@@ -14,8 +14,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvwatch.capacity.deployment import Deployment, version_tuple
+from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, ceil_div, stage_layers
+from kvwatch.versions import version_tuple
 
 DEFAULT_BLOCK_SIZE = 16
 # MLA backends force their own block size (FlashMLA 64; vllm/platforms/cuda.py).

@@ -132,6 +132,11 @@ class Vllm:
         p = budget.plan(model, d, elem_bytes, available, max_model_len, mnbt)
         return p.tokens, p.num_blocks
 
+    def tokens_of_pool_bytes(
+        self, model: ModelGeometry, d: Deployment, elem_bytes: int, pool_bytes: int
+    ) -> int | None:
+        return None
+
     def observed_budget(
         self,
         terms: dict[str, Term],

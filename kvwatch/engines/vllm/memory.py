@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvwatch.capacity.deployment import Deployment, version_tuple
+from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.units import GiB, MiB
+from kvwatch.versions import version_tuple
 
 # --- engine defaults -----------------------------------------------------------------------------
 
