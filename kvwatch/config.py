@@ -9,11 +9,11 @@ from a running sidecar.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvwatch.capacity.resolve import parse_repo_spec, resolve_model_config
@@ -28,9 +28,9 @@ DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 ENV_PREFIX = "KVWATCH_"
 
 # Source names become the `source` label: short, bounded, no free text.
-_NAME = regex.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,62}$")
-_NAME_PREFIX = regex.compile(r"^(?P<name>[A-Za-z0-9_][A-Za-z0-9_.:-]{0,62})=(?P<rest>.+)$")
-_SANITIZE = regex.compile(r"[^A-Za-z0-9_.:-]+")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,62}$")
+_NAME_PREFIX = re.compile(r"^(?P<name>[A-Za-z0-9_][A-Za-z0-9_.:-]{0,62})=(?P<rest>.+)$")
+_SANITIZE = re.compile(r"[^A-Za-z0-9_.:-]+")
 
 
 class LogSource(BaseModel):

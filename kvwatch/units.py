@@ -8,9 +8,8 @@ one place so every command reads and writes sizes the same way.
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
-
-import regex
 
 from kvwatch.errors import ConfigError
 
@@ -39,7 +38,7 @@ _UNITS: dict[str, int] = {
     "tib": 1024**4,
 }
 
-_SIZE = regex.compile(
+_SIZE = re.compile(
     r"^\s*(?P<sign>[-+]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)\s*$"
 )
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import regex
 
 from kvwatch.capacity.deployment import MAX_TOKENS
 from kvwatch.errors import ConfigError
@@ -26,7 +25,7 @@ from kvwatch.units import parse_size
 # sequences should still be refused rather than planned.
 MAX_SEQUENCES = 10_000_000
 
-_ITEM = regex.compile(r"^\s*(?:(?P<count>\d+)\s*[x*]\s*)?(?P<len>\d+)\s*(?P<k>[kK])?\s*$")
+_ITEM = re.compile(r"^\s*(?:(?P<count>\d+)\s*[x*]\s*)?(?P<len>\d+)\s*(?P<k>[kK])?\s*$")
 
 
 @dataclass(frozen=True)

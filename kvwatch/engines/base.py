@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     # none of it.
     # Types only: a prediction (``kvwatch predict``) needs no log or /metrics parsing, and these
     # modules (kvwatch.facts: the events) import regex and pydantic.
-    import regex
+    import re
 
     from kvwatch.capacity.budget import Budget, Contribution, Term
     from kvwatch.capacity.deployment import Deployment, DeploymentValue
@@ -55,7 +55,7 @@ class LogDialect:
 class MetricsDialect(Protocol):
     """How an engine's /metrics reads: its name prefix, who exported a series, the facts per instance."""
 
-    prefix: regex.Pattern[str]
+    prefix: re.Pattern[str]
     # Labels that say who exported a series (instance, rank, model), left out of the series key.
     identity_labels: frozenset[str]
     # Gauges that hold a cumulative count: checked for resets like counters.

@@ -18,8 +18,6 @@ import re
 from functools import lru_cache
 from typing import Any
 
-import regex
-
 from kvwatch.parsers.base import LineMeta
 
 # --- the prefix grammar -------------------------------------------------------------------------
@@ -119,21 +117,21 @@ def fast_identity(p1name: str | None, p2name: str | None, tags: str = "") -> tup
     return meta.instance, meta.rank
 
 
-_ANSI = regex.compile(ANSI_TEXT)
-_RFC3339 = regex.compile(layer(CONTAINER))
+_ANSI = re.compile(ANSI_TEXT)
+_RFC3339 = re.compile(layer(CONTAINER))
 
 # kubectl logs --prefix: '[pod/vllm-0/vllm] '.
-_KUBECTL = regex.compile(r"\[pod/[^\]\s]+\]\s")
+_KUBECTL = re.compile(r"\[pod/[^\]\s]+\]\s")
 
 # syslog / journald short format: 'Nov 30 10:00:00 host vllm[123]: '.
-_SYSLOG = regex.compile(r"(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}) [\w.\-]+ [\w.\-/@]+(?:\[\d+\])?: ")
+_SYSLOG = re.compile(r"(?P<ts>[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}) [\w.\-]+ [\w.\-/@]+(?:\[\d+\])?: ")
 
-_PROCESS = regex.compile(layer(PROCESS))
+_PROCESS = re.compile(layer(PROCESS))
 
 # torch.distributed elastic: '[rank0]: '.
-_TORCH_RANK = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
+_TORCH_RANK = re.compile(r"\[rank(?P<rank>\d+)\]:\s?")
 
-_VLLM_LEVEL = regex.compile(layer(VLLM_LEVEL))
+_VLLM_LEVEL = re.compile(layer(VLLM_LEVEL))
 
 # The shape of nearly every line of a vLLM server log, process prefix and level prefix in one match
 # (stdlib re: this runs on every claimed line and is faster than the general loop, which would
@@ -141,31 +139,31 @@ _VLLM_LEVEL = regex.compile(layer(VLLM_LEVEL))
 _VLLM_COMMON = re.compile(f"(?:{layer(PROCESS)})?{layer(VLLM_LEVEL)}")
 
 # A bare '[file.py:123] ' left when a user stripped only the level and time.
-_FILE_LINE = regex.compile(r"\[[\w./\-]+\.py:\d+\](?: |$)")
+_FILE_LINE = re.compile(r"\[[\w./\-]+\.py:\d+\](?: |$)")
 
-_SGLANG = regex.compile(layer(SGLANG))
-_SGLANG_TAG = regex.compile(r"(?P<kind>[A-Z]+(?:_[A-Z]+)*)(?P<n>\d+)")
+_SGLANG = re.compile(layer(SGLANG))
+_SGLANG_TAG = re.compile(r"(?P<kind>[A-Z]+(?:_[A-Z]+)*)(?P<n>\d+)")
 
 # Launcher level brackets after a timestamp: lighteval '[    INFO]: ', Python 'name - INFO - ',
 # logging.basicConfig 'INFO:vllm.engine:'.
-_LAUNCHER_LEVEL = regex.compile(
+_LAUNCHER_LEVEL = re.compile(
     r"(?:\[\s*(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*\]:?"
     r"|(?:- )?[\w.]+ - (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) -"
     r"|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL):[A-Za-z_][\w.]*:)\s?"
 )
 
 # Bare timestamps: '2025-03-27 14:19:15,991 ' (Python logging asctime) and time-only '10:00:00 '.
-_PLAIN_TS = regex.compile(r"(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)(?: - | \| | )")
+_PLAIN_TS = re.compile(r"(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)(?: - | \| | )")
 
 # Launchers that move the location to the end: '... per request: 66.08x (executor_base.py:115)'.
-_TRAILING_LOCATION = regex.compile(r"\s+\([\w./\-]+\.py:\d+\)\s*$")
+_TRAILING_LOCATION = re.compile(r"\s+\([\w./\-]+\.py:\d+\)\s*$")
 
 # Ray log deduplication: '... [repeated 7x across cluster]' (+ an explanation the first time).
-_RAY_REPEATED = regex.compile(r"\s*\[repeated (?P<n>\d+)x across cluster\].*$")
+_RAY_REPEATED = re.compile(r"\s*\[repeated (?P<n>\d+)x across cluster\].*$")
 
 # A known timestamped prefix somewhere inside the line, for lines pasted with junk glued in front
 # ('[Bug] [2026-06-28 15:16:45] ...', '@c:\\path\\file.txt [2026-08-23 09:05:37 TP0 EP0] ...').
-_EMBEDDED = regex.compile(
+_EMBEDDED = re.compile(
     r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}:\d{2}:\d{2} \[?[^\s\]]+:\d+\] "
     r"|\[(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3,6})?(?: [A-Z]+(?:_[A-Z]+)*\d+)*+\] "
     r"|\((?:[A-Za-z_][\w.\-]*(?: [\w=]+)* )?pid=\d+(?:,\s*ip=[^)\s]+)?\) )"
@@ -270,7 +268,7 @@ def _peel(text: str, meta: _Meta) -> str:
         if not text:
             return text
         first = text[0]
-        m: regex.Match[str] | None = None
+        m: re.Match[str] | None = None
         if first == "{":
             body = _json_body(text, meta)
             if body is None:

@@ -16,8 +16,6 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import regex
-
 from kvwatch.parsers.samples import Sample
 
 # A line longer than this is not an engine's exposition (real lines are well under 1 KiB).
@@ -47,7 +45,7 @@ _ALLOWED_SUFFIXES = {
 class Dialect:
     """What the stream needs of one engine's MetricsDialect."""
 
-    prefix: regex.Pattern[str]
+    prefix: re.Pattern[str]
     wanted: frozenset[str]
     identity_labels: frozenset[str]
     # A series' labels -> (engine instance, (tp, pp, ep) rank or None).

@@ -13,9 +13,9 @@ than guessed, so a terminal-damaged field ('#cached-tounning-req: 45') never bec
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
-import regex
 from pydantic import ValidationError
 
 from kvwatch.engines.sglang import settings, stats
@@ -46,7 +46,7 @@ Handler = Callable[[str, LineMeta], tuple[Event, ...]]
 # 0.5.15+      "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 442181, K size: 26.99 GB, V size: ..."
 # 0.5.23       "SWA KV Cache is allocated. dtype: ..." / "Full KV Cache is allocated. ..." (hybrid sub-pools)
 # ('... KV Cache VA upper bound. ...' is a reservation, not the pool: the post-capture line below is.)
-_KV_ALLOC = regex.compile(
+_KV_ALLOC = re.compile(
     r"""
     KV\ Cache\ is\ allocated\.
     (?:\ dtype:\ [\w.]+,)?
@@ -56,10 +56,10 @@ _KV_ALLOC = regex.compile(
       | KV\ size:\ (?P<kv>\d+(?:\.\d+)?)\ GB
     )
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 # The word just before 'KV Cache' names a 0.5.23 sub-pool ('Full', 'SWA', '... index').
-_LABEL = regex.compile(r"(?P<label>[\w.\-]+)\ $")
+_LABEL = re.compile(r"(?P<label>[\w.\-]+)\ $")
 
 
 def _parse_kv_alloc(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -80,7 +80,7 @@ def _parse_kv_alloc(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 
 # 0.5.19+ "Post-capture KV sizing: KV cache allocated. dtype: torch.bfloat16, #tokens: 442181, KV size: 53.98 GB, avail mem=9.50 GB"
-_POST_CAPTURE_ALLOC = regex.compile(
+_POST_CAPTURE_ALLOC = re.compile(
     r"""
     Post-capture\ KV\ sizing:\ KV\ cache\ allocated\.
     (?:\ dtype:\ [\w.]+,)?
@@ -88,7 +88,7 @@ _POST_CAPTURE_ALLOC = regex.compile(
     \ KV\ size:\ (?P<kv>\d+(?:\.\d+)?)\ GB
     (?:,\ avail\ mem=(?P<avail>\d+(?:\.\d+)?)\ GB)?
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 
 
@@ -104,13 +104,13 @@ def _parse_post_capture(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 # 0.5.4+ "Mamba Cache is allocated. max_mamba_cache_size: 656, conv_state size: 0.53GB, ssm_state size: 37.64GB "
 # (no space before 'GB'; with speculative decoding also 'intermediate_..._cache size: x.xxGB ').
-_MAMBA_ALLOC = regex.compile(
+_MAMBA_ALLOC = re.compile(
     r"""
     Mamba\ Cache\ is\ allocated\.\ max_mamba_cache_size:\ (?P<slots>\d+)
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
-_MAMBA_PART = regex.compile(r"\b\w+\ size:\ (?P<gb>\d+(?:\.\d+)?)\ ?GB", regex.VERBOSE)
+_MAMBA_PART = re.compile(r"\b\w+\ size:\ (?P<gb>\d+(?:\.\d+)?)\ ?GB", re.VERBOSE)
 
 
 def _parse_mamba_alloc(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -138,13 +138,13 @@ def _parse_cache_allocated(body: str, meta: LineMeta) -> tuple[Event, ...]:
 #         max_prefill_tokens=16384, max_running_requests=33, context_len=256000, available_gpu_mem=17.22 GB"
 # 0.1.x  " UserWarning: Warning: available_size=35244, max_total_num_token=42308"   (singular, sglang/021)
 # 0.4+   "Mem Leak Detected! total_tokens=... vs self.max_total_num_tokens=442181" (same figure, other wording)
-_MAX_TOTAL = regex.compile(r"(?<![\w])max_total_num_tokens?=(?P<tokens>\d+)")
-_SCHED_FIELD = regex.compile(
+_MAX_TOTAL = re.compile(r"(?<![\w])max_total_num_tokens?=(?P<tokens>\d+)")
+_SCHED_FIELD = re.compile(
     r"""
     \b(?P<key>chunked_prefill_size|max_running_requests|context_len|available_(?:gpu|cpu)_mem)
     =(?P<value>-?\d+(?:\.\d+)?)
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 
 
@@ -171,11 +171,11 @@ def _parse_max_total(body: str, meta: LineMeta) -> tuple[Event, ...]:
 # 0.5.7+       "Use sliding window memory pool. full_layer_tokens=..., swa_layer_tokens=..."
 # 0.5.19+      "Post-capture KV sizing: full_layer_tokens=..., swa_layer_tokens=..." (swa 0 when not hybrid)
 # 0.5.9+       "Use sliding window memory pool (all SWA). swa_layer_tokens=262144"
-_SWA_SPLIT = regex.compile(
+_SWA_SPLIT = re.compile(
     r"""
     (?:full_layer_tokens=(?P<full>\d+),\ )?swa_layer_tokens=(?P<swa>\d+)
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 
 
@@ -193,7 +193,7 @@ def _parse_swa_split(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 
 # 0.5.23 "SWA ring: swa_max_total_num_tokens 910768 -> 65536 (fixed per-request SWA ring capacity)."
-_SWA_RING = regex.compile(r"SWA\ ring:\ swa_max_total_num_tokens\ \d+\ ->\ (?P<swa>\d+)", regex.VERBOSE)
+_SWA_RING = re.compile(r"SWA\ ring:\ swa_max_total_num_tokens\ \d+\ ->\ (?P<swa>\d+)", re.VERBOSE)
 
 
 def _parse_swa_ring(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -210,17 +210,17 @@ def _parse_swa_ring(body: str, meta: LineMeta) -> tuple[Event, ...]:
 #           avail mem=103.67 GB, mem usage=81.66 GB."                                   (sglang/010)
 # 0.5.10+  "Load weight end. elapsed=6.91 s, type=LlamaForCausalLM, quant=fp8, fmt=e4m3, avail mem=63.48 GB, mem usage=15.10 GB."
 # <=0.4.5  "Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=63.48 GB"
-_LOAD_WEIGHT = regex.compile(
+_LOAD_WEIGHT = re.compile(
     r"""
     Load\ weight\ (?P<phase>begin|end)\.
     (?:\ [^,]{0,200}?,){0,16}?                        # elapsed=, type=, dtype=, quant=, fmt= ...
     \ avail\ mem=(?P<avail>\d+(?:\.\d+)?)\ ?GB
     (?:,\ mem\ usage=(?P<usage>\d+(?:\.\d+)?)\ ?GB)?
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 # Speculative-decoding draft models load after the target and would overwrite its figures.
-_MODEL_TYPE = regex.compile(r"type=(?P<type>\w+)")
+_MODEL_TYPE = re.compile(r"type=(?P<type>\w+)")
 _DRAFT_TYPES = ("NextN", "Eagle", "EAGLE", "MTP", "Draft", "Medusa")
 
 
@@ -244,7 +244,7 @@ def _parse_load_weight(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 
 # all "[2025-10-07 22:29:11 DP0 TP0] Memory pool end. avail mem=15.38 GB"   (sglang/017)
-_POOL_END = regex.compile(r"Memory\ pool\ end\.\ avail\ mem=(?P<avail>\d+(?:\.\d+)?)\ ?GB", regex.VERBOSE)
+_POOL_END = re.compile(r"Memory\ pool\ end\.\ avail\ mem=(?P<avail>\d+(?:\.\d+)?)\ ?GB", re.VERBOSE)
 
 
 def _parse_pool_end(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -258,12 +258,12 @@ def _parse_pool_end(body: str, meta: LineMeta) -> tuple[Event, ...]:
 # 0.4.7-0.5.12 "[2025-06-01 10:00:31 TP0] Capture cuda graph end. Time elapsed: 16.85 s. mem usage=0.52 GB. avail mem=8.78 GB."
 # 0.5.23       "Capture target decode CUDA graph end. bs=[1, 2, 4, 8], elapsed=16.85 s, mem usage=0.52 GB, avail mem=8.78 GB."
 # ('Capture draft ... graph end' belongs to the speculative draft model and is skipped.)
-_GRAPH_END = regex.compile(
+_GRAPH_END = re.compile(
     r"""
     Capture\ (?P<what>[\w\ ]{0,60}?)\ ?graph\ end\.
     .{0,400}?mem\ usage=(?P<usage>\d+(?:\.\d+)?)\ ?GB
     """,
-    regex.VERBOSE | regex.IGNORECASE,
+    re.VERBOSE | re.IGNORECASE,
 )
 
 
@@ -275,7 +275,7 @@ def _parse_graph_end(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 
 # 0.4.x "Automatically reduce --mem-fraction-static to 0.735 because this is a multimodal model."
-_MFS_REDUCED = regex.compile(r"reduce\ --mem-fraction-static\ to\ (?P<mfs>\d+(?:\.\d+)?)", regex.VERBOSE)
+_MFS_REDUCED = re.compile(r"reduce\ --mem-fraction-static\ to\ (?P<mfs>\d+(?:\.\d+)?)", re.VERBOSE)
 
 
 def _parse_mfs_reduced(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -291,26 +291,26 @@ def _parse_mfs_reduced(body: str, meta: LineMeta) -> tuple[Event, ...]:
 # 0.5.3-9  "... --mem-fraction-static. Current value: self.server_args.mem_fraction_static=0.835"
 # 0.5.10+  "... --mem-fraction-static. Current value: mem_fraction_static=0.835"
 # (A quote before it is a traceback's source line, not the error.)
-_NOT_ENOUGH = regex.compile(
+_NOT_ENOUGH = re.compile(
     r"""
     (?<!['"])Not\ enough\ memory\.\ Please\ try\ to\ increase\ --mem-fraction-static
     (?:\.\ Current\ value:\ (?:self\.server_args\.)?mem_fraction_static=(?P<mfs>\d+(?:\.\d+)?))?
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 # 0.5.15+ "RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache. Computed
 #          max_mamba_cache_size=-3 (total_rest_memory=-1.25 GB, mamba_cache_per_req=45.00 MB). Try: ..."
-_NOT_ENOUGH_MAMBA = regex.compile(
+_NOT_ENOUGH_MAMBA = re.compile(
     r"""
     (?<!['"])Not\ enough\ GPU\ memory\ for\ hybrid\b
     .{0,300}?total_rest_memory=(?P<rest>-?\d+(?:\.\d+)?)\ GB
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 # 0.3.6+   "AssertionError: Memory pool size is too small"
 # 0.5.15+  "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests. ..."
 # 0.5.23   "ValueError: SWA pool (4096 tokens) cannot hold even one request: the prefill admission floor ..."
-_POOL_TOO_SMALL = regex.compile(
+_POOL_TOO_SMALL = re.compile(
     r"""
     (?<!['"])(?:
         Memory\ pool\ size\ is\ too\ small
@@ -318,7 +318,7 @@ _POOL_TOO_SMALL = regex.compile(
       | SWA\ pool\ \((?P<swa>\d+)\ tokens\)\ cannot\ hold\ even\ one\ request
     )
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 
 

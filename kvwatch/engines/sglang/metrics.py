@@ -7,10 +7,9 @@ cache_config_info label string) and retractions in three forms across releases.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
-
-import regex
 
 from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader, finite, label_int, present
 
@@ -18,7 +17,7 @@ from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader, finite,
 class SglangMetrics:
     """SGLang's MetricsDialect."""
 
-    prefix: regex.Pattern[str] = regex.compile(r"^sglang[:_](?P<name>.+)$")
+    prefix: re.Pattern[str] = re.compile(r"^sglang[:_](?P<name>.+)$")
     # Labels that say who exported a series, not what it measures.
     identity_labels: frozenset[str] = frozenset(
         {"model_name", "dp_rank", "tp_rank", "pp_rank", "moe_ep_rank", "engine_type"}

@@ -7,10 +7,9 @@ read item by item at depth 0, so truncated pastes still give the fields they kep
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from typing import Any
-
-import regex
 
 from kvwatch.engines.sglang.common import ident as _ident
 from kvwatch.events import EngineSettings, Event
@@ -21,17 +20,17 @@ from kvwatch.parsers.base import NO_EVENTS, LineMeta
 # <=0.5.15 "[2025-10-01 10:00:00] server_args=ServerArgs(model_path='meta-llama/Llama-3.1-8B-Instruct', ...,
 #           mem_fraction_static=0.835, ..., tp_size=1, ...)"                  (dataclass repr)
 # 0.5.19+  "[2026-03-01 10:00:00] server_args={'model_path': 'meta-llama/Llama-3.1-8B-Instruct', ...}"
-_SERVER_ARGS = regex.compile(r"server_args=(?:(?P<cls>\w+)\(|\{)", regex.VERBOSE)
+_SERVER_ARGS = re.compile(r"server_args=(?:(?P<cls>\w+)\(|\{)", re.VERBOSE)
 # Tokens of a Python repr: quoted strings (escapes allowed), brackets, commas, runs of anything else.
-_REPR_TOKEN = regex.compile(
+_REPR_TOKEN = re.compile(
     r"""
     '(?:[^'\\]|\\.)*' | "(?:[^"\\]|\\.)*" | [()\[\]{},] | [^'"()\[\]{},]+ | .
     """,
-    regex.VERBOSE | regex.DOTALL,
+    re.VERBOSE | re.DOTALL,
 )
-_REPR_KEY = regex.compile(r"""\s*(?:(?P<bare>\w+)=|'(?P<quoted>\w+)':\s*)(?P<value>.*)""", regex.DOTALL)
-_REPR_INT = regex.compile(r"-?\d+")
-_REPR_FLOAT = regex.compile(r"-?\d+\.\d*(?:[eE][+-]?\d+)?|-?\d+[eE][+-]?\d+")
+_REPR_KEY = re.compile(r"""\s*(?:(?P<bare>\w+)=|'(?P<quoted>\w+)':\s*)(?P<value>.*)""", re.DOTALL)
+_REPR_INT = re.compile(r"-?\d+")
+_REPR_FLOAT = re.compile(r"-?\d+\.\d*(?:[eE][+-]?\d+)?|-?\d+[eE][+-]?\d+")
 
 # server_args key -> EngineSettings field (first key present wins for a field).
 _SETTINGS_KEYS: dict[str, str] = {
@@ -121,7 +120,7 @@ def parse_server_args(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 # `python -m sglang.check_env`, pasted with the log (SGLang never logs its own version):
 # "sglang: 0.4.6.post1"
-_VERSION = regex.compile(r"\s*sglang:\ *(?P<version>\d+\.\d+[\w.+\-]*)\s*", regex.VERBOSE)
+_VERSION = re.compile(r"\s*sglang:\ *(?P<version>\d+\.\d+[\w.+\-]*)\s*", re.VERBOSE)
 
 
 def parse_version(body: str, meta: LineMeta) -> tuple[Event, ...]:

@@ -7,11 +7,10 @@ than guessed, so a terminal-damaged field ('#cached-tounning-req: 45') never bec
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
-
-import regex
 
 from kvwatch.engines.sglang.common import ident as _ident
 from kvwatch.engines.sglang.common import opt_float as _opt_float
@@ -26,7 +25,7 @@ from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 # 0.2-0.3.4    "Prefill batch(mixed #running-req: 3). #new-seq: 1, #new-token: 512, ..."
 # 0.5.4        "[2025-10-01 10:00:41 TP0] Decode batch [1240], #running-req: 12, #token: 23110, ..."
 # 0.5.5+       "[2026-07-21 15:00:13 TP0 EP0] Decode batch, #running-req: 24, #token: 233600, ..."
-_BATCH_HEAD = regex.compile(
+_BATCH_HEAD = re.compile(
     r"""
     (?P<phase>Prefill|Decode)\ batch
     (?:
@@ -36,15 +35,15 @@ _BATCH_HEAD = regex.compile(
     )?
     \ *(?=\#)                                            # the key/value list starts with '#new-seq' or '#running-req'
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 
 # A clean value: the whole item after ': ' must be this, else the field was damaged and is skipped.
-_INT = regex.compile(r"\d+")
-_DECIMAL = regex.compile(r"\d+(?:\.\d+)?")
-_PERCENT = regex.compile(r"(?P<num>\d+(?:\.\d+)?)%")
+_INT = re.compile(r"\d+")
+_DECIMAL = re.compile(r"\d+(?:\.\d+)?")
+_PERCENT = re.compile(r"(?P<num>\d+(?:\.\d+)?)%")
 # 0.4.9 hybrid SWA writes two pools in one item: '#token: full=1024, swa=512' (split on ',' here).
-_SUBPOOL = regex.compile(r"(?P<pool>full|swa)=(?P<num>\d+(?:\.\d+)?)")
+_SUBPOOL = re.compile(r"(?P<pool>full|swa)=(?P<num>\d+(?:\.\d+)?)")
 
 # Batch-line key -> (UsageSample field, kind). Keys as printed across 0.2.15-0.5.23 (section 2).
 _USAGE_KEYS: dict[str, tuple[str, str]] = {
@@ -128,7 +127,7 @@ def parse_batch(body: str, meta: LineMeta) -> tuple[Event, ...]:
 # 0.5.7+   "... #retracted_reqs: 3, #new_tokens_gained: 12288, #new_token_ratio: 0.3317 -> 0.5012"
 # 0.5.12+  "... #new_tokens_gained: 8192, #mamba_num_gained: 2, #new_token_ratio: ..." ('Testing retraction.' too)
 # The wording before '#retracted_reqs' is not required: every wording carries that key.
-_RETRACT = regex.compile(
+_RETRACT = re.compile(
     r"""
     \#retracted_reqs:\ (?P<count>\d+)
     (?:,\ \#aborted_retracted_reqs:\ \d+)?
@@ -136,7 +135,7 @@ _RETRACT = regex.compile(
     (?:,\ \#mamba_num_gained:\ -?\d+)?
     (?:,\ \#new_token_ratio:\ (?P<before>\d+(?:\.\d+)?)\ ->\ (?P<after>\d+(?:\.\d+)?))?
     """,
-    regex.VERBOSE,
+    re.VERBOSE,
 )
 
 

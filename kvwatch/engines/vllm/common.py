@@ -5,9 +5,8 @@ Units: vLLM prints GiB values; before 0.8.5 it called them 'GB', so both are rea
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal, InvalidOperation
-
-import regex
 
 from kvwatch.events import EventIdentity
 from kvwatch.parsers.base import LineMeta, ParseError
@@ -15,7 +14,7 @@ from kvwatch.units import GiB, MiB
 
 NUM = r"-?\d+(?:\.\d+)?"
 INT = r"\d[\d,]*"
-ERROR_HEAD = regex.compile(r"^(?:[\w.]*(?:Error|Exception): )?")
+ERROR_HEAD = re.compile(r"^(?:[\w.]*(?:Error|Exception): )?")
 
 
 def to_int(text: str) -> int:

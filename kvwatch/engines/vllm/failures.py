@@ -6,7 +6,7 @@ error under its logger (Xinference's ``restful_api``), never inside a quoted tra
 
 from __future__ import annotations
 
-import regex
+import re
 
 from kvwatch.engines.vllm.common import ERROR_HEAD, NUM, gib, ident
 from kvwatch.events import Event, PoolSized, StartupFailure
@@ -16,7 +16,7 @@ from kvwatch.parsers.base import NO_EVENTS, LineMeta
 
 # V0 0.4.0-0.10.2: 'The model's max seq len (131072) is larger than the maximum number of tokens that
 # can be stored in KV cache (79392). Try increasing ...'
-_V0_MAXLEN = regex.compile(
+_V0_MAXLEN = re.compile(
     r"^The model's max seq len \((?P<len>\d+)\) is larger than the maximum number of tokens that can be "
     r"stored in KV cache \((?P<tokens>-?\d+)\)"
 )
@@ -25,7 +25,7 @@ _V0_MAXLEN = regex.compile(
 # needed, which is larger than the available KV cache memory (9.47 GiB). Based on the available memory,
 # the estimated maximum model length is 77536. Try ...' ('GB' before 0.8.5; 0.8.5/0.9.0 drop the number;
 # 'model's' again from 0.22).
-_V1_MAXLEN = regex.compile(
+_V1_MAXLEN = re.compile(
     r"^To serve at least one request with the models?'s max seq len \((?P<len>\d+)\), \((?P<need>"
     + NUM
     + r") ?(?P<u1>GiB|GB) KV cache is needed, which is larger than the available KV cache memory \((?P<avail>"
@@ -35,7 +35,7 @@ _V1_MAXLEN = regex.compile(
 )
 
 # All versions: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` ...'
-_NO_MEMORY = regex.compile(r"^No available memory for the cache blocks\.")
+_NO_MEMORY = re.compile(r"^No available memory for the cache blocks\.")
 
 
 _FAILURE_STARTS = ("The model's max seq len (", "To serve at least one request", "No available memory for")

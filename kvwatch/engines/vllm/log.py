@@ -10,10 +10,10 @@ lines live in settings.py, the stats-line fast path in fastpath.py.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
-import regex
 from pydantic import ValidationError
 
 from kvwatch.engines.vllm import failures, settings
@@ -34,26 +34,22 @@ from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 # 0.4.3-0.6.x: '# GPU blocks: 27153, # CPU blocks: 2048'; 0.7+ V0: '# CUDA blocks: 0, # CPU blocks: 4681'
 # (seen lower-case '# cuda blocks'); user pastes lose the '# ' ('GPU blocks: 1952, # CPU blocks: 2048').
 # V1 0.6.6-0.7.x: '# GPU blocks: 27153'; CPU/OpenVINO executors: '# CPU blocks: 4096' (the pool itself).
-_BLOCKS = regex.compile(
-    r"^(?:# ?)?(?P<dev>[A-Za-z]+) blocks: (?P<n>\d+)(?:, # ?CPU blocks: (?P<cpu>\d+))?\s*$"
-)
+_BLOCKS = re.compile(r"^(?:# ?)?(?P<dev>[A-Za-z]+) blocks: (?P<n>\d+)(?:, # ?CPU blocks: (?P<cpu>\d+))?\s*$")
 
 # V1 0.8.0-0.27: 'GPU KV cache size: 434,448 tokens'; 0.28+: '..., Maximum concurrency for 32,768
 # tokens per request: 13.26x' on the same line; 0.30+: 'XPU KV cache size', 'GPU + host KV cache size'.
-_KV_SIZE = regex.compile(
-    r"^(?:(?P<dev>[A-Za-z]+)(?: \+ host)? )?KV cache size: (?P<tokens>" + INT + r") tokens"
-)
+_KV_SIZE = re.compile(r"^(?:(?P<dev>[A-Za-z]+)(?: \+ host)? )?KV cache size: (?P<tokens>" + INT + r") tokens")
 
 # 'Maximum concurrency for 32768 tokens per request: 13.26x' (V0 raw int, V1 0.8+ '32,768').
-_CONCURRENCY = regex.compile(
+_CONCURRENCY = re.compile(
     r"Maximum concurrency for (?P<len>" + INT + r") tokens per request: (?P<x>" + NUM + r")x"
 )
 
 # 'Overriding num_gpu_blocks=27153 with num_gpu_blocks_override=512'
-_OVERRIDE = regex.compile(r"num_gpu_blocks_override=(?P<n>\d+)")
+_OVERRIDE = re.compile(r"num_gpu_blocks_override=(?P<n>\d+)")
 
 # 0.9.0-0.11.0: 'Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: 27153'
-_CACHE_CONFIG_INFO = regex.compile(
+_CACHE_CONFIG_INFO = re.compile(
     r"^(?:Engine (?P<engine>\d+): )?vllm cache_config_info with initialization after num_gpu_blocks is: (?P<n>\d+)"
 )
 
@@ -61,28 +57,26 @@ _CACHE_CONFIG_INFO = regex.compile(
 
 # 0.3.3-0.7.3: 'Loading model weights took 14.9888 GB'; 0.8.0: 'Model loading took 7.1206 GB and 4.5 seconds';
 # 0.8.5+: '... GiB and ...'; 0.11.2+: 'Model loading took 7.5 GiB memory and 12.345678 seconds'.
-_WEIGHTS = regex.compile(
-    r"^(?:Loading model weights|Model loading) took (?P<v>" + NUM + r") ?(?P<u>GiB|GB)\b"
-)
+_WEIGHTS = re.compile(r"^(?:Loading model weights|Model loading) took (?P<v>" + NUM + r") ?(?P<u>GiB|GB)\b")
 
 # 0.9.2+ V1 worker: 'Available KV cache memory: 53.27 GiB' (0.14+: '53.3 GiB').
-_AVAILABLE = regex.compile(r"^Available KV cache memory: (?P<v>" + NUM + r") ?(?P<u>GiB|GB)")
+_AVAILABLE = re.compile(r"^Available KV cache memory: (?P<v>" + NUM + r") ?(?P<u>GiB|GB)")
 
 # 0.6.4: 'Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB
 # peak_torch_memory=17.06GiB memory_usage_post_profile=15.35GiB non_torch_memory=0.35GiB
 # kv_cache_size=3.81GiB gpu_memory_utilization=0.90'
-_PROFILE_RESULTS = regex.compile(r"(?P<key>[a-z_]+)=(?P<v>" + NUM + r")(?P<u>GiB|GB)?")
+_PROFILE_RESULTS = re.compile(r"(?P<key>[a-z_]+)=(?P<v>" + NUM + r")(?P<u>GiB|GB)?")
 
 # 0.6.5-0.10.2 V0, 2nd physical line of the breakdown: 'the current vLLM instance can use
 # total_gpu_memory (79.11GiB) x gpu_memory_utilization (0.90) = 71.20GiB'
-_CAN_USE = regex.compile(
+_CAN_USE = re.compile(
     r"total_gpu_memory \((?P<total>" + NUM + r")(?P<u>GiB|GB)\) x gpu_memory_utilization "
     r"\((?P<util>" + NUM + r")\) = (?P<req>" + NUM + r")(?:GiB|GB)"
 )
 
 # 3rd physical line: 'model weights take 14.99GiB; non_torch_memory takes 0.20GiB; PyTorch activation
 # peak memory takes 1.92GiB; the rest of the memory reserved for KV Cache is 54.09GiB.'
-_BREAKDOWN = regex.compile(
+_BREAKDOWN = re.compile(
     r"model weights take (?P<w>" + NUM + r")GiB; non_torch_memory takes (?P<nt>" + NUM + r")GiB; "
     r"PyTorch activation peak memory takes (?P<act>" + NUM + r")GiB; "
     r"the rest of the memory reserved for KV Cache is (?P<kv>" + NUM + r")GiB"
@@ -91,31 +85,31 @@ _BREAKDOWN = regex.compile(
 # DEBUG repr of the V1 profile result: 'Memory profiling takes 3.10 seconds. Total non KV cache memory:
 # 16.40GiB; torch peak memory increase: 1.41GiB; non-torch forward increase memory: 0.03GiB;
 # weights memory: 14.96GiB.'
-_PROFILE_DEBUG = regex.compile(
+_PROFILE_DEBUG = re.compile(
     r"torch peak memory increase: (?P<act>" + NUM + r")GiB; non-torch forward increase memory: "
     r"(?P<nt>" + NUM + r")GiB; weights memory: (?P<w>" + NUM + r")GiB"
 )
 
 # 0.6.4+: 'Graph capturing finished in 12 secs, took 0.62 GiB'
-_GRAPHS = regex.compile(r"^Graph capturing finished in \d+ secs?, took (?P<v>" + NUM + r") ?(?P<u>GiB|GB)")
+_GRAPHS = re.compile(r"^Graph capturing finished in \d+ secs?, took (?P<v>" + NUM + r") ?(?P<u>GiB|GB)")
 
 # 0.18+: 'Estimated CUDA graph memory: 0.85 GiB total'
-_GRAPH_ESTIMATE = regex.compile(r"^Estimated CUDA graph memory: (?P<v>" + NUM + r") ?(?P<u>GiB|MiB) total")
+_GRAPH_ESTIMATE = re.compile(r"^Estimated CUDA graph memory: (?P<v>" + NUM + r") ?(?P<u>GiB|MiB) total")
 
 # 0.18+: 'CUDA graph memory profiling is enabled (default since v0.21.0). The current
 # --gpu-memory-utilization=0.9200 is equivalent to --gpu-memory-utilization=0.9047 without ...'
-_CURRENT_UTIL = regex.compile(r"The current --gpu-memory-utilization=(?P<u>\d+(?:\.\d+)?)")
+_CURRENT_UTIL = re.compile(r"The current --gpu-memory-utilization=(?P<u>\d+(?:\.\d+)?)")
 
 # DEBUG 0.9.2-0.13: 'Initial free memory: 78.50 GiB, free memory: 60.12 GiB, requested GPU memory: 71.20 GiB';
 # 0.14+: 'Initial free memory: 78.5 GiB; Requested memory: 0.900000 (util), 71.2 GiB'.
-_REQUESTED = regex.compile(
+_REQUESTED = re.compile(
     r"(?:requested GPU memory: (?P<a>" + NUM + r") ?GiB"
     r"|Requested memory: (?P<util>" + NUM + r") \(util\), (?P<b>" + NUM + r") ?GiB)"
 )
 
 # 0.33: 'Auto-fit max_model_len: reduced from 131072 to 77536 to fit in available KV cache memory (9.47 GiB)',
 # 'Auto-fit max_model_len: full model context length 32768 fits in available KV cache memory (9.47 GiB)'.
-_AUTO_FIT = regex.compile(
+_AUTO_FIT = re.compile(
     r"^Auto-fit max_model_len: (?:reduced from \d+ to (?P<to>\d+)|full model context length (?P<full>\d+) fits)"
 )
 
@@ -124,18 +118,18 @@ _AUTO_FIT = regex.compile(
 # V0 'Avg prompt throughput: 0.0 tokens/s, ..., Running: 2 reqs, Swapped: 0 reqs, Pending: 3 reqs,
 # GPU KV cache usage: 82.1%, CPU KV cache usage: 0.0%' (0.4.3+ ends with '.'); V1 0.8.3+ starts with
 # 'Engine 000: ' ('2 Engines Aggregated: ' for the aggregated DP logger), fields are dynamic.
-_STATS_HEAD = regex.compile(
+_STATS_HEAD = re.compile(
     r"^(?:Engine (?P<engine>\d+): |(?P<agg>\d+) Engines Aggregated: )?Avg prompt throughput"
 )
 
 # V0 0.5.5+ (prefix caching on): 'Prefix cache hit rate: GPU: 12.50%, CPU: 0.00%'
-_V0_HIT_RATE = regex.compile(r"^Prefix cache hit rate: GPU: (?P<gpu>" + NUM + r")%")
+_V0_HIT_RATE = re.compile(r"^Prefix cache hit rate: GPU: (?P<gpu>" + NUM + r")%")
 
 # --- preemption --------------------------------------------------------------------------------
 
 # V0 0.4.3-0.10.2 (every 50th): 'Sequence group 224 is preempted by PreemptionMode.RECOMPUTE mode because
 # there is not enough KV cache space. ... total_num_cumulative_preemption=51'
-_PREEMPTED = regex.compile(
+_PREEMPTED = re.compile(
     r"Sequence group \S+ is preempted by PreemptionMode\.\w+ mode because there is not enough KV cache "
     r"space\..*?total_num_cumulative_preemption=(?P<n>\d+)"
 )
@@ -214,7 +208,7 @@ _STAT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 
-def _stats(body: str, head: regex.Match[str], meta: LineMeta) -> tuple[Event, ...]:
+def _stats(body: str, head: re.Match[str], meta: LineMeta) -> tuple[Event, ...]:
     """The periodic stats line: split on ', ' into 'Key: value' pairs (the field set is dynamic)."""
     engine = head.group("engine")
     if engine is not None:
@@ -349,7 +343,7 @@ def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
 # 'worker init memory snapshot: torch_peak=0.0GiB, free_memory=78.68GiB, total_memory=79.19GiB,
 # cuda_memory=0.51GiB, torch_memory=0.0GiB, non_torch_memory=0.51GiB, timestamp=..., auto_measure=True'.
 # total_memory is the card as torch.cuda.mem_get_info reports it, the total the budget multiplies.
-_INIT_SNAPSHOT = regex.compile(r"^worker init memory snapshot: .*?\btotal_memory=(?P<v>" + NUM + r")GiB")
+_INIT_SNAPSHOT = re.compile(r"^worker init memory snapshot: .*?\btotal_memory=(?P<v>" + NUM + r")GiB")
 
 
 def _init_snapshot(body: str, meta: LineMeta) -> tuple[Event, ...]:

@@ -7,10 +7,9 @@ kv_cache_size_tokens and kv_cache_max_concurrency), names an engine instance by 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
-
-import regex
 
 from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader, present
 
@@ -19,7 +18,7 @@ class VllmMetrics:
     """vLLM's MetricsDialect."""
 
     # vLLM's own `vllm:`, the `vllm_` of exporters that cannot keep colons, Ray Serve's `ray_vllm_`.
-    prefix: regex.Pattern[str] = regex.compile(r"^(?:ray_)?vllm[:_](?P<name>.+)$")
+    prefix: re.Pattern[str] = re.compile(r"^(?:ray_)?vllm[:_](?P<name>.+)$")
     # Labels that say who exported a series, not what it measures.
     identity_labels: frozenset[str] = frozenset({"engine", "model_name"})
     cumulative_gauges: frozenset[str] = frozenset()

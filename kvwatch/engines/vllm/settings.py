@@ -6,9 +6,8 @@ new engine start (``starts_engine``). Patterns quote the real lines of the relea
 
 from __future__ import annotations
 
+import re
 from typing import Any
-
-import regex
 
 from kvwatch.engines.vllm.common import ident
 from kvwatch.events import EngineSettings, Event
@@ -19,31 +18,31 @@ from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 # 0.4.0-0.14: 'vLLM API server version 0.14.0rc2+cu130'; 0.15+ with VLLM_DISABLE_LOG_LOGO:
 # 'vLLM server version 0.20.2, serving model Qwen/Qwen2.5-7B-Instruct'; batch runner 'vLLM batch processing
 # API version 0.6.0'; 0.15+ logo line '  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.20.2'.
-_VERSION = regex.compile(
+_VERSION = re.compile(
     r"^(?:vLLM (?:API server|server|batch processing API) version (?P<v>\d+\.\d+[\w.+\-]*)"
     r"(?:, serving model (?P<model>\S+))?"
     r"|Launching vLLM \(v(?P<headless>\d+\.\d+[^)\s]*)\) headless)"
 )
 # The logo's text column: searched from the first '█' that starts it, then the part before it is checked
 # to be logo art (a pattern with the art as a repeated class backtracks quadratically on long lines).
-_LOGO_TEXT = regex.compile(r"█ +(?P<key>version|model) +(?P<value>\S+)\s*$")
+_LOGO_TEXT = re.compile(r"█ +(?P<key>version|model) +(?P<value>\S+)\s*$")
 _LOGO_ART = frozenset("█▄▀ ")
 
 # 'Initializing an LLM engine (v0.4.3) with config: model=...', 'Initializing a V1 LLM engine (v0.9.2)
 # with config: ...', 0.3.3 'Initializing an LLM engine with config: ...'.
-_ENGINE_INIT = regex.compile(
+_ENGINE_INIT = re.compile(
     r"^Initializing an? (?:(?P<gen>V[01]) )?LLM engine(?: \(v(?P<v>[^)\s]+)\))? with config: (?P<cfg>.*)$"
 )
 
 # Config fields 'key=value' in str(VllmConfig) / Namespace(...): value up to ', next_key=' or the end.
-_KV_FIELD = regex.compile(r"(?:^|[\s,(])(?P<key>[a-z_]+)=(?P<val>'[^']*'|\"[^\"]*\"|[^,\s()]+)")
+_KV_FIELD = re.compile(r"(?:^|[\s,(])(?P<key>[a-z_]+)=(?P<val>'[^']*'|\"[^\"]*\"|[^,\s()]+)")
 # Python dict repr of 0.9+ 'non-default args: {...}'.
-_DICT_FIELD = regex.compile(r"'(?P<key>[a-z_]+)': (?P<val>'[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^,{}\[\]]+)")
+_DICT_FIELD = re.compile(r"'(?P<key>[a-z_]+)': (?P<val>'[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^,{}\[\]]+)")
 
-_NON_DEFAULT = regex.compile(r"^(?:non-default args|args): (?P<body>.*)$")
-_MAX_MODEL_LEN = regex.compile(r"^Using max model len (?P<n>\d+)")
-_CHUNKED = regex.compile(r"max_num_batched_tokens=(?P<n>\d+)")
-_FORCED_BLOCK = regex.compile(r"^Forcing kv cache block size to (?P<n>\d+)")
+_NON_DEFAULT = re.compile(r"^(?:non-default args|args): (?P<body>.*)$")
+_MAX_MODEL_LEN = re.compile(r"^Using max model len (?P<n>\d+)")
+_CHUNKED = re.compile(r"max_num_batched_tokens=(?P<n>\d+)")
+_FORCED_BLOCK = re.compile(r"^Forcing kv cache block size to (?P<n>\d+)")
 
 _INT_SETTINGS = {
     "tensor_parallel_size": "tensor_parallel_size",
@@ -165,7 +164,7 @@ def chunked_prefill_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
 # 0.10+ (vllm/engine/arg_utils.py:2233 and :2243 in 0.19.0), DEBUG: the defaults the engine resolved for
 # its entry point -- 'Defaulting max_num_batched_tokens to 8192 for OPENAI_API_SERVER usage context.',
 # 'Defaulting max_num_seqs to 1024 for OPENAI_API_SERVER usage context.'
-_DEFAULTING = regex.compile(r"^Defaulting (?P<key>max_num_batched_tokens|max_num_seqs) to (?P<n>\d+) for ")
+_DEFAULTING = re.compile(r"^Defaulting (?P<key>max_num_batched_tokens|max_num_seqs) to (?P<n>\d+) for ")
 
 
 def defaulting_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
