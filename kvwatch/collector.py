@@ -32,7 +32,8 @@ from kvwatch.export.exposition import Row as _Row
 from kvwatch.export.exposition import Rows as _Rows
 from kvwatch.export.exposition import escape as _escape
 from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
-from kvwatch.state import BAD_VALUE_FACTS, DISAGREEMENT_FACTS, InstanceSnapshot
+from kvwatch.state import DISAGREEMENT_FACTS, InstanceSnapshot
+from kvwatch.usage_values import BAD_VALUE_FACTS
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,12 @@ preemption counter keeps counting so it stays monotonic for Prometheus.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from typing import get_args
 
-from kvwatch.engines.kinds import EngineName
 from kvwatch.events import (
     CounterReset,
     Disagreement,
@@ -29,21 +27,17 @@ from kvwatch.events import (
     Event,
     MemoryBudget,
     Origin,
-    PoolKind,
     PoolSized,
     Preemption,
     StartupFailure,
     UsageSample,
 )
 from kvwatch.facts import (
-    EMPTY_MEMORY,
     EMPTY_POOL,
     EMPTY_SETTINGS,
     EMPTY_USAGE,
     Failure,
     LastDisagreement,
-    MemoryFacts,
-    PoolFacts,
     SettingsFacts,
     UsageFacts,
     changes,
@@ -51,6 +45,8 @@ from kvwatch.facts import (
     updated,
     without,
 )
+from kvwatch.instance import InstanceSnapshot, InstanceState
+from kvwatch.usage_values import BAD_VALUE_FACTS, is_refused, refused_facts
 
 # Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
 _POOL_TOLERANCE = 0.0
@@ -62,158 +58,33 @@ _USAGE_PAIR_SECONDS = 30.0
 
 DEFAULT_MAX_INSTANCES = 256
 
+__all__ = ["DISAGREEMENT_FACTS", "STALE_FACTS", "Fleet", "InstanceSnapshot", "InstanceState"]
+
 # Seconds after which a fact that stopped arriving is stale: no longer in snapshots (so no longer
 # exported) and flagged in InstanceSnapshot.stale. vLLM logs stats every 10 s while busy, and the
 # sidecar scrapes /metrics every 5 s, so a minute is six missed log intervals and twelve scrapes.
 DEFAULT_FACT_TTL = 60.0
 
-# Usage facts that must lie in [0, 1] (ratios), and those that must be non-negative (counts). A
-# value outside its meaning (a logged 'GPU KV cache usage: 193.0%') is rejected and counted.
-_RATIO_FACTS = frozenset(
-    {"kv_usage_ratio", "prefix_cache_hit_ratio", "swa_usage_ratio", "mamba_usage_ratio", "cpu_kv_usage_ratio"}
-)
-_COUNT_FACTS = frozenset(
-    {"used_tokens", "running", "waiting", "swapped", "swa_used_tokens", "mamba_used_slots", "retracted"}
-)
 # The facts whose staleness is exported (kvwatch_source_facts_stale): levels an engine reports on
 # every stats line and every scrape. Rate-derived facts (a prefix hit rate computed from counter
 # deltas) are absent while the engine is idle, so they are dropped after the TTL but never flagged.
 STALE_FACTS: tuple[str, ...] = ("kv_usage_ratio", "used_tokens", "running", "waiting", "pool_tokens")
 # Facts the log and /metrics are cross-checked on (names of InstanceState.disagreements).
 DISAGREEMENT_FACTS: tuple[str, ...] = ("pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio")
-BAD_VALUE_FACTS: tuple[str, ...] = tuple(sorted(_RATIO_FACTS | _COUNT_FACTS))
 if not set(BAD_VALUE_FACTS) <= {f.name for f in fields(UsageFacts)}:
     raise TypeError("state: a checked usage fact is not a UsageFacts field")
 if set(DISAGREEMENT_FACTS) != set(get_args(DisagreementFact)):
     raise TypeError("state: DISAGREEMENT_FACTS does not match events.DisagreementFact")
 
 
-def _bad(fact: str, value: object) -> bool:
-    """True when a usage value lies outside what the fact means."""
-    if fact in _RATIO_FACTS:
-        return not (isinstance(value, int | float) and math.isfinite(value) and 0.0 <= value <= 1.0)
-    if fact in _COUNT_FACTS:
-        return not (isinstance(value, int | float) and math.isfinite(value) and value >= 0)
-    return False
+# fact_seen's keys ('log:kv_usage_ratio'), made once rather than per fact of every stats line.
+_SEEN_KEYS: dict[str, dict[str, str]] = {
+    origin: {f.name: f"{origin}:{f.name}" for f in fields(UsageFacts)} for origin in get_args(Origin)
+}
 
 
 def _other(origin: Origin) -> Origin:
     return "metrics" if origin == "log" else "log"
-
-
-@dataclass
-class InstanceState:
-    """Everything kvwatch knows about one engine instance. Mutated only through Fleet.apply."""
-
-    source: str
-    engine: EngineName
-    instance: str
-    epoch: int = 1
-    epoch_started: float = 0.0
-    restarts: int = 0
-    settings: SettingsFacts = EMPTY_SETTINGS
-    memory: MemoryFacts = EMPTY_MEMORY
-    # Pool kind -> merged PoolSized facts, and the same per origin.
-    pools: dict[PoolKind, PoolFacts] = field(default_factory=dict)
-    pools_by_origin: dict[tuple[Origin, PoolKind], PoolFacts] = field(default_factory=dict)
-    usage: UsageFacts = EMPTY_USAGE
-    usage_by_origin: dict[Origin, UsageFacts] = field(default_factory=dict)
-    # When each origin last gave kv_usage_ratio (the state clock), for the log/metrics cross-check.
-    usage_seen: dict[Origin, float] = field(default_factory=dict)
-    preemptions_total: int = 0
-    # Last cumulative total seen in this epoch, per origin (vLLM V0 warnings, /metrics counters).
-    preemption_marks: dict[Origin, int] = field(default_factory=dict)
-    # Preemptions counted in this epoch, per origin: the log and /metrics report the same evictions,
-    # so preemptions_total follows the larger of the two, never their sum.
-    preemption_epoch: dict[Origin, int] = field(default_factory=dict)
-    retractions: bool = False
-    startup_failures: dict[str, int] = field(default_factory=dict)
-    last_failure: Failure | None = None
-    disagreements: dict[str, int] = field(default_factory=dict)
-    last_disagreement: LastDisagreement | None = None
-    counter_resets: int = 0
-    last_update: dict[str, float] = field(default_factory=dict)
-    events: int = 0
-    # "<origin>:<fact>" -> when that fact last arrived from that origin (state clock), for staleness.
-    fact_seen: dict[str, float] = field(default_factory=dict)
-    # Values rejected because they lie outside the fact's meaning, per fact.
-    bad_values: dict[str, int] = field(default_factory=dict)
-
-    def has_epoch_facts(self, origin: Origin | None = None) -> bool:
-        """True when this epoch already holds capacity facts a new start would replace.
-
-        With ``origin``, only facts from that origin count: the log's banner and the counter reset
-        /metrics shows for the same restart (in either order) open one epoch, not two.
-        """
-        if origin is None:
-            return bool(
-                self.pools
-                or not self.memory.empty()
-                or self.last_failure is not None
-                or not self.usage.empty()
-            )
-        seen = (
-            any(key[0] == origin for key in self.pools_by_origin)
-            or origin in self.usage_by_origin
-            or origin in self.preemption_marks
-            or origin in self.preemption_epoch
-        )
-        if origin == "log":
-            seen = seen or not self.memory.empty() or self.last_failure is not None
-        return seen
-
-    def new_epoch(self, now: float) -> None:
-        """Drop the facts of one engine start; keep counters monotonic."""
-        self.epoch += 1
-        self.restarts += 1
-        self.epoch_started = now
-        self.settings = EMPTY_SETTINGS
-        self.memory = EMPTY_MEMORY
-        self.pools = {}
-        self.pools_by_origin = {}
-        self.usage = EMPTY_USAGE
-        self.usage_by_origin = {}
-        self.usage_seen = {}
-        self.fact_seen = {}
-        self.preemption_marks = {}
-        self.preemption_epoch = {}
-        self.last_failure = None
-
-
-@dataclass(frozen=True)
-class InstanceSnapshot:
-    """A read-only copy of one InstanceState, with source-level settings folded in.
-
-    The fact groups are frozen and shared with the state, never copied.
-    """
-
-    source: str
-    engine: EngineName
-    instance: str
-    epoch: int
-    epoch_started: float
-    restarts: int
-    settings: SettingsFacts
-    memory: MemoryFacts
-    pools: Mapping[PoolKind, PoolFacts]
-    usage: UsageFacts
-    preemptions_total: int
-    retractions: bool
-    startup_failures: Mapping[str, int]
-    last_failure: Failure | None
-    disagreements: Mapping[str, int]
-    last_disagreement: LastDisagreement | None
-    counter_resets: int
-    last_update: Mapping[str, float]
-    events: int
-    # (origin, fact) of every tracked fact (STALE_FACTS) seen this epoch -> True when it went stale.
-    stale: Mapping[tuple[str, str], bool] = field(default_factory=dict)
-    bad_values: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def pool(self) -> PoolFacts:
-        """The full-attention pool (the one that bounds concurrency), empty when unknown."""
-        return self.pools.get("full", EMPTY_POOL)
 
 
 class Fleet:
@@ -240,11 +111,52 @@ class Fleet:
             self._apply(source, event, self._clock())
 
     def apply_all(self, source: str, events: Iterable[Event]) -> None:
-        """Fold several events in order under one lock, as of one moment (one clock reading)."""
+        """Fold several events in order under one lock, as of one moment (one clock reading).
+
+        A busy log's block is mostly stats lines: their usage samples are merged per instance
+        into one update (the same facts, counts and times as folding them one by one, since they
+        share the moment), and preemption counts, which touch nothing a usage sample does, fold
+        as they come. Any other event first applies the usage gathered so far, so order holds.
+        """
         with self._lock:
             now = self._clock()
+            pending: list[UsageSample] = []
             for event in events:
+                if isinstance(event, UsageSample):
+                    pending.append(event)
+                    continue
+                if pending and not isinstance(event, Preemption):
+                    self._apply_usage(source, pending, now)
+                    pending = []
                 self._apply(source, event, now)
+            if pending:
+                self._apply_usage(source, pending, now)
+
+    def _apply_usage(self, source: str, samples: list[UsageSample], now: float) -> None:
+        """Usage samples of one moment: one merge per (instance, origin) where nothing compares
+        them one by one (a log/metrics cross-check needs each sample), else each in turn."""
+        if len(samples) == 1:
+            self._apply(source, samples[0], now)
+            return
+        groups: dict[tuple[str, Origin], list[UsageSample]] = {}
+        for sample in samples:
+            groups.setdefault((sample.instance, sample.origin), []).append(sample)
+        for (instance, origin), group in groups.items():
+            state = self._instances.get((source, instance))
+            if state is None or len(group) == 1 or state.usage_seen.get(_other(origin)) is not None:
+                for sample in group:
+                    self._apply(source, sample, now)
+                continue
+            state.events += len(group)
+            state.last_update[origin] = now
+            changed: dict[str, object] = {}
+            for sample in group:
+                facts = changes(sample, UsageFacts)
+                for fact in sorted(refused_facts(facts) or ()):
+                    del facts[fact]
+                    state.bad_values[fact] = state.bad_values.get(fact, 0) + 1
+                changed.update(facts)
+            self._fold_usage(state, origin, changed, now)
 
     def _get(self, source: str, event: Event) -> InstanceState | None:
         key = (source, event.instance)
@@ -270,21 +182,14 @@ class Fleet:
             changed = changes(event, UsageFacts)
             # In the facts' own order, whatever order the event's fields were set in (the fast paths
             # build events from templates): the counts read the same either way.
-            for fact in sorted(f for f, v in changed.items() if _bad(f, v)):
+            refused = refused_facts(changed)
+            for fact in sorted(refused or ()):
                 del changed[fact]
                 state.bad_values[fact] = state.bad_values.get(fact, 0) + 1
-            seen = state.fact_seen
-            for fact in changed:
-                seen[f"{origin}:{fact}"] = now
-            before, own = state.usage, state.usage_by_origin.get(origin, EMPTY_USAGE)
-            state.usage = updated(before, changed, now)
-            # While one origin reports usage its group is the merged one: one merge, not two.
-            state.usage_by_origin[origin] = state.usage if own is before else updated(own, changed, now)
-            if "kv_usage_ratio" in changed:
-                state.usage_seen[origin] = now
-                # Only a sample the other origin has matched recently is compared (log-only: never).
-                if state.usage_seen.get(_other(origin)) is not None:
-                    self._cross_check_usage(state, event, now)
+            self._fold_usage(state, origin, changed, now)
+            # Only a sample the other origin has matched recently is compared (log-only: never).
+            if "kv_usage_ratio" in changed and state.usage_seen.get(_other(origin)) is not None:
+                self._cross_check_usage(state, event, now)
         elif isinstance(event, EngineSettings):
             if event.starts_engine and state.has_epoch_facts(event.origin):
                 state.new_epoch(now)
@@ -329,8 +234,21 @@ class Fleet:
             log_v, met_v = (mine, theirs) if event.origin == "log" else (theirs, mine)
             self._record_disagreement(state, name, float(log_v), float(met_v))
 
+    @staticmethod
+    def _fold_usage(state: InstanceState, origin: Origin, changed: dict[str, object], now: float) -> None:
+        """Usage facts (refused ones already out) into the merged and per-origin groups."""
+        seen, keys = state.fact_seen, _SEEN_KEYS[origin]
+        for fact in changed:
+            seen[keys[fact]] = now
+        before, own = state.usage, state.usage_by_origin.get(origin, EMPTY_USAGE)
+        state.usage = updated(before, changed, now)
+        # While one origin reports usage its group is the merged one: one merge, not two.
+        state.usage_by_origin[origin] = state.usage if own is before else updated(own, changed, now)
+        if "kv_usage_ratio" in changed:
+            state.usage_seen[origin] = now
+
     def _cross_check_usage(self, state: InstanceState, event: UsageSample, now: float) -> None:
-        if event.kv_usage_ratio is None or _bad("kv_usage_ratio", event.kv_usage_ratio):
+        if event.kv_usage_ratio is None or is_refused("kv_usage_ratio", event.kv_usage_ratio):
             return
         state.usage_seen[event.origin] = now
         other_origin = _other(event.origin)
