@@ -30,6 +30,13 @@ def human_int(text: str) -> int:
     return int(value)
 
 
+def positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"must be positive, got {value}")
+    return n
+
+
 def fraction(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:

@@ -6,14 +6,7 @@ Only flags that move the KV pool are read; every other one is listed as ignored.
 
 from __future__ import annotations
 
-from kvwatch.engines.flags import Flag, human_int, text
-
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise ValueError(f"must be positive, got {value}")
-    return n
+from kvwatch.engines.flags import Flag, human_int, positive_int, text
 
 
 def _static_fraction(value: str) -> float:
@@ -25,14 +18,14 @@ def _static_fraction(value: str) -> float:
 
 FLAGS: tuple[Flag, ...] = (
     Flag(("--model-path", "--model"), "model"),
-    Flag(("--tp-size", "--tp", "--tensor-parallel-size"), "tp", _positive),
-    Flag(("--pp-size", "--pipeline-parallel-size"), "pp", _positive),
+    Flag(("--tp-size", "--tp", "--tensor-parallel-size"), "tp", positive_int),
+    Flag(("--pp-size", "--pipeline-parallel-size"), "pp", positive_int),
     Flag(("--mem-fraction-static",), "mem_fraction_static", _static_fraction),
     Flag(("--context-length",), "max_model_len", human_int),
-    Flag(("--chunked-prefill-size",), "chunked_prefill_size", _positive),
-    Flag(("--cuda-graph-max-bs",), "cuda_graph_max_bs", _positive),
-    Flag(("--max-running-requests",), "max_num_seqs", _positive),
-    Flag(("--page-size",), "page_size", _positive),
+    Flag(("--chunked-prefill-size",), "chunked_prefill_size", positive_int),
+    Flag(("--cuda-graph-max-bs",), "cuda_graph_max_bs", positive_int),
+    Flag(("--max-running-requests",), "max_num_seqs", positive_int),
+    Flag(("--page-size",), "page_size", positive_int),
     Flag(("--kv-cache-dtype",), "kv_cache_dtype", text),
     Flag(("--dtype",), "dtype", text),
     Flag(("--quantization",), "quantization", text),

@@ -6,14 +6,7 @@ vLLM's argparse reads them (``32k`` = 32,000, ``32K`` = 32,768; human_readable_i
 
 from __future__ import annotations
 
-from kvwatch.engines.flags import Flag, fraction, human_int, text
-
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise ValueError(f"must be positive, got {value}")
-    return n
+from kvwatch.engines.flags import Flag, fraction, human_int, positive_int, text
 
 
 def _kv_memory(value: str) -> int:
@@ -23,18 +16,18 @@ def _kv_memory(value: str) -> int:
 
 FLAGS: tuple[Flag, ...] = (
     Flag(("--model",), "model"),
-    Flag(("--tensor-parallel-size", "-tp"), "tp", _positive),
-    Flag(("--pipeline-parallel-size", "-pp"), "pp", _positive),
-    Flag(("--decode-context-parallel-size", "-dcp"), "dcp", _positive),
+    Flag(("--tensor-parallel-size", "-tp"), "tp", positive_int),
+    Flag(("--pipeline-parallel-size", "-pp"), "pp", positive_int),
+    Flag(("--decode-context-parallel-size", "-dcp"), "dcp", positive_int),
     Flag(("--max-model-len",), "max_model_len", human_int),
-    Flag(("--max-num-seqs",), "max_num_seqs", _positive),
+    Flag(("--max-num-seqs",), "max_num_seqs", positive_int),
     Flag(("--max-num-batched-tokens",), "max_num_batched_tokens", human_int),
     Flag(("--gpu-memory-utilization",), "gpu_memory_utilization", fraction),
     Flag(("--enforce-eager",), "enforce_eager", switch=True, inverse=("--no-enforce-eager",)),
     Flag(("--quantization", "-q"), "quantization", text),
     Flag(("--dtype",), "dtype", text),
     Flag(("--kv-cache-dtype",), "kv_cache_dtype", text),
-    Flag(("--block-size",), "block_size", _positive),
+    Flag(("--block-size",), "block_size", positive_int),
     Flag(
         ("--disable-hybrid-kv-cache-manager",),
         "hybrid_kv_cache_manager",
