@@ -765,6 +765,10 @@ def test_a_structural_event_wakes_a_tailer_with_a_long_interval(
     tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK, append_interval=NO_RECHECK)
     sink.wait_lines(["old"])
     log.rename(tmp_path / "vllm.log.1")
-    log.write_text("new\n")
+    # The new file appears with its line in it (written aside, moved in): a create followed by a
+    # separate append would race the doorbell against the write, and appends wake no one here.
+    fresh = tmp_path / "vllm.log.tmp"
+    fresh.write_text("new\n")
+    fresh.rename(log)
     sink.wait_lines(["old", "new"])
     assert tailer.rotations == 1

@@ -12,6 +12,7 @@ import os
 import stat
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 from kvwatch.sources.files import CHUNK, FINGERPRINT, FilePosition, Reader, Stream
@@ -19,7 +20,7 @@ from kvwatch.sources.lines import LineSplitter
 from kvwatch.sources.watch import Bell
 
 
-class RotationHandling:
+class RotationHandling(ABC):
     """LogTailer's rotation and identity handling (a mixin: the attributes are the tailer's)."""
 
     is_glob: bool
@@ -32,23 +33,29 @@ class RotationHandling:
     _published: dict[str, tuple[int, int, int, bytes]]
     _truncated_closed: int
 
+    @abstractmethod
     def _drain(self, stream: Stream, reader: Reader, *, retired: bool) -> bool | None:
-        raise NotImplementedError
+        """Provided by LogTailer."""
 
+    @abstractmethod
     def _fail(self, stream: Stream, exc: BaseException, *, reading: bool = False) -> None:
-        raise NotImplementedError
+        """Provided by LogTailer."""
 
+    @abstractmethod
     def _rotated(self, path: str) -> None:
-        raise NotImplementedError
+        """Provided by LogTailer."""
 
+    @abstractmethod
     def _publish(self, path: str, reader: Reader, offset: int, fingerprint: bytes) -> None:
-        raise NotImplementedError
+        """Provided by LogTailer."""
 
+    @abstractmethod
     def _deliver(self, path: str, lines: Iterable[str]) -> None:
-        raise NotImplementedError
+        """Provided by LogTailer."""
 
+    @abstractmethod
     def _report(self, path: str, exc: BaseException) -> None:
-        raise NotImplementedError
+        """Provided by LogTailer."""
 
     def _check_identity(self, stream: Stream) -> None:
         """Notice a rotation (the path names another file) or a file that appeared."""

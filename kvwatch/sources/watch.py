@@ -13,6 +13,7 @@ import logging
 import os
 import select
 import socket
+from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -82,7 +83,7 @@ class Doorbell(FileSystemEventHandler):
         self._tailer._on_fs_event(event)
 
 
-class WatchHandling:
+class WatchHandling(ABC):
     """LogTailer's watches (a mixin: the attributes are the tailer's, set in its ``__init__``)."""
 
     pattern: str
@@ -97,8 +98,9 @@ class WatchHandling:
     _handler: Doorbell
     _event_types: list[Any]
 
+    @abstractmethod
     def _report(self, path: str, exc: BaseException) -> None:
-        raise NotImplementedError
+        """Provided by LogTailer."""
 
     @property
     def observer_kind(self) -> str:

@@ -147,7 +147,7 @@ def buffer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int, version: s
     """Bytes per token one layer's pool buffers hold: what 'KV size' counts.
 
     For DSA layers the fp8 buffer is 656 B wide in every release (0.5.3 mem_cache/memory_pool.py:1052-1058
-    'TODO do not hardcode' 656; later calculate_mla_kv_cache_dim), and the indexer buffer is in the
+    a literal 656 there; later calculate_mla_kv_cache_dim), and the indexer buffer is in the
     printed size from 0.5.4 (0.5.4 memory_pool.py:1511-1515; 0.5.3 printed the latent buffer only,
     sgl-project/sglang#11309). Other layers: their cell.
     """
