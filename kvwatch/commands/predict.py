@@ -19,6 +19,7 @@ from kvwatch.engines import registry
 from kvwatch.engines.flags import FlagReading, read_flags
 from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES
 from kvwatch.errors import KvwatchError
+from kvwatch.render import table
 from kvwatch.units import format_bytes, parse_size
 
 HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model (config.json or Hub name)"
@@ -270,7 +271,8 @@ def render_cards(model: ModelGeometry, preds: list[Prediction]) -> str:
         "",
         "no card given (--gpu / --gpu-memory): the pool on each card of the catalogue",
     ]
-    rows = [("card", "total", "available KV", "KV pool tokens", "concurrency", "fits")]
+    headers = ("card", "total", "available KV", "KV pool tokens", "concurrency", "fits")
+    rows = []
     for p in preds:
         kv = format_bytes(p.available_kv_bytes)
         if p.available_kv_band_bytes is not None:
@@ -285,12 +287,7 @@ def render_cards(model: ModelGeometry, preds: list[Prediction]) -> str:
                 "yes" if p.fits else "NO",
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for n, r in enumerate(rows):
-        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines.append(table(headers, rows, right=range(1, len(headers))))
     return "\n".join(lines)
 
 

@@ -189,6 +189,15 @@ def all_layer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) ->
     )
 
 
+def page_size(model: ModelGeometry, d: Deployment) -> int:
+    """Tokens per page: as given, else 1 -- except DeepSeek sparse attention, which runs with pages
+    of 64 on CUDA (0.5.3 server_args.py:820-821; 0.5.9 server_args.py:1256-1259; 1 on ROCm, not
+    modelled)."""
+    if d.page_size is not None or d.block_size is not None:
+        return d.page_size or d.block_size or DEFAULT_PAGE_SIZE
+    return DSA_PAGE_SIZE if any(is_dsa(layer) for layer in model.layers) else DEFAULT_PAGE_SIZE
+
+
 def tokens_of_pool_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, pool_bytes: int) -> int:
     """The tokens a pool of ``pool_bytes`` printed buffer bytes holds ('KV Cache is allocated. K size:
     … V size: …'): the buffers' own bytes per token (buffer_cell_size, not the budget's cell, which
@@ -196,9 +205,7 @@ def tokens_of_pool_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, p
     cell = buffer_cell_size(model, d, elem_bytes) or all_layer_cell_size(model, d, elem_bytes)
     if cell <= 0 or pool_bytes <= 0:
         return 0
-    page = d.page_size or d.block_size or DEFAULT_PAGE_SIZE
-    if d.page_size is None and d.block_size is None and any(is_dsa(layer) for layer in model.layers):
-        page = DSA_PAGE_SIZE
+    page = page_size(model, d)
     return max(pool_bytes // cell // page * page - page, 0)
 
 
@@ -214,11 +221,7 @@ class SglangPool:
 
 def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -> SglangPool:
     """max_total_num_tokens for ``available`` bytes of KV budget on one rank."""
-    page = d.page_size or d.block_size or DEFAULT_PAGE_SIZE
-    if d.page_size is None and d.block_size is None and any(is_dsa(layer) for layer in model.layers):
-        # DeepSeek sparse attention on CUDA runs with pages of 64 (0.5.3 server_args.py:820-821;
-        # 0.5.9 server_args.py:1256-1259; 1 on ROCm, not modelled).
-        page = DSA_PAGE_SIZE
+    page = page_size(model, d)
     notes: list[str] = []
     exact = True
     n_sliding = model.count("sliding", "chunked")
