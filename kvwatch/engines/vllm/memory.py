@@ -59,6 +59,12 @@ def default_batch_limits(
     return 256, 2048
 
 
+def batch_limits(d: Deployment, max_model_len: int) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) as given, else as the release resolves them."""
+    seqs, tokens = default_batch_limits(d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len)
+    return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
+
+
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> int:
     """How many CUDA-graph sizes vLLM captures: [1, 2, 4] + 8..248 step 8 + 256.. step 16 up to
     min(2 x max_num_seqs, 512, max_num_batched_tokens) (config/vllm.py:1349-1353, 1389-1403)."""

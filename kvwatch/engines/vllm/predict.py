@@ -43,14 +43,6 @@ class _Budget:
         return self.stage_available[0]
 
 
-def _limits(model: ModelGeometry, d: Deployment, max_model_len: int) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) as given or as the release resolves them."""
-    seqs, tokens = memory.default_batch_limits(
-        d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len
-    )
-    return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
-
-
 def _terms(
     model: ModelGeometry, d: Deployment, basis: Basis, total: int, util: float, inputs: dict[str, InputSource]
 ) -> _Budget:
@@ -62,7 +54,7 @@ def _terms(
     dims = model.dims
     card = gpus.find(d.gpu_name)
     requested = budget.requested_bytes(total, util)
-    seqs, tokens = _limits(model, d, basis.max_model_len)
+    seqs, tokens = memory.batch_limits(d, basis.max_model_len)
     notes: list[str] = []
     w_band = 0
     if d.weights_bytes is not None or dims is None:
@@ -195,7 +187,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 f"pipeline stages: the pool is sized from the smallest stage ({format_bytes(min(stage_available))}); "
                 f"stage 0 logs {format_bytes(available)}"
             )
-    mnbt = _limits(model, d, max_model_len)[1]
+    mnbt = memory.batch_limits(d, max_model_len)[1]
     if any(layer.kind in ("sliding", "chunked") for layer in model.layers):
         inputs["max_num_batched_tokens"] = "given" if d.max_num_batched_tokens else "engine_default"
     if d.block_size is None:
