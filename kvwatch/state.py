@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, replace
+from operator import itemgetter
 from typing import get_args
 
 from kvwatch.events import (
@@ -46,7 +47,7 @@ from kvwatch.facts import (
     without,
 )
 from kvwatch.instance import InstanceSnapshot, InstanceState
-from kvwatch.usage_values import BAD_VALUE_FACTS, is_refused, refused_facts
+from kvwatch.usage_values import BAD_VALUE_FACTS, fold_columns, is_refused, refused_facts
 
 # Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
 _POOL_TOLERANCE = 0.0
@@ -81,6 +82,13 @@ if set(DISAGREEMENT_FACTS) != set(get_args(DisagreementFact)):
 _SEEN_KEYS: dict[str, dict[str, str]] = {
     origin: {f.name: f"{origin}:{f.name}" for f in fields(UsageFacts)} for origin in get_args(Origin)
 }
+
+
+# The usage facts in field order, and a getter of their values from a UsageSample's __dict__.
+_USAGE_FACTS: tuple[str, ...] = tuple(f.name for f in fields(UsageFacts) if f.name != "updated_at")
+_USAGE_VALUES = itemgetter(*_USAGE_FACTS)
+if any(UsageSample.model_fields[f].default is not None for f in _USAGE_FACTS):
+    raise TypeError("state: a usage fact whose UsageSample default is not None (unset must read as None)")
 
 
 def _other(origin: Origin) -> Origin:
@@ -149,13 +157,12 @@ class Fleet:
                 continue
             state.events += len(group)
             state.last_update[origin] = now
-            changed: dict[str, object] = {}
-            for sample in group:
-                facts = changes(sample, UsageFacts)
-                for fact in sorted(refused_facts(facts) or ()):
-                    del facts[fact]
-                    state.bad_values[fact] = state.bad_values.get(fact, 0) + 1
-                changed.update(facts)
+            # Column by column: an unset usage field holds its default None (checked at import),
+            # so a sample's values are its __dict__'s, None where it has none.
+            columns = zip(*[_USAGE_VALUES(sample.__dict__) for sample in group], strict=True)
+            changed, refused = fold_columns(_USAGE_FACTS, columns)
+            for fact in sorted(refused):
+                state.bad_values[fact] = state.bad_values.get(fact, 0) + refused[fact]
             self._fold_usage(state, origin, changed, now)
 
     def _get(self, source: str, event: Event) -> InstanceState | None:
@@ -351,7 +358,9 @@ class Fleet:
                         last_update=dict(st.last_update),
                         events=st.events,
                         stale=stale,
-                        bad_values=dict(st.bad_values),
+                        bad_values=dict(
+                            sorted(st.bad_values.items())
+                        ),  # (sorted: the same however they came)
                     )
                 )
             return out

@@ -7,7 +7,8 @@ counted per fact (kvwatch_bad_values_total) and never exported; the rest of its 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 # Usage facts that must lie in [0, 1] (ratios), and those that must be non-negative (counts). A
 # value outside its meaning (a logged 'GPU KV cache usage: 193.0%') is rejected and counted.
@@ -51,3 +52,43 @@ def is_refused(fact: str, value: object) -> bool:
     if fact in COUNT_FACTS:
         return not (isinstance(value, int | float) and math.isfinite(value) and value >= 0)
     return False
+
+
+def fold_columns(
+    facts: Sequence[str], columns: Iterable[Sequence[object]]
+) -> tuple[dict[str, object], dict[str, int]]:
+    """What a run of samples leaves, given their values column by column (one column per fact of
+    ``facts``, one item per sample, None where a sample lacks the fact): each fact's last accepted
+    value, and how many values of each fact were refused.
+
+    The same as checking the samples one by one with ``refused_facts`` and merging what is left in
+    order, but a busy log's block holds dozens of stats lines per instance and nearly every column
+    is clean: a column is checked with min, max and sum (C loops; a NaN or a type that does not
+    compare shows up in them) and only a column that fails is checked value by value.
+    """
+    changed: dict[str, object] = {}
+    refused: dict[str, int] = {}
+    for fact, column in zip(facts, columns, strict=True):
+        missing = column.count(None)
+        if missing == len(column):
+            continue
+        present = [v for v in column if v is not None] if missing else column
+        last = present[-1]
+        limits = _LIMITS.get(fact)
+        if limits is not None:
+            low, high = limits
+            numbers = cast(Sequence[float], present)  # (if not, sum raises TypeError)
+            try:
+                total = sum(numbers)
+                clean = total == total and low <= min(numbers) and max(numbers) <= high
+            except TypeError:
+                clean = False
+            if not clean:
+                kept = [v for v in present if not refused_facts({fact: v})]
+                if len(kept) < len(present):
+                    refused[fact] = len(present) - len(kept)
+                if not kept:
+                    continue
+                last = kept[-1]
+        changed[fact] = last
+    return changed, refused
