@@ -135,10 +135,11 @@ def main() -> int:
             f"refresh() latency, the sidecar's path at a scrape, {len(asked)} lines: p50 {p50:.2f} ms, "
             f"p99 {p99:.2f} ms, max {max(asked):.2f} ms (target p99 <= {TARGET_P99_MS:.0f} ms) {'ok' if ok else 'MISSED'}"
         )
-        for label, options in (
+        choices: tuple[tuple[str, dict[str, Any]], ...] = (
             ("timed reads, append_interval 40 ms", {}),
             ("every inotify modify event, append_interval 0", {"append_interval": 0.0}),
-        ):
+        )
+        for label, options in choices:
             timed = _latencies(root / "timed.log", count=200, **options)
             print(
                 f"tail latency, {label}, {len(timed)} lines: p50 {statistics.median(timed):.2f} ms, "

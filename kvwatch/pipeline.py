@@ -6,12 +6,13 @@ else prefix peeling (kvwatch/parsers/prefix.py, one prefix grammar) and the engi
 dispatch (``LogDialect.parse``) -> events -> Fleet.
 
 ``LinePipeline.feed`` takes one decoded line (the sidecar's tailer, stdin); ``feed_block`` takes a
-block of raw lines (replay), drops its access-log lines in bulk and decodes only the lines the
-fast path does not answer. Both drop a line without an anchor phrase after a few substring checks
+block of raw lines, drops its access-log lines in bulk (kvwatch/sources/access.py) and hands the
+rest to ``feed_filtered``, which decodes only the lines the fast path does not answer. Both drop a line without an anchor phrase after a few substring checks
 (almost every line of a busy server), detect the engine, and fold the events into the Fleet under
 the pipeline's source; they never raise and never read files or clocks, and leave the same events,
-counters and state for the same lines. ``replay`` drives ``feed_block`` to EOF over files (the
-``kvwatch parse`` command and the golden tests); kvwatch/summary.py turns the resulting snapshots
+counters and state for the same lines. ``replay`` reads files to EOF (the ``kvwatch parse`` command and
+the golden tests) through ``access.filtered_blocks`` into ``feed_filtered``: the same two stages,
+the first one in a helper process for a large file; kvwatch/summary.py turns the resulting snapshots
 into the ``parse`` output.
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,26 +31,10 @@ from kvwatch.engines.kinds import EngineChoice, EngineName
 from kvwatch.events import EngineSettings, Event, Preemption, StartupFailure, UsageSample
 from kvwatch.parsers.base import ParseFn
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
-from kvwatch.sources.lines import read_blocks
+from kvwatch.sources.access import ACCESS_MARK, drop_access_lines, filtered_blocks
 from kvwatch.state import Fleet, InstanceSnapshot
 
 DEFAULT_MAX_LINE_CHARS = 65536
-
-# Access-log lines ('"POST /v1/completions HTTP/1.1" 200') are most of a busy server's output and
-# never carry a KV fact: one substring check drops them before the anchor scan.
-_ACCESS_LOG = "HTTP/"
-
-# Replay's bulk filter, over a block of lines each preceded by b"\n": `subn` deletes every line
-# with an access-log marker, in sre's C loops, and counts them, so the 98% of a busy log that are
-# access lines never become Python objects and no Python code runs per line. What is left are the
-# other lines. The first pass deletes runs of four access lines per match (a busy log's access
-# lines come in long runs), which saves three of every four matches' fixed cost; the second
-# deletes the access lines left next to other lines. The line's tail is possessive (a match that
-# fails at the next line never gives characters of this one back: none of them is a newline).
-_ACCESS_LINE = rb"\n[^\n]*HTTP/[^\n]*+"
-_ACCESS_RUN_LINES = 4
-_ACCESS_RUN = re.compile(_ACCESS_LINE * _ACCESS_RUN_LINES)
-_ACCESS_ONE = re.compile(_ACCESS_LINE)
 
 _MAX_REMEMBERED_FAILURES = 256
 
@@ -106,7 +90,7 @@ class LinePipeline:
         if len(line) > self.max_line_chars:
             line = line[: self.max_line_chars]
             self.lines_truncated += 1
-        if _ACCESS_LOG in line:
+        if ACCESS_MARK in line:
             return ()
         for anchor in self._anchors:
             if anchor in line:
@@ -123,18 +107,26 @@ class LinePipeline:
         """``feed`` over raw UTF-8 lines (replay's hot path).
 
         ``block[pos:endpos]`` holds whole lines, each preceded by b"\\n" (so an empty range has no
-        line and b"\\n" alone is one empty line).
-        Access-log lines are dropped in bulk by two regex passes over the block; the others go
-        through the same checks as ``feed``, in order, decoded (invalid UTF-8 replaced, as a
-        text stream with errors="replace" would) unless the engine's block parser answers them
-        from the raw bytes. ``lines_read`` counts every line.
+        line and b"\\n" alone is one empty line). Its access-log lines are dropped in bulk
+        (kvwatch/sources/access.py), the rest go to ``feed_filtered``.
         """
-        view = memoryview(block)[pos : len(block) if endpos is None else endpos]
-        rest, runs = _ACCESS_RUN.subn(b"", view)
-        rest, singles = _ACCESS_ONE.subn(b"", rest)
-        view.release()
+        with memoryview(block)[pos : len(block) if endpos is None else endpos] as view:
+            rest, dropped = drop_access_lines(view)
+        self.feed_filtered(rest, dropped, on_events)
+
+    def feed_filtered(
+        self,
+        rest: bytes,
+        dropped: int,
+        on_events: Callable[[tuple[Event, ...]], None] | None = None,
+    ) -> None:
+        """A block's lines after ``drop_access_lines`` (``rest``, each line preceded by b"\\n"; the
+        ``dropped`` access lines count as read): the same checks as ``feed``, in order, each line
+        decoded (invalid UTF-8 replaced, as a text stream with errors="replace" would) unless the
+        engine's block parser answers it from the raw bytes. ``lines_read`` counts every line.
+        """
         found = rest.split(b"\n")  # b"" before the first b"\n", then one item per other line
-        self.lines_read += _ACCESS_RUN_LINES * runs + singles + len(found) - 1
+        self.lines_read += dropped + len(found) - 1
         raw_lines = list(filter(None, found))
         if not raw_lines:
             return
@@ -317,12 +309,15 @@ def replay(
     on_events: Callable[[tuple[Event, ...]], None] | None = None,
     progress: ProgressFn | None = None,
     max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
+    parallel: bool | None = None,
 ) -> ReplayResult:
     """Read every file (``-`` = stdin) to EOF through its own LinePipeline into one Fleet.
 
     Each path is one source (named as given, ``stdin`` for ``-``). ``on_events`` sees every
     non-empty event tuple in order; ``progress(source, bytes_done, bytes_total)`` is called after
-    every block read from a regular file. Raises OSError for a file that cannot be opened.
+    every block read from a regular file. A large file's access lines are dropped by a helper
+    process (``parallel``: see kvwatch/sources/access.py ``filtered_blocks``). Raises OSError for a
+    file that cannot be opened or read.
     """
     result = ReplayResult(fleet=fleet if fleet is not None else Fleet(clock=lambda: 0.0))
     for path in paths_or_dash:
@@ -331,10 +326,10 @@ def replay(
         result.pipelines.append(pipeline)
         total = os.path.getsize(path) if path != "-" and progress is not None else 0
         with _open_binary(path) as stream:
-            for block, pos, endpos in read_blocks(stream, max_line_chars):
-                pipeline.feed_block(block, on_events, pos, endpos)
+            for rest, dropped, done in filtered_blocks(path, stream, max_line_chars, parallel):
+                pipeline.feed_filtered(rest, dropped, on_events)
                 if progress is not None and total:
-                    progress(source, min(stream.tell(), total), total)
+                    progress(source, min(done, total), total)
             if progress is not None and total:
                 progress(source, total, total)
     return result

@@ -33,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="engine that wrote the logs (default: detected per file)",
     )
+    parser.add_argument(
+        "--serial",
+        action="store_true",
+        help="one CPU: never drop a large file's access lines in a helper process",
+    )
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print one JSON object (per-instance summary)")
     out.add_argument("--events", action="store_true", help="print every event as one JSON line")
@@ -141,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             engine=args.engine,
             on_events=print_events if args.events else None,
             progress=progress,
+            parallel=False if args.serial else None,
         )
     except OSError as exc:
         raise ConfigError(f"cannot read {exc.filename or 'input'}: {exc.strerror or exc}") from exc

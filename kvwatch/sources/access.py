@@ -1,0 +1,157 @@
+"""Replay's first stage: a block of raw lines without its access-log lines, here or in a helper process.
+
+Access-log lines ('"POST /v1/completions HTTP/1.1" 200') are most of a busy server's output and
+never carry a KV fact. ``drop_access_lines`` deletes them from a block of raw lines in bulk, in
+sre's C loops, so they never become Python objects and no Python code runs per line; what is left
+goes through the rest of the pipeline (kvwatch/pipeline.py ``LinePipeline.feed_filtered``).
+
+Deleting them is half of a busy log's replay time and needs nothing from the rest, so for a large
+regular file ``filtered_blocks`` runs read + delete in a child interpreter (``python -I -S``, this
+module alone) that streams the survivors through a pipe while this process parses them: the same
+blocks and counts as the serial reading, on a second core. The pipe is the backpressure (memory
+stays bounded); a child that fails is an OSError naming the file, never a silent short replay.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from kvwatch.sources.lines import read_blocks
+
+# Over a block of lines each preceded by b"\n": `subn` deletes every line with an access-log
+# marker and counts them. The first pass deletes runs of four access lines per match (a busy log's
+# access lines come in long runs), which saves three of every four matches' fixed cost; the second
+# deletes the access lines left next to other lines. The line's tail is possessive (a match that
+# fails at the next line never gives characters of this one back: none of them is a newline).
+ACCESS_MARK = "HTTP/"
+_ACCESS_LINE = rb"\n[^\n]*HTTP/[^\n]*+"
+_ACCESS_RUN_LINES = 4
+_ACCESS_RUN = re.compile(_ACCESS_LINE * _ACCESS_RUN_LINES)
+_ACCESS_ONE = re.compile(_ACCESS_LINE)
+
+# A file at least this large is filtered by a helper process (when a second CPU is there): below
+# it, starting an interpreter (~15 ms) costs more than the second core saves.
+PARALLEL_MIN_BYTES = 64 << 20
+
+# One frame per block: survivors' length, access lines dropped, bytes of the file read so far;
+# then the survivors. A last header of all ones says the child finished.
+_HEADER = struct.Struct("<QQQ")
+_DONE = (2**64 - 1,) * 3
+
+# (survivors, access lines dropped, bytes of the stream read so far).
+Filtered = tuple[bytes, int, int]
+
+
+def drop_access_lines(lines: bytes | bytearray | memoryview) -> tuple[bytes, int]:
+    """``lines`` (whole lines, each preceded by b"\\n") without its access-log lines, and how many
+    were dropped; the survivors keep their b"\\n" before each."""
+    rest, runs = _ACCESS_RUN.subn(b"", lines)
+    rest, singles = _ACCESS_ONE.subn(b"", rest)
+    return rest, _ACCESS_RUN_LINES * runs + singles
+
+
+def _serial(stream: io.BufferedIOBase, max_line_chars: int) -> Iterator[Filtered]:
+    for block, pos, endpos in read_blocks(stream, max_line_chars):
+        with memoryview(block)[pos:endpos] as view:
+            rest, dropped = drop_access_lines(view)
+        yield rest, dropped, stream.tell()
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (not on Linux)
+        return os.cpu_count() or 1
+
+
+def filtered_blocks(
+    path: str, stream: io.BufferedIOBase, max_line_chars: int, parallel: bool | None = None
+) -> Iterator[Filtered]:
+    """``stream`` (``path`` opened for binary reading) read to EOF as filtered blocks.
+
+    ``parallel``: None chooses (a regular file of at least PARALLEL_MIN_BYTES and two CPUs), True
+    and False force it (tests). Either way the blocks and counts are the same.
+    """
+    if parallel is None:
+        try:
+            size = os.fstat(stream.fileno()).st_size
+        except (OSError, io.UnsupportedOperation):
+            size = 0
+        parallel = size >= PARALLEL_MIN_BYTES and usable_cpus() >= 2 and Path(path).is_file()
+    if not parallel:
+        yield from _serial(stream, max_line_chars)
+        return
+    yield from _from_child(path, max_line_chars)
+
+
+# The child: this module's _child_main in an isolated interpreter (no site, no environment), with
+# the directory holding the kvwatch package first on its path.
+_CHILD = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from kvwatch.sources.access import _child_main; sys.exit(_child_main(sys.argv[2], int(sys.argv[3])))"
+)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+def _child_argv(path: str, max_line_chars: int) -> list[str]:
+    return [sys.executable, "-I", "-S", "-c", _CHILD, _PACKAGE_PARENT, path, str(max_line_chars)]
+
+
+def _from_child(path: str, max_line_chars: int) -> Iterator[Filtered]:
+    proc = subprocess.Popen(
+        _child_argv(path, max_line_chars),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    done = False
+    try:
+        out = proc.stdout
+        while header := out.read(_HEADER.size):
+            if len(header) < _HEADER.size:
+                break
+            fields = _HEADER.unpack(header)
+            if fields == _DONE:
+                done = True
+                break
+            size, dropped, read = fields
+            rest = out.read(size)
+            if len(rest) < size:
+                break
+            yield rest, dropped, read
+    finally:
+        if not done:
+            proc.kill()  # (the consumer stopped early, or the child broke off)
+        proc.stdout.close()
+        err = proc.stderr.read().decode("utf-8", "replace").strip()
+        proc.stderr.close()
+        rc = proc.wait()
+    if not done or rc != 0:
+        raise OSError(0, f"the filter process broke off (exit {rc}{': ' + err[-300:] if err else ''})", path)
+
+
+def _child_main(path: str, max_line_chars: int) -> int:
+    """Read ``path``, write its filtered blocks to stdout as frames; 0 when all were written."""
+    out = sys.stdout.buffer
+    try:
+        with open(path, "rb") as stream:
+            for rest, dropped, read in _serial(stream, max_line_chars):
+                out.write(_HEADER.pack(len(rest), dropped, read))
+                out.write(rest)
+        out.write(_HEADER.pack(*_DONE))
+        out.flush()
+    except BrokenPipeError:
+        return 1  # the reader went away: nothing left to do
+    except OSError as exc:
+        sys.stderr.write(f"{exc.strerror or exc}\n")
+        return 1
+    return 0

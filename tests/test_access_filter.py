@@ -1,0 +1,134 @@
+"""Replay's first stage in a helper process (kvwatch/sources/access.py): the same replay as the serial
+reading, its failures loud, its child never left behind."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gen_busy_log
+from kvwatch.cli import main
+from kvwatch.events import event_to_json
+from kvwatch.pipeline import replay
+from kvwatch.sources import access
+
+SAMPLES = Path(__file__).parent / "log_samples"
+
+
+def _replayed(
+    paths: list[str], parallel: bool
+) -> tuple[str, list[str], list[tuple[int, int, int, int]], list[int]]:
+    events: list[str] = []
+    done: list[int] = []
+    result = replay(
+        paths,
+        on_events=lambda evs: events.extend(event_to_json(e) for e in evs),
+        progress=lambda _source, read, _total: done.append(read),
+        parallel=parallel,
+    )
+    counters = [(p.lines_read, p.lines_matched, p.parse_errors, p.lines_truncated) for p in result.pipelines]
+    return repr(result.snapshots()), events, counters, done
+
+
+@pytest.fixture(scope="module")
+def busy_logs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Busy logs of three shapes, each several read blocks long (built by the replay benchmark's
+    generator from the real samples)."""
+    out = tmp_path_factory.mktemp("busy")
+    paths = []
+    for shape in ("docker-v0-v1", "ray-dp", "sglang"):
+        path = out / f"{shape}.log"
+        gen_busy_log.generate(path, 40_000, shape=shape)
+        paths.append(path)
+    return paths
+
+
+def test_helper_process_replays_what_this_process_does(busy_logs: list[Path]) -> None:
+    for path in busy_logs:
+        serial = _replayed([str(path)], parallel=False)
+        helped = _replayed([str(path)], parallel=True)
+        assert helped == serial
+        assert helped[3][-1] == path.stat().st_size
+        assert helped[2][0][0] == path.read_bytes().count(b"\n")
+
+
+def test_helper_process_on_every_sample() -> None:
+    paths = sorted(str(p) for p in SAMPLES.glob("*/*.log"))
+    assert len(paths) > 30
+    for path in paths:
+        assert _replayed([path], parallel=True) == _replayed([path], parallel=False), path
+
+
+def test_large_files_choose_the_helper_and_stdin_never(
+    busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used: list[str] = []
+    real = access._from_child
+
+    def spy(path: str, max_line_chars: int) -> object:
+        used.append(path)
+        return real(path, max_line_chars)
+
+    monkeypatch.setattr(access, "_from_child", spy)
+    monkeypatch.setattr(access, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(access, "PARALLEL_MIN_BYTES", busy_logs[0].stat().st_size)
+    replay([str(p) for p in busy_logs])
+    assert used == [str(busy_logs[0])]  # the one file as large as the threshold
+
+    monkeypatch.setattr(access, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(busy_logs[1].read_bytes())))
+    used.clear()
+    assert replay(["-"]).pipelines[0].lines_read == busy_logs[1].read_bytes().count(b"\n")
+    assert used == []
+
+    monkeypatch.setattr(access, "usable_cpus", lambda: 1)
+    replay([str(busy_logs[0])])
+    assert used == []
+
+
+def test_a_child_that_breaks_off_is_one_line_and_exit_2(
+    busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(
+        access,
+        "_child_argv",
+        lambda path, n: [sys.executable, "-c", "import sys; sys.stderr.write('killed\\n'); sys.exit(3)"],
+    )
+    with pytest.raises(OSError, match=r"filter process broke off \(exit 3: killed\)"):
+        replay([str(busy_logs[0])], parallel=True)
+    monkeypatch.setattr(access, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(access, "usable_cpus", lambda: 2)
+    assert main(["parse", str(busy_logs[0])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "filter process broke off" in err and "Traceback" not in err
+
+
+def test_a_reader_that_stops_early_leaves_no_child(
+    busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    children: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
+
+    def spy(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        children.append(popen(*args, **kwargs))  # type: ignore[call-overload]
+        return children[-1]
+
+    monkeypatch.setattr(access.subprocess, "Popen", spy)
+    with busy_logs[0].open("rb") as stream:
+        blocks = access.filtered_blocks(str(busy_logs[0]), stream, 65536, parallel=True)
+        assert next(blocks)[2] > 0
+        blocks.close()
+    (child,) = children
+    assert child.returncode is not None  # killed and reaped
+
+
+def test_drop_access_lines_counts_what_it_drops() -> None:
+    lines = [b"INFO x", b'1.2.3.4:5 - "GET /metrics HTTP/1.1" 200 OK'] * 7 + [b"", b"HTTP/", b"last"]
+    block = b"".join(b"\n" + line for line in lines)
+    rest, dropped = access.drop_access_lines(block)
+    assert dropped == sum(b"HTTP/" in line for line in lines) == 8
+    assert rest.split(b"\n")[1:] == [line for line in lines if b"HTTP/" not in line]
