@@ -69,9 +69,9 @@ def test_large_files_choose_the_helper_and_stdin_never(
     used: list[str] = []
     real = access._from_child
 
-    def spy(path: str, max_line_chars: int) -> object:
+    def spy(fd: int, path: str, max_line_chars: int) -> object:
         used.append(path)
-        return real(path, max_line_chars)
+        return real(fd, path, max_line_chars)
 
     monkeypatch.setattr(access, "_from_child", spy)
     monkeypatch.setattr(access, "usable_cpus", lambda: 2)
@@ -90,14 +90,17 @@ def test_large_files_choose_the_helper_and_stdin_never(
     assert used == []
 
 
+# A helper that sends one empty frame (no survivors, nothing dropped, 0 bytes read), then dies.
+_ONE_FRAME_THEN_DIE = (
+    "import struct, sys; sys.stdout.buffer.write(struct.pack('<QQQ', 0, 0, 0)); sys.stdout.flush(); "
+    "sys.stderr.write('killed\\n'); sys.exit(3)"
+)
+
+
 def test_a_child_that_breaks_off_is_one_line_and_exit_2(
     busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(
-        access,
-        "_child_argv",
-        lambda path, n: [sys.executable, "-c", "import sys; sys.stderr.write('killed\\n'); sys.exit(3)"],
-    )
+    monkeypatch.setattr(access, "_child_argv", lambda fd, n: [sys.executable, "-c", _ONE_FRAME_THEN_DIE])
     with pytest.raises(OSError, match=r"filter process broke off \(exit 3: killed\)"):
         replay([str(busy_logs[0])], parallel=True)
     monkeypatch.setattr(access, "PARALLEL_MIN_BYTES", 0)
@@ -105,6 +108,34 @@ def test_a_child_that_breaks_off_is_one_line_and_exit_2(
     assert main(["parse", str(busy_logs[0])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "filter process broke off" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [sys.executable, "-c", "import sys; sys.exit(3)"],  # dies before its first frame
+        ["/nonexistent/python3"],  # cannot start
+    ],
+)
+def test_a_helper_that_gives_nothing_leaves_the_reading_here(
+    busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    want = _replayed([str(busy_logs[1])], parallel=False)
+    monkeypatch.setattr(access, "_child_argv", lambda fd, n: argv)
+    assert _replayed([str(busy_logs[1])], parallel=True) == want
+
+
+def test_the_helper_reads_the_open_file_not_the_name(busy_logs: list[Path], tmp_path: Path) -> None:
+    """The file renamed, and another put in its place, after it was opened: the opened one is read."""
+    path = tmp_path / "moved.log"
+    path.write_bytes(busy_logs[0].read_bytes())
+    with path.open("rb") as stream:
+        path.rename(tmp_path / "elsewhere.log")
+        path.write_bytes(b"")
+        got = sum(
+            dropped for _, dropped, _ in access.filtered_blocks(str(path), stream, 65536, parallel=True)
+        )
+    assert got == sum(b"HTTP/" in line for line in busy_logs[0].read_bytes().splitlines())
 
 
 def test_a_reader_that_stops_early_leaves_no_child(
@@ -117,7 +148,7 @@ def test_a_reader_that_stops_early_leaves_no_child(
         children.append(popen(*args, **kwargs))  # type: ignore[call-overload]
         return children[-1]
 
-    monkeypatch.setattr(access.subprocess, "Popen", spy)
+    monkeypatch.setattr(subprocess, "Popen", spy)
     with busy_logs[0].open("rb") as stream:
         blocks = access.filtered_blocks(str(busy_logs[0]), stream, 65536, parallel=True)
         assert next(blocks)[2] > 0

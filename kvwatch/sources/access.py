@@ -17,8 +17,8 @@ from __future__ import annotations
 import io
 import os
 import re
+import stat
 import struct
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,42 +78,66 @@ def filtered_blocks(
     """``stream`` (``path`` opened for binary reading) read to EOF as filtered blocks.
 
     ``parallel``: None chooses (a regular file of at least PARALLEL_MIN_BYTES and two CPUs), True
-    and False force it (tests). Either way the blocks and counts are the same.
+    and False force it (tests). Either way the blocks and counts are the same. The helper reads
+    the stream's own open file (the same file even if ``path`` is renamed meanwhile), from where
+    the stream stands; where it cannot start (or dies before its first frame) this process reads.
     """
     if parallel is None:
         try:
-            size = os.fstat(stream.fileno()).st_size
+            st = os.fstat(stream.fileno())
         except (OSError, io.UnsupportedOperation):
-            size = 0
-        parallel = size >= PARALLEL_MIN_BYTES and usable_cpus() >= 2 and Path(path).is_file()
+            parallel = False
+        else:
+            parallel = stat.S_ISREG(st.st_mode) and st.st_size >= PARALLEL_MIN_BYTES and usable_cpus() >= 2
     if not parallel:
         yield from _serial(stream, max_line_chars)
         return
-    yield from _from_child(path, max_line_chars)
+    start = stream.tell()
+    frames = _from_child(stream.fileno(), path, max_line_chars)
+    try:
+        first = next(frames, None)
+    except _NoStart:
+        stream.seek(start)  # (the helper may share the file's offset)
+        yield from _serial(stream, max_line_chars)
+        return
+    if first is not None:
+        yield first
+        yield from frames
+
+
+class _NoStart(Exception):
+    """The helper gave nothing: it could not start, or died before its first frame."""
 
 
 # The child: this module's _child_main in an isolated interpreter (no site, no environment), with
 # the directory holding the kvwatch package first on its path.
 _CHILD = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from kvwatch.sources.access import _child_main; sys.exit(_child_main(sys.argv[2], int(sys.argv[3])))"
+    "from kvwatch.sources.access import _child_main; sys.exit(_child_main(int(sys.argv[2]), int(sys.argv[3])))"
 )
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
 
 
-def _child_argv(path: str, max_line_chars: int) -> list[str]:
-    return [sys.executable, "-I", "-S", "-c", _CHILD, _PACKAGE_PARENT, path, str(max_line_chars)]
+def _child_argv(fd: int, max_line_chars: int) -> list[str]:
+    return [sys.executable, "-I", "-S", "-c", _CHILD, _PACKAGE_PARENT, str(fd), str(max_line_chars)]
 
 
-def _from_child(path: str, max_line_chars: int) -> Iterator[Filtered]:
-    proc = subprocess.Popen(
-        _child_argv(path, max_line_chars),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+def _from_child(fd: int, path: str, max_line_chars: int) -> Iterator[Filtered]:
+    import subprocess  # (here: the sidecar, which never replays, does not pay for importing it)
+
+    try:
+        proc = subprocess.Popen(
+            _child_argv(fd, max_line_chars),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(fd,),
+        )
+    except OSError as exc:
+        raise _NoStart from exc
     assert proc.stdout is not None and proc.stderr is not None
     done = False
+    frames = 0
     try:
         out = proc.stdout
         while header := out.read(_HEADER.size):
@@ -127,23 +151,29 @@ def _from_child(path: str, max_line_chars: int) -> Iterator[Filtered]:
             rest = out.read(size)
             if len(rest) < size:
                 break
+            frames += 1
             yield rest, dropped, read
     finally:
         if not done:
             proc.kill()  # (the consumer stopped early, or the child broke off)
         proc.stdout.close()
-        err = proc.stderr.read().decode("utf-8", "replace").strip()
+        said = proc.stderr.read().decode("utf-8", "replace").split("\n")
+        err = next((line.strip() for line in reversed(said) if line.strip()), "")  # its last line
         proc.stderr.close()
         rc = proc.wait()
-    if not done or rc != 0:
-        raise OSError(0, f"the filter process broke off (exit {rc}{': ' + err[-300:] if err else ''})", path)
+    if done and rc == 0:
+        return
+    if not frames:
+        raise _NoStart(rc, err)
+    raise OSError(0, f"the filter process broke off (exit {rc}{': ' + err[-300:] if err else ''})", path)
 
 
-def _child_main(path: str, max_line_chars: int) -> int:
-    """Read ``path``, write its filtered blocks to stdout as frames; 0 when all were written."""
+def _child_main(fd: int, max_line_chars: int) -> int:
+    """Read the open file ``fd`` from where it stands, write its filtered blocks to stdout as
+    frames; 0 when all were written."""
     out = sys.stdout.buffer
     try:
-        with open(path, "rb") as stream:
+        with open(fd, "rb", closefd=False) as stream:
             for rest, dropped, read in _serial(stream, max_line_chars):
                 out.write(_HEADER.pack(len(rest), dropped, read))
                 out.write(rest)
@@ -151,7 +181,7 @@ def _child_main(path: str, max_line_chars: int) -> int:
         out.flush()
     except BrokenPipeError:
         return 1  # the reader went away: nothing left to do
-    except OSError as exc:
-        sys.stderr.write(f"{exc.strerror or exc}\n")
+    except Exception as exc:  # one line for the parent's message, never a traceback
+        sys.stderr.write(f"{getattr(exc, 'strerror', None) or exc}\n")
         return 1
     return 0
