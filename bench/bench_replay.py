@@ -42,6 +42,7 @@ from typing import Any
 from bench import gen_busy_log
 from kvwatch.engines import registry
 from kvwatch.pipeline import replay
+from kvwatch.sources import access
 from kvwatch.summary import summarize
 
 HERE = Path(__file__).resolve().parent
@@ -155,16 +156,39 @@ _RSS_CHILD = (
     "from kvwatch.summary import summarize\n"
     "r = replay([sys.argv[1]])\n"
     "summarize(r.snapshots(), r.engine)\n"
-    "import resource\n"
     "with open('/proc/self/status') as f:\n"
     "    print(next(x.split()[1] for x in f if x.startswith('VmHWM:')))\n"
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
 )
 
 
-def _peak_rss_mib(path: Path) -> tuple[float, float]:
-    """Peak RSS (MiB) of a fresh interpreter replaying ``path`` (its VmHWM at the end), and of its
-    largest child (the helper process that drops a large file's access lines; 0 if none ran)."""
+def _vm_hwm_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(x.split()[1]) for x in f if x.startswith("VmHWM:")), 0)
+    except OSError:
+        return 0  # (it has just exited)
+
+
+def _helper_peak_rss_mib(path: Path) -> float:
+    """Peak RSS (MiB) of replay's helper process (the one that drops a large file's access lines,
+    kvwatch/sources/access.py) on ``path``: its own command, its VmHWM polled while it runs (its
+    rusage would start from this process's RSS at the fork), its frames read and dropped."""
+    with path.open("rb") as stream:
+        proc = subprocess.Popen(
+            access._child_argv(stream.fileno(), 65536),
+            stdout=subprocess.PIPE,
+            pass_fds=(stream.fileno(),),
+        )
+        assert proc.stdout is not None
+        peak = 0
+        while proc.stdout.read(1 << 20):
+            peak = max(peak, _vm_hwm_kib(proc.pid))
+        proc.wait()
+    return peak / 1024
+
+
+def _peak_rss_mib(path: Path) -> float:
+    """Peak RSS (MiB) of a fresh interpreter replaying ``path`` (its VmHWM at the end)."""
     out = subprocess.run(
         [sys.executable, "-c", _RSS_CHILD, str(path)],
         cwd=HERE.parent,
@@ -174,8 +198,7 @@ def _peak_rss_mib(path: Path) -> tuple[float, float]:
     )
     if out.returncode != 0:
         raise RuntimeError(f"replay child exited {out.returncode}: {out.stderr.strip()[-500:]}")
-    own, child = out.stdout.split()[-2:]
-    return int(own) / 1024, int(child) / 1024  # kB
+    return int(out.stdout.split()[-1]) / 1024  # kB
 
 
 def _warm(path: Path) -> None:
@@ -309,7 +332,7 @@ def main() -> int:
     path = gen_busy_log.default_path(lines, first)
     small = gen_busy_log.default_path(SMALL_LINES, first)
     gen_busy_log.ensure(small, SMALL_LINES, shape=first)
-    (rss_small, _), (rss_big, rss_helper) = _peak_rss_mib(small), _peak_rss_mib(path)
+    rss_small, rss_big, rss_helper = _peak_rss_mib(small), _peak_rss_mib(path), _helper_peak_rss_mib(path)
     growth = rss_big - rss_small
     rss_ok = growth <= RSS_GROWTH_MAX_MIB
     print(
