@@ -63,7 +63,7 @@ def test_helper_process_on_every_sample() -> None:
         assert _replayed([path], parallel=True) == _replayed([path], parallel=False), path
 
 
-def test_large_files_choose_the_helper_and_stdin_never(
+def test_large_files_choose_the_helper_and_streams_without_a_file_never(
     busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     used: list[str] = []

@@ -133,7 +133,7 @@ def _from_child(fd: int, path: str, max_line_chars: int) -> Iterator[Filtered]:
             stderr=subprocess.PIPE,
             pass_fds=(fd,),
         )
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # (no interpreter to run; pass_fds where unsupported)
         raise _NoStart from exc
     assert proc.stdout is not None and proc.stderr is not None
     done = False
