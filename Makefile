@@ -32,8 +32,8 @@ tools:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check kvwatch tests
-	$(BIN)/ruff format --check kvwatch tests
+	$(BIN)/ruff check kvwatch tests bench
+	$(BIN)/ruff format --check kvwatch tests bench
 	$(BIN)/mypy
 
 unit: $(STAMP)
