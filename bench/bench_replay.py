@@ -175,7 +175,7 @@ def _helper_peak_rss_mib(path: Path) -> float:
     rusage would start from this process's RSS at the fork), its frames read and dropped."""
     with path.open("rb") as stream:
         proc = subprocess.Popen(
-            access._child_argv(stream.fileno(), 65536),
+            access._child_argv(stream.fileno(), 0, 65536),
             stdout=subprocess.PIPE,
             pass_fds=(stream.fileno(),),
         )

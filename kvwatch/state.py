@@ -358,9 +358,8 @@ class Fleet:
                         last_update=dict(st.last_update),
                         events=st.events,
                         stale=stale,
-                        bad_values=dict(
-                            sorted(st.bad_values.items())
-                        ),  # (sorted: the same however they came)
+                        # Sorted: the same however the refusals came.
+                        bad_values=dict(sorted(st.bad_values.items())),
                     )
                 )
             return out

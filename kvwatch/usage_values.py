@@ -81,7 +81,7 @@ def fold_columns(
             try:
                 total = sum(numbers)
                 clean = total == total and low <= min(numbers) and max(numbers) <= high
-            except TypeError:
+            except (TypeError, ArithmeticError):  # (an int too large for a float beside floats)
                 clean = False
             if not clean:
                 kept = [v for v in present if not refused_facts({fact: v})]

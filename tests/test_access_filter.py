@@ -69,9 +69,9 @@ def test_large_files_choose_the_helper_and_streams_without_a_file_never(
     used: list[str] = []
     real = access._from_child
 
-    def spy(fd: int, path: str, max_line_chars: int) -> object:
+    def spy(fd: int, start: int, path: str, max_line_chars: int) -> object:
         used.append(path)
-        return real(fd, path, max_line_chars)
+        return real(fd, start, path, max_line_chars)
 
     monkeypatch.setattr(access, "_from_child", spy)
     monkeypatch.setattr(access, "usable_cpus", lambda: 2)
@@ -100,7 +100,9 @@ _ONE_FRAME_THEN_DIE = (
 def test_a_child_that_breaks_off_is_one_line_and_exit_2(
     busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(access, "_child_argv", lambda fd, n: [sys.executable, "-c", _ONE_FRAME_THEN_DIE])
+    monkeypatch.setattr(
+        access, "_child_argv", lambda fd, start, n: [sys.executable, "-c", _ONE_FRAME_THEN_DIE]
+    )
     with pytest.raises(OSError, match=r"filter process broke off \(exit 3: killed\)"):
         replay([str(busy_logs[0])], parallel=True)
     monkeypatch.setattr(access, "PARALLEL_MIN_BYTES", 0)
@@ -121,7 +123,7 @@ def test_a_helper_that_gives_nothing_leaves_the_reading_here(
     busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch, argv: list[str]
 ) -> None:
     want = _replayed([str(busy_logs[1])], parallel=False)
-    monkeypatch.setattr(access, "_child_argv", lambda fd, n: argv)
+    monkeypatch.setattr(access, "_child_argv", lambda fd, start, n: argv)
     assert _replayed([str(busy_logs[1])], parallel=True) == want
 
 
@@ -163,3 +165,77 @@ def test_drop_access_lines_counts_what_it_drops() -> None:
     rest, dropped = access.drop_access_lines(block)
     assert dropped == sum(b"HTTP/" in line for line in lines) == 8
     assert rest.split(b"\n")[1:] == [line for line in lines if b"HTTP/" not in line]
+
+
+def _blocks(stream: object, parallel: bool) -> list[tuple[bytes, int, int]]:
+    return list(access.filtered_blocks("log", stream, 65536, parallel=parallel))  # type: ignore[arg-type]
+
+
+def test_the_helper_starts_where_the_stream_stands(busy_logs: list[Path]) -> None:
+    """A stream already read from (and buffered ahead): both ways go on from its position."""
+    got = {}
+    for parallel in (False, True):
+        with busy_logs[0].open("rb") as stream:
+            stream.readline()
+            got[parallel] = _blocks(stream, parallel)
+    assert got[True] == got[False]
+    assert sum(d for _, d, _ in got[True]) == busy_logs[0].read_bytes().count(b"HTTP/")
+
+
+# A helper that moves the shared offset (a plain read of 1 MiB), then dies before its first frame.
+_READ_THEN_DIE = "import os, sys; os.read(int(sys.argv[1]), 1 << 20); sys.exit(3)"
+
+
+def test_the_reading_falls_back_where_the_stream_stood(
+    busy_logs: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with busy_logs[0].open("rb") as stream:
+        stream.readline()
+        want = _blocks(stream, parallel=False)
+    monkeypatch.setattr(
+        access, "_child_argv", lambda fd, start, n: [sys.executable, "-c", _READ_THEN_DIE, str(fd)]
+    )
+    with busy_logs[0].open("rb") as stream:
+        stream.readline()
+        assert _blocks(stream, parallel=True) == want
+
+
+def test_stdin_redirected_from_a_large_file(busy_logs: list[Path]) -> None:
+    """'kvwatch parse - < big.log': the file is the parent's fd 0, which the helper's own stdin takes."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    code = (
+        "import sys; from kvwatch.sources import access; access.PARALLEL_MIN_BYTES = 0; "
+        "access.usable_cpus = lambda: 2; from kvwatch.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    out = {}
+    for extra in ([], ["--serial"]):
+        with busy_logs[0].open("rb") as stdin:
+            done = subprocess.run(
+                [sys.executable, "-c", code, "parse", "--json", "-", *extra],
+                stdin=stdin,
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=Path(__file__).parent.parent,
+                check=False,
+            )
+        assert done.returncode == 0, done.stderr
+        out[bool(extra)] = done.stdout
+    assert out[True] == out[False]
+    assert '"engine": "vllm"' in out[True]
+
+
+def test_events_into_a_reader_that_stops_early(busy_logs: list[Path]) -> None:
+    """'kvwatch parse --events LOG | head -1': quiet, exit 0 (the pipe closing is not a read error)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "parse", "--events", str(busy_logs[0])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    with proc.stderr:
+        assert proc.stdout.readline().startswith(b"{")
+        proc.stdout.close()
+        assert proc.wait(timeout=60) == 0
+        assert proc.stderr.read() == b""

@@ -58,3 +58,11 @@ def test_fold_columns_keeps_the_last_accepted_value() -> None:
     assert changed == {"kv_usage_ratio": 0.5, "running": 3}
     assert refused == {"kv_usage_ratio": 2, "running": 1}
     assert set(refused) <= set(BAD_VALUE_FACTS)
+
+
+def test_fold_columns_refuses_an_int_too_large_for_a_float_beside_floats() -> None:
+    # (sum() of the column overflows; one by one, the exact comparison refuses the int.)
+    assert fold_columns(("kv_usage_ratio",), [(0.5, 10**400)]) == (
+        {"kv_usage_ratio": 0.5},
+        {"kv_usage_ratio": 1},
+    )

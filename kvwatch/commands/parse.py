@@ -148,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             parallel=False if args.serial else None,
         )
+    except BrokenPipeError:
+        raise  # (stdout's reader went away, as `| head` does: not a file kvwatch could not read)
     except OSError as exc:
         raise ConfigError(f"cannot read {exc.filename or 'input'}: {exc.strerror or exc}") from exc
     if args.events:

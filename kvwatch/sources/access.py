@@ -20,8 +20,10 @@ import re
 import stat
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import closing
 from pathlib import Path
+from typing import Any, cast
 
 from kvwatch.sources.lines import read_blocks
 
@@ -36,7 +38,7 @@ _ACCESS_RUN_LINES = 4
 _ACCESS_RUN = re.compile(_ACCESS_LINE * _ACCESS_RUN_LINES)
 _ACCESS_ONE = re.compile(_ACCESS_LINE)
 
-# A file at least this large is filtered by a helper process (when a second CPU is there): below
+# A file at least this large is filtered by a helper process (when two CPUs may be used): below
 # it, starting an interpreter (~15 ms) costs more than the second core saves.
 PARALLEL_MIN_BYTES = 64 << 20
 
@@ -64,45 +66,66 @@ def _serial(stream: io.BufferedIOBase, max_line_chars: int) -> Iterator[Filtered
         yield rest, dropped, stream.tell()
 
 
+# cgroup v2's CPU limit of this process's container ('max 100000', or '200000 100000': quota and
+# period in microseconds); a container held to one CPU by quota may still see every core.
+_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
 def usable_cpus() -> int:
-    """CPUs this process may run on."""
+    """CPUs this process may run on: its affinity, capped by a cgroup CPU quota."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # (not on Linux)
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = _CPU_MAX.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit readable: the affinity stands
+    return cpus
 
 
 def filtered_blocks(
     path: str, stream: io.BufferedIOBase, max_line_chars: int, parallel: bool | None = None
 ) -> Iterator[Filtered]:
-    """``stream`` (``path`` opened for binary reading) read to EOF as filtered blocks.
+    """``stream`` (``path`` opened for binary reading) read to EOF from where it stands, as
+    filtered blocks.
 
-    ``parallel``: None chooses (a regular file of at least PARALLEL_MIN_BYTES and two CPUs), True
-    and False force it (tests). Either way the blocks and counts are the same. The helper reads
-    the stream's own open file (the same file even if ``path`` is renamed meanwhile), from where
-    the stream stands; where it cannot start (or dies before its first frame) this process reads.
+    ``parallel``: None chooses (a regular file with at least PARALLEL_MIN_BYTES left to read, and
+    two CPUs), True and False force it (tests). Either way the blocks and counts are the same. The
+    helper reads the stream's own open file (the same file even if ``path`` is renamed meanwhile)
+    with positioned reads from the stream's position, so the stream itself is never moved; where
+    the helper cannot start (or dies before its first frame) this process reads.
     """
-    if parallel is None:
-        try:
-            st = os.fstat(stream.fileno())
-        except (OSError, io.UnsupportedOperation):
-            parallel = False
-        else:
-            parallel = stat.S_ISREG(st.st_mode) and st.st_size >= PARALLEL_MIN_BYTES and usable_cpus() >= 2
+    try:
+        fd = stream.fileno()
+        st = os.fstat(fd)
+        start = stream.tell()
+    except (OSError, io.UnsupportedOperation):
+        parallel = False
+    else:
+        if parallel is None:
+            parallel = (
+                stat.S_ISREG(st.st_mode) and st.st_size - start >= PARALLEL_MIN_BYTES and usable_cpus() >= 2
+            )
     if not parallel:
         yield from _serial(stream, max_line_chars)
         return
-    start = stream.tell()
-    frames = _from_child(stream.fileno(), path, max_line_chars)
-    try:
-        first = next(frames, None)
-    except _NoStart:
-        stream.seek(start)  # (the helper may share the file's offset)
-        yield from _serial(stream, max_line_chars)
-        return
-    if first is not None:
-        yield first
-        yield from frames
+    frames = _from_child(fd, start, path, max_line_chars)
+    with closing(frames):
+        try:
+            first = next(frames, None)
+        except _NoStart:
+            # The helper reads with pread and moves no offset; a real seek all the same (past the
+            # stream's buffer, which a seek within it would keep) costs nothing here.
+            stream.seek(0, io.SEEK_END)
+            stream.seek(start)
+            yield from _serial(stream, max_line_chars)
+            return
+        if first is not None:
+            yield first
+            yield from frames
 
 
 class _NoStart(Exception):
@@ -110,29 +133,48 @@ class _NoStart(Exception):
 
 
 # The child: this module's _child_main in an isolated interpreter (no site, no environment), with
-# the directory holding the kvwatch package first on its path.
+# the directory holding the kvwatch package last on its path (after the standard library, which
+# nothing installed beside kvwatch may shadow).
 _CHILD = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from kvwatch.sources.access import _child_main; sys.exit(_child_main(int(sys.argv[2]), int(sys.argv[3])))"
+    "import sys; sys.path.append(sys.argv[1]); from kvwatch.sources.access import _child_main; "
+    "sys.exit(_child_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))"
 )
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent.parent)
+# The file's descriptor in the child: above stdin, stdout and stderr, which the child's own pipes
+# take (the parent's file may be its fd 0, as in 'kvwatch parse - < big.log').
+_LOWEST_CHILD_FD = 3
 
 
-def _child_argv(fd: int, max_line_chars: int) -> list[str]:
-    return [sys.executable, "-I", "-S", "-c", _CHILD, _PACKAGE_PARENT, str(fd), str(max_line_chars)]
+def _child_argv(fd: int, start: int, max_line_chars: int) -> list[str]:
+    return [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        _CHILD,
+        _PACKAGE_PARENT,
+        str(fd),
+        str(start),
+        str(max_line_chars),
+    ]
 
 
-def _from_child(fd: int, path: str, max_line_chars: int) -> Iterator[Filtered]:
-    import subprocess  # (here: the sidecar, which never replays, does not pay for importing it)
+def _from_child(fd: int, start: int, path: str, max_line_chars: int) -> Generator[Filtered, None, None]:
+    import fcntl  # (here: the sidecar, which never replays, does not pay for importing these)
+    import subprocess
 
     try:
-        proc = subprocess.Popen(
-            _child_argv(fd, max_line_chars),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(fd,),
-        )
+        child_fd = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _LOWEST_CHILD_FD)
+        try:
+            proc = subprocess.Popen(
+                _child_argv(child_fd, start, max_line_chars),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(child_fd,),
+            )
+        finally:
+            os.close(child_fd)
     except (OSError, ValueError) as exc:  # (no interpreter to run; pass_fds where unsupported)
         raise _NoStart from exc
     assert proc.stdout is not None and proc.stderr is not None
@@ -168,15 +210,35 @@ def _from_child(fd: int, path: str, max_line_chars: int) -> Iterator[Filtered]:
     raise OSError(0, f"the filter process broke off (exit {rc}{': ' + err[-300:] if err else ''})", path)
 
 
-def _child_main(fd: int, max_line_chars: int) -> int:
-    """Read the open file ``fd`` from where it stands, write its filtered blocks to stdout as
+class _PositionedReader(io.RawIOBase):
+    """An open file read with positioned reads from ``start``: its shared offset is never moved."""
+
+    def __init__(self, fd: int, start: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self._pos = start
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = os.preadv(self._fd, [buffer], self._pos)
+        self._pos += n
+        return n
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _child_main(fd: int, start: int, max_line_chars: int) -> int:
+    """Read the open file ``fd`` from byte ``start``, write its filtered blocks to stdout as
     frames; 0 when all were written."""
     out = sys.stdout.buffer
     try:
-        with open(fd, "rb", closefd=False) as stream:
-            for rest, dropped, read in _serial(stream, max_line_chars):
-                out.write(_HEADER.pack(len(rest), dropped, read))
-                out.write(rest)
+        stream = cast(io.BufferedIOBase, _PositionedReader(fd, start))  # (read_blocks: readinto, tell)
+        for rest, dropped, read in _serial(stream, max_line_chars):
+            out.write(_HEADER.pack(len(rest), dropped, read))
+            out.write(rest)
         out.write(_HEADER.pack(*_DONE))
         out.flush()
     except BrokenPipeError:
