@@ -64,10 +64,13 @@ class SourceStatus:
     lines_read: int = 0
     lines_matched: int = 0
     parse_errors: int = 0
+    lines_truncated: int = 0
     rotations: int = 0
     read_errors: int = 0
     scrape_duration_seconds: float | None = None
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
+    series_dropped: int = 0
+    unusable_values: int = 0
 
 
 def _label(value: str | float | None) -> str:
@@ -349,6 +352,7 @@ class KvwatchCollector(Collector):
                 fam.add(names.LINES_READ, lab, float(sum(p.lines_read for p in logs)))
                 fam.add(names.LINES_MATCHED, lab, float(sum(p.lines_matched for p in logs)))
                 fam.add(names.PARSE_ERRORS, lab, float(sum(p.parse_errors for p in logs)))
+                fam.add(names.LINES_TRUNCATED, lab, float(sum(p.lines_truncated for p in logs)))
                 fam.add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
                 fam.add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
             for part in scrapes:
@@ -356,6 +360,8 @@ class KvwatchCollector(Collector):
                     fam.add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
                 for reason in names.SCRAPE_ERROR_REASONS:
                     fam.add(names.SCRAPE_ERRORS, (name, reason), float(part.scrape_errors.get(reason, 0)))
+                fam.add(names.SERIES_DROPPED, lab, float(part.series_dropped))
+                fam.add(names.UNUSABLE_VALUES, lab, float(part.unusable_values))
         fam.add(names.INSTANCES, (), float(instances))
         fam.add(names.INSTANCES_DROPPED, (), float(self._dropped()))
         stats = self._self_stats()

@@ -230,6 +230,12 @@ LOG_READ_ERRORS = _m(
     "Failed attempts to open or read a log (missing, unreadable).",
     base=SOURCE_LABELS,
 )
+LINES_TRUNCATED = _m(
+    "kvwatch_log_lines_truncated",
+    "counter",
+    "Log lines cut at the line-length cap (65,536 characters) before parsing.",
+    base=SOURCE_LABELS,
+)
 SOURCE_UP = _m(
     "kvwatch_source_up",
     "gauge",
@@ -244,6 +250,19 @@ SCRAPE_DURATION = _m(
 )
 SCRAPE_ERRORS = _m(
     "kvwatch_scrape_errors", "counter", "Failed /metrics scrapes by reason.", "reason", base=SOURCE_LABELS
+)
+SERIES_DROPPED = _m(
+    "kvwatch_metrics_series_dropped",
+    "counter",
+    "Series of the engine's /metrics that kvwatch reads, left out past the per-scrape cap (10,000).",
+    base=SOURCE_LABELS,
+)
+UNUSABLE_VALUES = _m(
+    "kvwatch_metrics_unusable_values",
+    "counter",
+    "Samples of the engine's /metrics that kvwatch reads, skipped for a value it cannot use "
+    "(NaN, negative, not a number).",
+    base=SOURCE_LABELS,
 )
 INSTANCES = _m("kvwatch_instances", "gauge", "Engine instances tracked.", base=())
 INSTANCES_DROPPED = _m(

@@ -124,12 +124,32 @@ def test_prediction_is_cached_per_epoch_and_settings() -> None:
 def test_self_metrics_merge_sources_sharing_a_name() -> None:
     fleet = Fleet()
     sources = (
-        SourceStatus("e", "log", up=True, lines_read=10, lines_matched=4, parse_errors=1, rotations=2),
-        SourceStatus("e", "metrics", up=False, scrape_duration_seconds=0.5, scrape_errors={"timeout": 3}),
+        SourceStatus(
+            "e",
+            "log",
+            up=True,
+            lines_read=10,
+            lines_matched=4,
+            parse_errors=1,
+            lines_truncated=5,
+            rotations=2,
+        ),
+        SourceStatus(
+            "e",
+            "metrics",
+            up=False,
+            scrape_duration_seconds=0.5,
+            scrape_errors={"timeout": 3},
+            series_dropped=7,
+            unusable_values=2,
+        ),
     )
     reg, _ = _registry(fleet, sources=sources)
     src = {"source": "e"}
     assert reg.get_sample_value("kvwatch_lines_read_total", src) == 10
+    assert reg.get_sample_value("kvwatch_log_lines_truncated_total", src) == 5
+    assert reg.get_sample_value("kvwatch_metrics_series_dropped_total", src) == 7
+    assert reg.get_sample_value("kvwatch_metrics_unusable_values_total", src) == 2
     assert reg.get_sample_value("kvwatch_log_rotations_total", src) == 2
     assert reg.get_sample_value("kvwatch_source_up", src) == 0
     assert reg.get_sample_value("kvwatch_scrape_errors_total", {**src, "reason": "timeout"}) == 3

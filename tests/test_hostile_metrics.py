@@ -280,3 +280,22 @@ def test_any_split_of_the_body_reads_the_same(cuts: list[int]) -> None:
         at = max(at, cut)
     body.feed(text[at:])
     assert [event_to_json(e) for e in body.finish()] == expected
+
+
+def test_dropped_series_and_unusable_values_are_exported(
+    sidecar: Callable[[str, str], subprocess.Popen[str]],
+) -> None:
+    """What the reader leaves out of an engine's body is counted on kvwatch's own /metrics."""
+    lines = ['vllm:num_requests_waiting{engine="0"} NaN']  # (first: it must be within the cap)
+    lines += [f'vllm:num_requests_running{{engine="0",x="{i}"}} 1.0' for i in range(MAX_KEPT_SERIES + 4)]
+    with _Engine(("\n".join(lines) + "\n").encode()) as engine:
+        proc = sidecar(engine.url, "1")
+        own = _serving_url(proc)
+
+        def exported(name: str) -> float:
+            text = urllib.request.urlopen(own, timeout=10).read().decode()
+            found = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+            return float(found.group(1)) if found else -1.0
+
+        _wait(lambda: engine.served >= 2 and exported("kvwatch_metrics_series_dropped_total") >= 10)
+        assert exported("kvwatch_metrics_unusable_values_total") >= 2

@@ -45,6 +45,7 @@ class LogSource:
             lines_read=self.pipeline.lines_read,
             lines_matched=self.pipeline.lines_matched,
             parse_errors=self.pipeline.parse_errors,
+            lines_truncated=self.pipeline.lines_truncated,
             rotations=tailer.rotations if tailer is not None else 0,
             read_errors=tailer.read_errors if tailer is not None else 0,
         )
@@ -82,4 +83,7 @@ class ScrapeSource:
             up=self.up,
             scrape_duration_seconds=self.duration,
             scrape_errors=dict(self.errors),
+            # (Ints the scrape thread updates: reading one from here is atomic.)
+            series_dropped=self.reader.dropped_series,
+            unusable_values=self.reader.bad_values,
         )
