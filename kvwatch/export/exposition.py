@@ -9,6 +9,7 @@ for byte equal to prometheus_client's ``generate_latest`` over ``families``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import cast
 
@@ -51,8 +52,9 @@ _FLOATS: dict[float, str] = {}
 
 def _float(value: float) -> str:
     if value == 0:
-        # 0.0 and -0.0 are one key of the cache but two texts ('0.0', '-0.0').
-        return _float_text(value)
+        # 0.0 and -0.0 are one key of the cache but two texts: the sign says which (most of a
+        # scrape's values are a zero, so this answer costs no call).
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
     text = _FLOATS.get(value)
     if text is None:
         if len(_FLOATS) > 4096:
