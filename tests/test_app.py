@@ -155,6 +155,14 @@ def test_missing_log_is_counted_and_waited_for(
     assert _value(_scrape(car.url), "kvwatch_source_up", source="v") == 1
 
 
+def test_lines_cut_at_the_cap_are_counted(tmp_path: Path, sidecar_factory: Callable[..., Sidecar]) -> None:
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP, "x" * 70_000, "y" * 100)
+    car = sidecar_factory(log=[f"v={log}"])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_lines_read_total", source="v") == len(VLLM_STARTUP) + 2)
+    assert _value(_scrape(car.url), "kvwatch_log_lines_truncated_total", source="v") == 1
+
+
 def test_unreachable_engine_metrics_is_source_down(sidecar_factory: Callable[..., Sidecar]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -402,9 +410,12 @@ def test_stdin_source(tmp_path: Path) -> None:
         )  # fmt: skip
     try:
         assert proc.stdin is not None
-        proc.stdin.write("".join(line + "\n" for line in VLLM_STARTUP).encode())
+        proc.stdin.write("".join(line + "\n" for line in [*VLLM_STARTUP, "x" * 70_000]).encode())
         proc.stdin.flush()
         _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_kv_pool_blocks", source="stdin") == 1952)
+        _wait(
+            lambda: _value(_metrics_or_empty(url), "kvwatch_log_lines_truncated_total", source="stdin") == 1
+        )
         proc.stdin.close()  # the engine is gone: the source is down, the exporter stays up
         _wait(lambda: _value(_metrics_or_empty(url), "kvwatch_source_up", source="stdin") == 0)
     finally:

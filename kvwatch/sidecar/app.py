@@ -328,9 +328,15 @@ class Sidecar:
             self._stop.wait(max(0.0, self.settings.scrape_interval - (time.monotonic() - started)))
 
     def _read_stdin(self, src: LogSource) -> None:
+        from kvwatch.sources.lines import LineSplitter
         from kvwatch.sources.stdin import read_lines
 
-        read_lines(lambda line: self._queue.put(msg.StdinLine(src, line)), stop=self._stop)
+        src.stdin_splitter = LineSplitter()
+        read_lines(
+            lambda line: self._queue.put(msg.StdinLine(src, line)),
+            stop=self._stop,
+            splitter=src.stdin_splitter,
+        )
         self._queue.put(msg.StdinClosed(src))
 
     def refresh(self) -> None:

@@ -10,6 +10,7 @@ from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prom_text import MetricsReader
 from kvwatch.pipeline import LinePipeline
 from kvwatch.scrape import Scraper, ScrapeResult
+from kvwatch.sources.lines import LineSplitter
 from kvwatch.sources.logfile import LogTailer
 
 
@@ -22,6 +23,8 @@ class LogSource:
     pipeline: LinePipeline
     tailer: LogTailer | None = None
     stdin_up: bool = True
+    # '--log -': the splitter reading stdin (its count of lines cut at the cap), once it runs.
+    stdin_splitter: LineSplitter | None = None
 
     def on_line(self, line: str) -> tuple[Event, ...]:
         """Parse and apply one line at once; returns the events it produced.
@@ -35,6 +38,11 @@ class LogSource:
         """
         return self.pipeline.feed(line)
 
+    def _split_truncated(self) -> int:
+        if self.tailer is not None:
+            return self.tailer.truncated_lines
+        return self.stdin_splitter.truncated if self.stdin_splitter is not None else 0
+
     def status(self) -> SourceStatus:
         """Self-metrics of this log, for the collector."""
         tailer = self.tailer
@@ -45,7 +53,9 @@ class LogSource:
             lines_read=self.pipeline.lines_read,
             lines_matched=self.pipeline.lines_matched,
             parse_errors=self.pipeline.parse_errors,
-            lines_truncated=self.pipeline.lines_truncated,
+            # The splitter cuts a line at the cap before the pipeline sees it; the pipeline's own
+            # count is for lines handed to it whole.
+            lines_truncated=self.pipeline.lines_truncated + self._split_truncated(),
             rotations=tailer.rotations if tailer is not None else 0,
             read_errors=tailer.read_errors if tailer is not None else 0,
         )

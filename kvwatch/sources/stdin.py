@@ -25,13 +25,16 @@ def read_lines(
     stream: BinaryIO | None = None,
     max_line_chars: int = 65536,
     wait_slice: float = 0.2,
+    splitter: LineSplitter | None = None,
 ) -> LineSplitter:
     """Call ``on_line`` for every line of ``stream`` (stdin by default) until EOF or ``stop``.
 
     At EOF an unterminated last line is delivered too (the writer is gone, nothing will follow).
-    Returns the splitter, whose ``truncated`` counts lines cut at ``max_line_chars``.
+    Returns the splitter (``splitter``, when given: a caller that reads its ``truncated``, the
+    lines cut at ``max_line_chars``, while this runs), whose ``truncated`` counts lines cut.
     """
-    splitter = LineSplitter(max_line_chars)
+    if splitter is None:
+        splitter = LineSplitter(max_line_chars)
     try:
         fd = (stream if stream is not None else sys.stdin.buffer).fileno()
     except (AttributeError, OSError, ValueError):
