@@ -118,6 +118,15 @@ _GPT2_ALIASES: dict[str, str] = {
     "max_position_embeddings": "n_positions",
     "intermediate_size": "n_inner",
 }
+# GPT-2 and GPTBigCode are one layout (see their entries below).
+_GPT2 = Architecture(
+    aliases=_GPT2_ALIASES,
+    inner_size_multiple=4,
+    mlp_matrices=2,
+    linear_bias=True,
+    norm_bias=True,
+    learned_positions=True,
+)
 
 ARCHITECTURES: dict[str, Architecture] = {
     "qwen2": Architecture(layer_pattern=_qwen2_window_layers, qkv_bias=True),
@@ -164,22 +173,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     # GPT-2 and GPTBigCode (StarCoder, SantaCoder; multi_query: true = one KV head): transformers'
     # attribute_map names, n_inner null = 4 x n_embd, Conv1D/Linear biases everywhere, LayerNorm,
     # a learned position table (modeling_gpt2.py, modeling_gpt_bigcode.py).
-    "gpt2": Architecture(
-        aliases=_GPT2_ALIASES,
-        inner_size_multiple=4,
-        mlp_matrices=2,
-        linear_bias=True,
-        norm_bias=True,
-        learned_positions=True,
-    ),
-    "gpt_bigcode": Architecture(
-        aliases=_GPT2_ALIASES,
-        inner_size_multiple=4,
-        mlp_matrices=2,
-        linear_bias=True,
-        norm_bias=True,
-        learned_positions=True,
-    ),
+    "gpt2": _GPT2,
+    "gpt_bigcode": _GPT2,
 }
 
 
