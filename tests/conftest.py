@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from kvwatch.sidecar.app import Sidecar
 
 TESTS = Path(__file__).parent
 LOG_SAMPLES = TESTS / "log_samples"
@@ -65,3 +70,24 @@ def alertmanager_server() -> str:
     if shutil.which("alertmanager"):
         return _tool("alertmanager", "prometheus-alertmanager")
     return _tool("prometheus-alertmanager", "prometheus-alertmanager")
+
+
+@pytest.fixture
+def sidecar_factory(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
+    """Start in-process sidecars from ``kvwatch run`` flags (listening on a free 127.0.0.1 port,
+    HOME in tmp_path); every one started is stopped after the test."""
+    from kvwatch.config import load_settings
+    from kvwatch.sidecar.app import Sidecar
+
+    started: list[Sidecar] = []
+
+    def make(**flags: object) -> Sidecar:
+        flags.setdefault("listen", "127.0.0.1:0")
+        car = Sidecar(load_settings(flags, environ={}), environ={"HOME": str(tmp_path)})
+        car.start()
+        started.append(car)
+        return car
+
+    yield make
+    for car in started:
+        car.stop()

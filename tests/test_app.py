@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,22 +76,6 @@ def _value(text: str, name: str, **labels: str) -> float | None:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return None
-
-
-@pytest.fixture
-def sidecar_factory(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
-    started: list[Sidecar] = []
-
-    def make(**flags: object) -> Sidecar:
-        flags.setdefault("listen", "127.0.0.1:0")
-        car = Sidecar(load_settings(flags, environ={}), environ={"HOME": str(tmp_path)})
-        car.start()
-        started.append(car)
-        return car
-
-    yield make
-    for car in started:
-        car.stop()
 
 
 def test_tailed_lines_reach_metrics(tmp_path: Path, sidecar_factory: Callable[..., Sidecar]) -> None:

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from kvwatch.cli import main
-from kvwatch.config import load_settings
 from kvwatch.sidecar import auth as auth_mod
 from kvwatch.sidecar import server as server_mod
 from kvwatch.sidecar.app import Sidecar
@@ -94,22 +93,6 @@ def served() -> Iterator[Callable[..., _Served]]:
     yield make
     for s in made:
         s.close()
-
-
-@pytest.fixture
-def sidecar_factory(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
-    started: list[Sidecar] = []
-
-    def make(**flags: object) -> Sidecar:
-        flags.setdefault("listen", "127.0.0.1:0")
-        car = Sidecar(load_settings(flags, environ={}), environ={"HOME": str(tmp_path)})
-        car.start()
-        started.append(car)
-        return car
-
-    yield make
-    for car in started:
-        car.stop()
 
 
 @pytest.fixture

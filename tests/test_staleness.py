@@ -4,7 +4,7 @@ headroom for metrics-only sources, and the sidecar's own process_*/python_* seri
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvwatch import names
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.collector import KvwatchCollector
-from kvwatch.config import load_settings
 from kvwatch.events import UsageSample
 from kvwatch.pipeline import LinePipeline
 from kvwatch.sidecar.app import Sidecar
@@ -153,22 +152,6 @@ class _Engine:
         self.server.server_close()
 
 
-@pytest.fixture
-def sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
-    started: list[Sidecar] = []
-
-    def make(**flags: object) -> Sidecar:
-        flags.setdefault("listen", "127.0.0.1:0")
-        car = Sidecar(load_settings(flags, environ={}), environ={"HOME": str(tmp_path)})
-        car.start()
-        started.append(car)
-        return car
-
-    yield make
-    for car in started:
-        car.stop()
-
-
 def _page(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     import urllib.request
 
@@ -191,12 +174,12 @@ def _find(
 
 
 def test_metrics_only_source_headroom_staleness_and_own_process_metrics(
-    sidecar: Callable[..., Sidecar],
+    sidecar_factory: Callable[..., Sidecar],
 ) -> None:
     text = (TESTS / "metrics_fixtures" / "vllm-0.10.1-v1.txt").read_text()
     engine = _Engine(text)
     try:
-        car = sidecar(metrics_url=[f"e={engine.url}"], model_config=[str(QWEN_7B)], scrape_interval=0.1,
+        car = sidecar_factory(metrics_url=[f"e={engine.url}"], model_config=[str(QWEN_7B)], scrape_interval=0.1,
                       fact_ttl=1.0)  # fmt: skip
         lab = {"source": "e", "dp_rank": "0", "model_name": "Qwen/Qwen2.5-7B-Instruct"}
         url = car.url
