@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from same_events import identical_events
 
 from kvwatch.engines.vllm import fastpath, log
 from kvwatch.events import Event, Preemption, UsageSample, event_to_json
@@ -42,21 +43,6 @@ def _general(line: str) -> tuple[Event, ...]:
     return log.parse(*strip_prefixes(line))
 
 
-def _identical(fast: tuple[Event, ...], general: tuple[Event, ...]) -> None:
-    """Equal as pydantic compares them, and in every attribute pydantic keeps besides."""
-    assert fast == general
-    for a, b in zip(fast, general, strict=True):
-        assert type(a) is type(b)
-        assert list(a.__dict__.items()) == list(b.__dict__.items())
-        assert a.model_fields_set == b.model_fields_set
-        assert (a.__pydantic_extra__, a.__pydantic_private__) == (
-            b.__pydantic_extra__,
-            b.__pydantic_private__,
-        )
-        assert event_to_json(a) == event_to_json(b)
-        assert a.model_dump(exclude_unset=True) == b.model_dump(exclude_unset=True)
-
-
 def test_fast_path_answers_each_line_as_alone() -> None:
     lines = [x.rstrip("\r\n") for x in SAMPLE_LINES if "\n" not in x.rstrip("\r\n")]
     assert fastpath.parse_lines([x.encode() for x in lines]) == [_fast(x) for x in lines]
@@ -76,7 +62,7 @@ def test_fast_path_equals_general_path_on_every_sample_line() -> None:
         fast = _fast(line)
         if fast is not None:
             answered += 1
-            _identical(fast, _general(line))
+            identical_events(fast, _general(line))
     # The samples' stats lines in V0 and V1 shapes (with and without process prefix, Docker-stamped
     # too): the fast path must actually answer every one of them.
     stats = [x for x in SAMPLE_LINES if "Avg prompt throughput" in x]
@@ -178,7 +164,7 @@ def test_fast_path_equals_general_path_on_generated_lines(line: str) -> None:
         assert fastpath.parse_lines([raw, b"x", raw]) == [fast, None, fast]
     if fast is None:
         return
-    _identical(fast, _general(line))
+    identical_events(fast, _general(line))
 
 
 def test_fast_path_answers_the_common_shapes() -> None:
@@ -197,7 +183,7 @@ def test_fast_path_answers_the_common_shapes() -> None:
     for line in lines:
         fast = _fast(line)
         assert fast is not None, line
-        _identical(fast, _general(line))
+        identical_events(fast, _general(line))
 
 
 # --- feed_block and the byte reader ----------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from same_events import identical_events
 
 from kvwatch.engines.sglang import fastpath, log, stats
 from kvwatch.events import Event, event_to_json
@@ -52,20 +53,6 @@ def _general(line: str) -> tuple[Event, ...]:
     return log.parse(*strip_prefixes(line))
 
 
-def _identical(fast: tuple[Event, ...], general: tuple[Event, ...]) -> None:
-    """Equal as pydantic compares them, and in every attribute pydantic keeps besides."""
-    assert fast == general
-    for a, b in zip(fast, general, strict=True):
-        assert type(a) is type(b)
-        assert list(a.__dict__.items()) == list(b.__dict__.items())
-        assert a.model_fields_set == b.model_fields_set
-        assert (a.__pydantic_extra__, a.__pydantic_private__) == (
-            b.__pydantic_extra__,
-            b.__pydantic_private__,
-        )
-        assert event_to_json(a) == event_to_json(b)
-
-
 def _agrees(line: str) -> tuple[Event, ...] | None:
     """The fast answer, checked against the general path (which may count a parse error)."""
     fast = _fast(line)
@@ -75,7 +62,7 @@ def _agrees(line: str) -> tuple[Event, ...] | None:
         assert fast is None, repr(line)
         return None
     if fast is not None:
-        _identical(fast, general)
+        identical_events(fast, general)
     return fast
 
 
@@ -143,7 +130,7 @@ COMMON = [
 def test_fast_path_answers_the_common_shapes(line: str) -> None:
     fast = _fast(line)
     assert fast is not None, line
-    _identical(fast, _general(line))
+    identical_events(fast, _general(line))
 
 
 LEFT = [
@@ -356,5 +343,5 @@ def test_shape_cache_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fastpath, "_MAX_SHAPES", 3)
     lines = [f"[2026-03-17 15:00:10 TP{n}] Decode batch, #running-req: {n}" for n in range(10)]
     for line in lines:
-        _identical(_fast(line) or (), _general(line))
+        identical_events(_fast(line) or (), _general(line))
     assert len(fastpath._SHAPES) <= 3
