@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until as _wait
 
 from kvwatch.capacity.resolve import discover_model_config
 from kvwatch.cli import main
@@ -43,15 +44,6 @@ SGLANG_RETRACT = next(
 def _append(path: Path, *lines: str) -> None:
     with path.open("a", encoding="utf-8") as fh:
         fh.write("".join(line + "\n" for line in lines))
-
-
-def _wait(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _scrape(url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None) -> str:

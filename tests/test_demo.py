@@ -16,9 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from kvwatch import names
 from kvwatch.demo import Demo, _demo_files, _sections, explain_fault, fault_report, run_demo
@@ -31,13 +33,8 @@ APRIORI_LOG = TESTS / "apriori" / "logs" / "meta-llama-llama---h100-80gb--tp1pp1
 SGLANG_SAMPLE = TESTS / "log_samples" / "sglang" / "017-dsv32-dp8-mla-kv-size-single-pool.log"
 
 
-def _wait(check: object, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(check) and check():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
+def _wait(check: Callable[[], object], timeout: float = 20.0) -> None:
+    wait_until(check, timeout, poll=0.1)
 
 
 def test_the_vllm_log_is_the_real_run_byte_for_byte() -> None:

@@ -4,6 +4,7 @@ connections, garbage, basic-auth floods and user enumeration, HEAD, bind failure
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
 import resource
 import socket
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from kvwatch.cli import main
 from kvwatch.sidecar import auth as auth_mod
@@ -29,13 +31,7 @@ LOG_SAMPLES = Path(__file__).parent / "log_samples"
 VLLM_STARTUP = (LOG_SAMPLES / "vllm/001-llama31-8b-rtx3090-profiling-20k.log").read_text().splitlines()
 
 
-def _wait(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
+_wait = functools.partial(wait_until, poll=0.02)
 
 
 def _get(

@@ -7,6 +7,7 @@ The process-level checks run the real `kvwatch run` in a subprocess against an e
 
 from __future__ import annotations
 
+import functools
 import gzip
 import http.server
 import os
@@ -24,6 +25,7 @@ import pytest
 from big_exposition import exposition
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waiting import wait_until
 
 from kvwatch.engines import registry
 from kvwatch.events import CounterReset, event_to_json
@@ -87,13 +89,7 @@ class _Engine:
         self._thread.join(5)
 
 
-def _wait(check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+_wait = functools.partial(wait_until, timeout=60.0)
 
 
 def _proc_status(pid: int, key: str) -> int:

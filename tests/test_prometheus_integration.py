@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import stop
 
 TESTS = Path(__file__).parent
 SAMPLES = TESTS / "log_samples"
@@ -41,16 +42,6 @@ def _free_port() -> int:
 def _append(path: Path, lines: list[str]) -> None:
     with path.open("a", encoding="utf-8") as fh:
         fh.write("".join(line + "\n" for line in lines))
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 class _Prometheus:
@@ -110,8 +101,8 @@ def stack(tmp_path: Path, prometheus_server: str) -> Iterator[tuple[_Prometheus,
     try:
         yield _Prometheus(prom_port), log, f"http://127.0.0.1:{kv_port}/metrics"
     finally:
-        _stop(prometheus)
-        _stop(kvwatch)
+        stop(prometheus)
+        stop(kvwatch)
     assert kvwatch.returncode == 0, (tmp_path / "kvwatch.stderr").read_text()
 
 
@@ -444,6 +435,6 @@ def test_fleet_pages_name_the_pod_inhibit_per_cause_and_catch_a_frozen_source(
         )
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
         vllm.close()
         sglang.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from waiting import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "rules").glob("*.yaml"))
@@ -248,9 +249,4 @@ def test_alertmanager_inhibits_the_alerts_one_cause_explains(
             time.sleep(0.2)
         assert seen == expected
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop(proc)
