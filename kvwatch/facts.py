@@ -46,17 +46,17 @@ class _Facts:
 
     def empty(self) -> bool:
         """True when no fact of the group is known."""
-        return all(getattr(self, name) is None for name in _names(type(self)))
+        return all(getattr(self, name) is None for name in fact_names(type(self)))
 
     def overlaid(self: F, top: F) -> F:
         """This group with every known fact of ``top`` replacing its own."""
-        known = {name: v for name in _names(type(self)) if (v := getattr(top, name)) is not None}
+        known = {name: v for name in fact_names(type(self)) if (v := getattr(top, name)) is not None}
         at = max((t for t in (self.updated_at, top.updated_at) if t is not None), default=None)
         return updated(self, known, at)
 
     def to_json(self) -> JsonObject:
         """The known facts, by field name (the state file's form)."""
-        return {name: v for name in _names(type(self)) if (v := getattr(self, name)) is not None}
+        return {name: v for name in fact_names(type(self)) if (v := getattr(self, name)) is not None}
 
 
 F = TypeVar("F", bound=_Facts)
@@ -181,7 +181,7 @@ _NAMES: dict[type, tuple[str, ...]] = {}
 _NAME_SETS: dict[type, frozenset[str]] = {}
 
 
-def _names(cls: type[_Facts]) -> tuple[str, ...]:
+def fact_names(cls: type[_Facts]) -> tuple[str, ...]:
     """The fact fields of a group, in field order (``updated_at`` is bookkeeping, not a fact)."""
     names = _NAMES.get(cls)
     if names is None:
@@ -194,7 +194,7 @@ def changes(event: BaseModel, group: type[_Facts]) -> dict[str, object]:
     """The event's set, non-None fields that are facts of ``group``, by name."""
     names = _NAME_SETS.get(group)
     if names is None:
-        _names(group)
+        fact_names(group)
         names = _NAME_SETS[group]
     values = event.__dict__
     return {k: v for k in event.model_fields_set & names if (v := values[k]) is not None}
@@ -222,7 +222,7 @@ def merged(current: F, event: BaseModel, now: float | None = None) -> F:
 
 def without(current: F, names: Iterable[str]) -> F:
     """``current`` with the named facts unknown (names that are not facts of the group are ignored)."""
-    facts = _NAME_SETS.get(type(current)) or frozenset(_names(type(current)))
+    facts = _NAME_SETS.get(type(current)) or frozenset(fact_names(type(current)))
     drop = {n: None for n in names if n in facts and getattr(current, n) is not None}
     return updated(current, drop, current.updated_at)
 
@@ -236,7 +236,7 @@ def _kinds(cls: type[_Facts]) -> dict[str, tuple[frozenset[type], frozenset[obje
     if kinds is None:
         kinds = {}
         hints = get_type_hints(cls)
-        for name in _names(cls):
+        for name in fact_names(cls):
             hint = hints[name]
             parts = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
             words = {w for p in parts if get_origin(p) is Literal for w in get_args(p)}
@@ -270,7 +270,7 @@ def _checked(cls: type[_Facts], name: str, value: JsonValue) -> object:
 def from_json(cls: type[F], data: Mapping[str, JsonValue]) -> F:
     """A group from its state-file form; names this version does not know are ignored, a value
     its field cannot hold (a string for a count, a word outside a Literal) is a ValueError."""
-    names = _names(cls)
+    names = fact_names(cls)
     known: dict[str, Any] = {k: _checked(cls, k, v) for k, v in data.items() if k in names}
     return cls(**known)
 
@@ -292,7 +292,7 @@ _IDENTITY = frozenset({"engine", "instance", "rank", "origin", "ts", "kind"})
 
 def _mirror(group: type[_Facts], event: type[BaseModel], *not_facts: str) -> None:
     facts = set(event.model_fields) - _IDENTITY - set(not_facts)
-    mine = set(_names(group))
+    mine = set(fact_names(group))
     if facts != mine:
         raise TypeError(
             f"{group.__name__} does not mirror {event.__name__}: "

@@ -7,13 +7,15 @@ dispatch (``LogDialect.parse``) -> events -> Fleet.
 
 ``LinePipeline.feed`` takes one decoded line (the sidecar's tailer, stdin); ``feed_block`` takes a
 block of raw lines, drops its access-log lines in bulk (kvwatch/sources/access.py) and hands the
-rest to ``feed_filtered``, which decodes only the lines the fast path does not answer. Both drop a line without an anchor phrase after a few substring checks
-(almost every line of a busy server), detect the engine, and fold the events into the Fleet under
-the pipeline's source; they never raise and never read files or clocks, and leave the same events,
-counters and state for the same lines. ``replay`` reads files to EOF (the ``kvwatch parse`` command and
-the golden tests) through ``access.filtered_blocks`` into ``feed_filtered``: the same two stages,
-the first one in a helper process for a large file; kvwatch/summary.py turns the resulting snapshots
-into the ``parse`` output.
+rest to ``feed_filtered``, which decodes only the lines the fast path does not answer. Both drop a
+line without an anchor phrase after a few substring checks (almost every line of a busy server),
+detect the engine, and fold the events into the Fleet under the pipeline's source; they never
+raise and never read files or clocks, and leave the same events, counters and state for the same
+lines (but for lines over the length cap, which ``feed`` cuts before it looks at them and the
+bulk drop reads whole). ``replay`` reads files to EOF (the ``kvwatch parse`` command and the golden tests)
+through ``access.filtered_blocks`` into ``feed_filtered``: the same two stages, the first one in a
+helper process for a large file; kvwatch/summary.py turns the resulting snapshots into the
+``parse`` output.
 """
 
 from __future__ import annotations

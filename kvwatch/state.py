@@ -42,6 +42,7 @@ from kvwatch.facts import (
     SettingsFacts,
     UsageFacts,
     changes,
+    fact_names,
     merged,
     updated,
     without,
@@ -85,7 +86,7 @@ _SEEN_KEYS: dict[str, dict[str, str]] = {
 
 
 # The usage facts in field order, and a getter of their values from a UsageSample's __dict__.
-_USAGE_FACTS: tuple[str, ...] = tuple(f.name for f in fields(UsageFacts) if f.name != "updated_at")
+_USAGE_FACTS = fact_names(UsageFacts)
 _USAGE_VALUES = itemgetter(*_USAGE_FACTS)
 if any(UsageSample.model_fields[f].default is not None for f in _USAGE_FACTS):
     raise TypeError("state: a usage fact whose UsageSample default is not None (unset must read as None)")
