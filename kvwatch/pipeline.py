@@ -112,9 +112,7 @@ class LinePipeline:
         line and b"\\n" alone is one empty line). Its access-log lines are dropped in bulk
         (kvwatch/sources/access.py), the rest go to ``feed_filtered``.
         """
-        with memoryview(block)[pos : len(block) if endpos is None else endpos] as view:
-            rest, dropped = drop_access_lines(view)
-        self.feed_filtered(rest, dropped, on_events)
+        self.feed_filtered(*drop_access_lines(block, pos, endpos), on_events)
 
     def feed_filtered(
         self,

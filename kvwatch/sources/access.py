@@ -51,18 +51,19 @@ _DONE = (2**64 - 1,) * 3
 Filtered = tuple[bytes, int, int]
 
 
-def drop_access_lines(lines: bytes | bytearray | memoryview) -> tuple[bytes, int]:
-    """``lines`` (whole lines, each preceded by b"\\n") without its access-log lines, and how many
-    were dropped; the survivors keep their b"\\n" before each."""
-    rest, runs = _ACCESS_RUN.subn(b"", lines)
+def drop_access_lines(block: bytes | bytearray, pos: int = 0, endpos: int | None = None) -> tuple[bytes, int]:
+    """``block[pos:endpos]`` (whole lines, each preceded by b"\\n"; read in place, not copied)
+    without its access-log lines, and how many were dropped; the survivors keep their b"\\n"
+    before each."""
+    with memoryview(block)[pos : len(block) if endpos is None else endpos] as lines:
+        rest, runs = _ACCESS_RUN.subn(b"", lines)
     rest, singles = _ACCESS_ONE.subn(b"", rest)
     return rest, _ACCESS_RUN_LINES * runs + singles
 
 
 def _serial(stream: io.BufferedIOBase, max_line_chars: int) -> Iterator[Filtered]:
     for block, pos, endpos in read_blocks(stream, max_line_chars):
-        with memoryview(block)[pos:endpos] as view:
-            rest, dropped = drop_access_lines(view)
+        rest, dropped = drop_access_lines(block, pos, endpos)
         yield rest, dropped, stream.tell()
 
 
