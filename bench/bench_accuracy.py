@@ -30,7 +30,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import geometry_from_config
 from kvwatch.capacity.prediction import Prediction
-from kvwatch.units import GiB
+from kvwatch.core.units import GiB
 
 ROOT = Path(__file__).resolve().parent.parent / "tests"
 APRIORI = ROOT / "apriori"

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import gen_busy_log
+from kvwatch.commands.summary import summarize
 from kvwatch.engines import registry
-from kvwatch.pipeline import replay
 from kvwatch.sources import access
-from kvwatch.summary import summarize
+from kvwatch.sources.pipeline import replay
 
 HERE = Path(__file__).resolve().parent
 MTAIL_PROGS = {"vllm": HERE / "kvwatch.mtail", "sglang": HERE / "kvwatch-sglang.mtail"}
@@ -152,8 +152,8 @@ def _mtail_values(stdout: str) -> dict[str, float]:
 # fork (Linux carries it across exec), which would measure this benchmark, not the replay.
 _RSS_CHILD = (
     "import sys\n"
-    "from kvwatch.pipeline import replay\n"
-    "from kvwatch.summary import summarize\n"
+    "from kvwatch.sources.pipeline import replay\n"
+    "from kvwatch.commands.summary import summarize\n"
     "r = replay([sys.argv[1]])\n"
     "summarize(r.snapshots(), r.engine)\n"
     "with open('/proc/self/status') as f:\n"

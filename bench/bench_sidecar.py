@@ -206,10 +206,10 @@ def bench_render() -> bool:
     from prometheus_client import CollectorRegistry
 
     from kvwatch.analysis.predictor import Predictor
-    from kvwatch.collector import KvwatchCollector, SourceStatus
-    from kvwatch.events import UsageSample
-    from kvwatch.pipeline import LinePipeline
-    from kvwatch.state import Fleet
+    from kvwatch.core.events import UsageSample
+    from kvwatch.export.collector import KvwatchCollector, SourceStatus
+    from kvwatch.sources.pipeline import LinePipeline
+    from kvwatch.state.fleet import Fleet
 
     fleet = Fleet()
     sources = []

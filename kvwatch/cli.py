@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import NoReturn, Protocol, cast
 
 from kvwatch import __version__
-from kvwatch.errors import KvwatchError
+from kvwatch.core.errors import KvwatchError
 
 # Subcommand name -> its one-line help, in the order shown in --help. The module is
 # kvwatch.commands.<name>; its HELP is the same text (tests/test_cli_startup.py keeps them equal), held here

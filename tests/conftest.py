@@ -76,8 +76,8 @@ def alertmanager_server() -> str:
 def sidecar_factory(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     """Start in-process sidecars from ``kvwatch run`` flags (listening on a free 127.0.0.1 port,
     HOME in tmp_path); every one started is stopped after the test."""
-    from kvwatch.config import load_settings
     from kvwatch.sidecar.app import Sidecar
+    from kvwatch.sidecar.config import load_settings
 
     started: list[Sidecar] = []
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvwatch.events import Event, event_to_json
+from kvwatch.core.events import Event, event_to_json
 
 
 def identical_events(fast: tuple[Event, ...], general: tuple[Event, ...]) -> None:

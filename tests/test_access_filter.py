@@ -12,9 +12,9 @@ import pytest
 
 from bench import gen_busy_log
 from kvwatch.cli import main
-from kvwatch.events import event_to_json
-from kvwatch.pipeline import replay
+from kvwatch.core.events import event_to_json
 from kvwatch.sources import access
+from kvwatch.sources.pipeline import replay
 
 SAMPLES = Path(__file__).parent / "log_samples"
 

@@ -17,8 +17,8 @@ import pytest
 
 from bench import bench_accuracy as acc
 from kvwatch.analysis.predictor import Predictor
-from kvwatch.pipeline import replay
-from kvwatch.units import GiB
+from kvwatch.core.units import GiB
+from kvwatch.sources.pipeline import replay
 
 APRIORI = Path(__file__).parent / "apriori"
 ROWS = [acc.evaluate(c) for c in acc.load_cases()]

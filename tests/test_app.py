@@ -20,10 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until as _wait
 
-from kvwatch.capacity.resolve import discover_model_config
 from kvwatch.cli import main
-from kvwatch.config import load_settings
 from kvwatch.sidecar.app import Sidecar
+from kvwatch.sidecar.config import load_settings
+from kvwatch.sources.hub import discover_model_config
 
 TESTS = Path(__file__).parent
 LOG_SAMPLES = TESTS / "log_samples"
@@ -454,9 +454,9 @@ def test_model_config_discovered_from_the_logged_model(tmp_path: Path) -> None:
 
 
 def test_restored_instances_of_removed_sources_are_dropped(tmp_path: Path) -> None:
-    from kvwatch.events import PoolSized
-    from kvwatch.persist import StateStore
-    from kvwatch.state import Fleet
+    from kvwatch.core.events import PoolSized
+    from kvwatch.state.fleet import Fleet
+    from kvwatch.state.persist import StateStore
 
     old = Fleet()
     old.apply("gone", PoolSized(engine="vllm", tokens=1000))
@@ -661,9 +661,9 @@ def test_wrong_typed_state_file_starts_fresh_and_metrics_answer(
     """epoch_started "now" once made /metrics reply empty while /healthz said ok."""
     import json
 
-    from kvwatch.events import PoolSized
-    from kvwatch.persist import StateStore
-    from kvwatch.state import Fleet
+    from kvwatch.core.events import PoolSized
+    from kvwatch.state.fleet import Fleet
+    from kvwatch.state.persist import StateStore
 
     old = Fleet()
     old.apply("v", PoolSized(engine="vllm", tokens=2000))
@@ -684,9 +684,9 @@ def test_wrong_typed_state_file_starts_fresh_and_metrics_answer(
 def test_five_thousand_restored_instances_obey_max_instances(
     tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
 ) -> None:
-    from kvwatch.events import PoolSized
-    from kvwatch.persist import StateStore
-    from kvwatch.state import Fleet
+    from kvwatch.core.events import PoolSized
+    from kvwatch.state.fleet import Fleet
+    from kvwatch.state.persist import StateStore
 
     old = Fleet(max_instances=10_000)
     for i in range(5000):

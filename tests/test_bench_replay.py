@@ -15,10 +15,10 @@ from types import ModuleType
 
 import pytest
 
+from kvwatch.commands.summary import summarize
 from kvwatch.engines.sglang import fastpath as sglang_fastpath
 from kvwatch.engines.vllm import fastpath
-from kvwatch.pipeline import replay
-from kvwatch.summary import summarize
+from kvwatch.sources.pipeline import replay
 
 ROOT = Path(__file__).resolve().parent.parent
 MTAIL = "/usr/bin/mtail"

@@ -21,11 +21,11 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.capacity.weights import weights_per_rank
+from kvwatch.core.errors import ConfigError, ModelConfigError
+from kvwatch.core.units import GiB, KiB, MiB, parse_size
 from kvwatch.engines.sglang import budget as sglang_budget
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
-from kvwatch.errors import ConfigError, ModelConfigError
-from kvwatch.facts import MemoryFacts, SettingsFacts
-from kvwatch.units import GiB, KiB, MiB, parse_size
+from kvwatch.state.facts import MemoryFacts, SettingsFacts
 
 CONFIGS = Path(__file__).parent / "model_configs"
 H100 = 81559 * MiB
@@ -800,7 +800,7 @@ def test_engine_printed_negative_budget_gives_no_blocks() -> None:
 
 def test_deployment_from_a_parsed_v0_log_reproduces_its_budget() -> None:
     """vllm/016: Qwen2.5-7B on an 8 GB RTX 4060 at 0.70: KV budget -1.05 GiB, 0 blocks, 0.00x."""
-    from kvwatch.pipeline import replay
+    from kvwatch.sources.pipeline import replay
 
     log = Path(__file__).parent / "log_samples" / "vllm" / "016-v0-rtx4060-cuda-blocks-zero-negative-kv.log"
     (snap,) = replay([str(log)]).snapshots()

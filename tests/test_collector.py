@@ -10,12 +10,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 import kvwatch
-from kvwatch import names
 from kvwatch.analysis.predictor import Predictor
-from kvwatch.collector import KvwatchCollector, SourceStatus
-from kvwatch.events import EngineSettings, PoolSized
-from kvwatch.pipeline import LinePipeline
-from kvwatch.state import Fleet
+from kvwatch.core.events import EngineSettings, PoolSized
+from kvwatch.export import names
+from kvwatch.export.collector import KvwatchCollector, SourceStatus
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.state.fleet import Fleet
 
 TESTS = Path(__file__).parent
 LOG_SAMPLES = TESTS / "log_samples"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.config import DEFAULT_PORT, load_settings, load_web_config
-from kvwatch.errors import ConfigError
+from kvwatch.core.errors import ConfigError
+from kvwatch.sidecar.config import DEFAULT_PORT, load_settings, load_web_config
 
 
 def test_defaults_and_named_sources() -> None:

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from kvwatch import names
-from kvwatch.demo import Demo, _demo_files, _sections, explain_fault, fault_report, run_demo
-from kvwatch.demo_prometheus import DemoPrometheus, find_prometheus
-from kvwatch.pipeline import replay
+from kvwatch.export import names
+from kvwatch.sidecar.demo import Demo, _demo_files, _sections, explain_fault, fault_report, run_demo
+from kvwatch.sidecar.demo_prometheus import DemoPrometheus, find_prometheus
+from kvwatch.sources.pipeline import replay
 
 TESTS = Path(__file__).parent
 DATA = _demo_files()

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvwatch import names
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import geometry_from_config, load_model
-from kvwatch.collector import KvwatchCollector
-from kvwatch.events import EngineSettings, PoolSized
-from kvwatch.pipeline import LinePipeline
-from kvwatch.state import Fleet
-from kvwatch.units import GiB
+from kvwatch.core.events import EngineSettings, PoolSized
+from kvwatch.core.units import GiB
+from kvwatch.export import names
+from kvwatch.export.collector import KvwatchCollector
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.state.fleet import Fleet
 
 TESTS = Path(__file__).parent
 CONFIGS = TESTS / "model_configs"

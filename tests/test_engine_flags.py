@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from kvwatch.cli import main
+from kvwatch.core.errors import ConfigError
 from kvwatch.engines.flags import human_int, read_flags
 from kvwatch.engines.sglang.flags import FLAGS as SGLANG
 from kvwatch.engines.vllm.flags import FLAGS as VLLM
-from kvwatch.errors import ConfigError
 
 
 def test_vllm_serve_line() -> None:

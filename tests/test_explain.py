@@ -21,12 +21,12 @@ from kvwatch.analysis.explain import Overrides, explain, rank_spreads
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.capacity.geometry import load_model
 from kvwatch.cli import main
+from kvwatch.core.events import EngineSettings, MemoryBudget, PoolSized
+from kvwatch.core.units import GiB
 from kvwatch.engines.vllm import budget as vllm_budget
-from kvwatch.events import EngineSettings, MemoryBudget, PoolSized
-from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
-from kvwatch.pipeline import replay
-from kvwatch.state import Fleet
-from kvwatch.units import GiB
+from kvwatch.sources.pipeline import replay
+from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
+from kvwatch.state.fleet import Fleet
 
 SAMPLES = Path(__file__).parent / "log_samples"
 CONFIGS = Path(__file__).parent / "model_configs"

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from kvwatch import names
+from kvwatch.export import names
 from kvwatch.export.exposition import Rows
 
 

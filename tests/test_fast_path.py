@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from same_events import identical_events
 
+from kvwatch.core.events import Event, Preemption, UsageSample, event_to_json
 from kvwatch.engines.vllm import fastpath, log
-from kvwatch.events import Event, Preemption, UsageSample, event_to_json
 from kvwatch.parsers.prefix import strip_prefixes
-from kvwatch.pipeline import LinePipeline
 from kvwatch.sources.lines import read_blocks
-from kvwatch.state import Fleet
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.state.fleet import Fleet
 
 SAMPLES = Path(__file__).parent / "log_samples"
 SAMPLE_FILES = sorted(SAMPLES.rglob("*.log"))

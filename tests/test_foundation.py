@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch import names
-from kvwatch.errors import ConfigError
-from kvwatch.units import GiB, MiB, parse_size
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.units import GiB, MiB, parse_size
+from kvwatch.export import names
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from kvwatch.engines import registry
 from kvwatch.parsers.base import LineMeta, ParseError
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
-from kvwatch.pipeline import LinePipeline, replay
 from kvwatch.sources.lines import READ_BLOCK_BYTES, read_blocks
-from kvwatch.state import Fleet
+from kvwatch.sources.pipeline import LinePipeline, replay
+from kvwatch.state.fleet import Fleet
 
 SAMPLES = Path(__file__).parent / "log_samples"
 REAL_LINES: list[str] = [

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.events import Event, event_from_json, event_to_json
-from kvwatch.pipeline import replay
-from kvwatch.summary import summarize
+from kvwatch.commands.summary import summarize
+from kvwatch.core.events import Event, event_from_json, event_to_json
+from kvwatch.sources.pipeline import replay
 
 SAMPLES = Path(__file__).parent / "log_samples"
 LOGS = sorted(SAMPLES.rglob("*.log"))

@@ -27,13 +27,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from waiting import wait_until
 
+from kvwatch.core.events import CounterReset, event_to_json
 from kvwatch.engines import registry
-from kvwatch.events import CounterReset, event_to_json
 from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prom_stream import MAX_KEPT_SERIES, MAX_LINE_CHARS
-from kvwatch.parsers.prom_text import MetricsReader
 from kvwatch.parsers.samples import Sample
-from kvwatch.scrape import Scraper, ScrapeResult
+from kvwatch.sources.metrics_reader import MetricsReader
+from kvwatch.sources.scrape import Scraper, ScrapeResult
 
 FIXTURES = Path(__file__).parent / "metrics_fixtures"
 RSS_LIMIT_KIB = 128 * 1024

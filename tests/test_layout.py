@@ -4,8 +4,8 @@
   with ast, so an import hidden inside a function to dodge a circle at run time still fails here.
 - No string-keyed bag of Any crosses a module boundary. A fact read back by string key from a
   ``dict[str, Any]`` is invisible to mypy: renaming an event field leaves every reader type-clean
-  and silently wrong. Facts cross modules as typed dataclasses (kvwatch/facts.py); a JSON document
-  is a ``kvwatch.jsontypes.JsonObject``. Every module of kvwatch/ is parsed, and a public function
+  and silently wrong. Facts cross modules as typed dataclasses (kvwatch/state/facts.py); a JSON document
+  is a ``kvwatch.core.jsontypes.JsonObject``. Every module of kvwatch/ is parsed, and a public function
   or method signature, a public class's field or a public module-level value annotated with
   ``dict[str, Any]``, ``Mapping[str, Any]`` (or any other mapping with ``Any`` keys or values, at
   any depth) or ``**kwargs: Any`` fails. Names starting with ``_`` (and everything inside a private
@@ -14,7 +14,7 @@
   so a package that re-exports its submodules and a submodule that imports a sibling through it
   form a cycle.
 - Every module stays under MAX_LINES lines: split by concern, not by size.
-- No module outside kvwatch/engines spells an engine's name: code reaches an engine through the
+- No module outside kvwatch/engines (and core/kinds.py, where the names are declared) spells an engine's name: code reaches an engine through the
   ``Engine`` protocol (kvwatch/engines/registry.py), never by comparing names.
 """
 
@@ -112,6 +112,61 @@ def test_a_package_reexporting_a_submodule_that_imports_a_sibling_is_a_cycle(tmp
     assert _cycle(graph) is not None
 
 
+# --- layers: imports run downward only ---------------------------------------------------------------
+# docs/architecture.md's table, lowest first: a module may import its own package and the packages
+# below it, never one above (function-local and TYPE_CHECKING imports count, as for cycles).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("kvwatch", "kvwatch.core"),
+    ("kvwatch.parsers",),
+    ("kvwatch.state",),
+    ("kvwatch.capacity",),
+    ("kvwatch.engines",),
+    ("kvwatch.sources",),
+    ("kvwatch.analysis",),
+    ("kvwatch.export",),
+    ("kvwatch.mixin",),
+    ("kvwatch.sidecar",),
+    ("kvwatch.commands",),
+    ("kvwatch.cli", "kvwatch.__main__"),
+)
+
+
+def layer_of(module: str) -> int:
+    """The layer a module belongs to: the deepest LAYERS prefix it lies under."""
+    best, depth = -1, -1
+    for rank, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and prefix.count(".") > depth:
+                best, depth = rank, prefix.count(".")
+    assert best >= 0, f"{module} is in no layer of LAYERS"
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{name} (layer {layer_of(name)}) imports {target} (layer {layer_of(target)})"
+        for name, targets in graph.items()
+        for target in targets
+        if layer_of(target) > layer_of(name)
+    )
+
+
+def test_imports_run_down_the_layer_table() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    assert upward_imports(graph) == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    graph = {"kvwatch.capacity.x": {"kvwatch.analysis.y"}, "kvwatch.analysis.y": {"kvwatch.core.z"}}
+    assert upward_imports(graph) == ["kvwatch.capacity.x (layer 3) imports kvwatch.analysis.y (layer 6)"]
+
+
+def test_the_top_level_holds_only_packages_and_the_cli_entry() -> None:
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert modules == ["__init__.py", "__main__.py", "cli.py"]
+
+
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_modules_stay_small(path: Path) -> None:
     lines = len(path.read_text(encoding="utf-8").splitlines())
@@ -120,7 +175,7 @@ def test_modules_stay_small(path: Path) -> None:
 
 # --- engine names only inside kvwatch/engines -------------------------------------------------------
 def _engine_names() -> tuple[str, ...]:
-    from kvwatch.engines.kinds import ENGINE_NAMES
+    from kvwatch.core.kinds import ENGINE_NAMES
 
     return ENGINE_NAMES
 
@@ -146,7 +201,9 @@ def engine_literals(path: Path) -> list[str]:
 
 
 def test_engine_names_are_spelled_only_in_engines() -> None:
-    outside = [p for p in PACKAGE.rglob("*.py") if "engines" not in p.relative_to(PACKAGE).parts]
+    # core/kinds.py spells each name once, as the EngineName literal the rest of the tree uses.
+    kinds = PACKAGE / "core" / "kinds.py"
+    outside = [p for p in PACKAGE.rglob("*.py") if "engines" not in p.relative_to(PACKAGE).parts and p != kinds]
     assert [hit for p in sorted(outside) for hit in engine_literals(p)] == []
 
 
@@ -246,7 +303,8 @@ def test_no_any_valued_mapping_crosses_a_module_boundary(path: Path) -> None:
     problems = module_problems(path)
     assert not problems, (
         "Any-valued mappings in public signatures or fields (use a typed dataclass from "
-        "kvwatch/facts.py, or kvwatch.jsontypes.JsonObject for a JSON document):\n  " + "\n  ".join(problems)
+        "kvwatch/state/facts.py, or kvwatch.core.jsontypes.JsonObject for a JSON document):\n  "
+        + "\n  ".join(problems)
     )
 
 

@@ -1,7 +1,7 @@
 """Every fact a human read from each SGLang sample (tests/log_samples/manifest.json) against kvwatch.
 
 Each sample is replayed through the same pipeline ``kvwatch parse`` and the sidecar use
-(``kvwatch.pipeline.replay``), with the engine auto-detected. A fact is checked against the
+(``kvwatch.sources.pipeline.replay``), with the engine auto-detected. A fact is checked against the
 ``parse --json`` summary where the summary has it, otherwise against the instance state or the
 events the replay produced. A fact kvwatch does not keep is an explicit skip with its reason, and a
 fact this file has never heard of fails, so a new manifest entry cannot pass silently.
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from kvwatch.events import Event, MemoryBudget, Preemption, UsageSample
-from kvwatch.pipeline import replay
-from kvwatch.state import InstanceSnapshot
-from kvwatch.summary import summarize
+from kvwatch.commands.summary import summarize
+from kvwatch.core.events import Event, MemoryBudget, Preemption, UsageSample
+from kvwatch.sources.pipeline import replay
+from kvwatch.state.fleet import InstanceSnapshot
 
 LOG_SAMPLES = Path(__file__).parent / "log_samples"
 GiB = 1 << 30

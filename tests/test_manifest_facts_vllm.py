@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from kvwatch.events import Event, Preemption, StartupFailure, UsageSample
-from kvwatch.pipeline import replay
-from kvwatch.state import InstanceSnapshot
-from kvwatch.summary import summarize
-from kvwatch.units import GiB
+from kvwatch.commands.summary import summarize
+from kvwatch.core.events import Event, Preemption, StartupFailure, UsageSample
+from kvwatch.core.units import GiB
+from kvwatch.sources.pipeline import replay
+from kvwatch.state.fleet import InstanceSnapshot
 
 SAMPLES = Path(__file__).parent / "log_samples"
 MANIFEST: list[dict[str, Any]] = json.loads((SAMPLES / "manifest.json").read_text(encoding="utf-8"))

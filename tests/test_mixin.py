@@ -21,9 +21,10 @@ import promql_parser
 import pytest
 import yaml
 
-from kvwatch import __version__, names
-from kvwatch.config import DEFAULT_PORT
+from kvwatch import __version__
+from kvwatch.export import names
 from kvwatch.mixin import config, dashboards, panels, rules
+from kvwatch.sidecar.config import DEFAULT_PORT
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
@@ -726,7 +727,7 @@ def test_compose_replayer_startup_log_is_one_kvwatch_understands() -> None:
     mounts = _bind_mounts(service)
     script, startup, _ = service["command"][1:]
     assert (mounts["/replay"] / Path(script).name).is_file()
-    from kvwatch.pipeline import replay
+    from kvwatch.sources.pipeline import replay
 
     (snapshot,) = replay([str(mounts["/replay"] / Path(startup).name)]).fleet.snapshot()
     assert snapshot.engine == "vllm"

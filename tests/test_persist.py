@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.errors import ConfigError
-from kvwatch.events import EngineSettings, PoolSized, Preemption
-from kvwatch.persist import STATE_FILE, StateStore, restore
-from kvwatch.state import Fleet, InstanceState
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.events import EngineSettings, PoolSized, Preemption
+from kvwatch.state.fleet import Fleet, InstanceState
+from kvwatch.state.persist import STATE_FILE, StateStore, restore
 
 
 def _fleet() -> Fleet:
@@ -275,7 +275,7 @@ def test_valid_file_passes_validation_unchanged(tmp_path: Path) -> None:
 
 
 def test_saved_schema_covers_every_instance_field() -> None:
-    from kvwatch.persist import _schema
+    from kvwatch.state.persist import _schema
 
     instance = _schema().model_fields["instances"].annotation.__args__[0]  # type: ignore[union-attr]
     assert set(instance.model_fields) == {f.name for f in dataclasses.fields(InstanceState)}
@@ -309,7 +309,7 @@ def test_kill_9_during_save_leaves_a_temp_file_that_the_next_start_removes(tmp_p
     child = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from kvwatch.persist import StateStore\n"
+        "from kvwatch.state.persist import StateStore\n"
         "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
         "StateStore(Path(sys.argv[1])).write('{\"half\": ')\n"
     )

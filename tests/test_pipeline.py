@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from kvwatch.commands.summary import summarize
+from kvwatch.core.events import PoolSized, StartupFailure
 from kvwatch.engines import registry
 from kvwatch.engines.registry import detect_engine
-from kvwatch.events import PoolSized, StartupFailure
-from kvwatch.pipeline import LinePipeline, replay
-from kvwatch.state import Fleet
-from kvwatch.summary import summarize
+from kvwatch.sources.pipeline import LinePipeline, replay
+from kvwatch.state.fleet import Fleet
 
 SAMPLES = Path(__file__).parent / "log_samples"
 
@@ -351,7 +351,7 @@ def test_engine_anchors_are_the_log_tables(name: str) -> None:
 
 def test_reading_a_vllm_log_builds_no_other_dialect() -> None:
     code = (
-        "import sys; from kvwatch.pipeline import replay; "
+        "import sys; from kvwatch.sources.pipeline import replay; "
         f"replay([{str(SAMPLES / 'vllm' / '001-llama31-8b-rtx3090-profiling-20k.log')!r}]); "
         "loaded = [m for m in sys.modules if m.startswith(('kvwatch.engines.sglang.log', 'kvwatch.capacity'))]; "
         "assert not loaded, loaded"

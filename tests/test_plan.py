@@ -25,8 +25,8 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.cli import main
-from kvwatch.errors import ConfigError
-from kvwatch.units import GiB, KiB
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.units import GiB, KiB
 
 CONFIGS = Path(__file__).parent / "model_configs"
 LLAMA_8B = CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"

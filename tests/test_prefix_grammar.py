@@ -12,8 +12,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvwatch.core.events import Event, event_to_json
 from kvwatch.engines.vllm import fastpath, log
-from kvwatch.events import Event, event_to_json
 from kvwatch.parsers import prefix
 from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prefix import strip_prefixes

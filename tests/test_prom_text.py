@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.errors import ConfigError
-from kvwatch.events import (
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.events import (
     CounterReset,
     Disagreement,
     EngineSettings,
@@ -26,10 +26,10 @@ from kvwatch.events import (
     event_from_json,
     event_to_json,
 )
-from kvwatch.facts import LastDisagreement
 from kvwatch.parsers.base import ParseError
-from kvwatch.parsers.prom_text import MetricsReader
-from kvwatch.state import Fleet
+from kvwatch.sources.metrics_reader import MetricsReader
+from kvwatch.state.facts import LastDisagreement
+from kvwatch.state.fleet import Fleet
 
 FIXTURES = Path(__file__).parent / "metrics_fixtures"
 ALL = sorted(p.stem for p in FIXTURES.glob("*.txt"))
@@ -598,7 +598,7 @@ def test_anything_is_events_or_parse_error(texts: list[str]) -> None:
             assert event_from_json(event_to_json(event)) == event
 
 
-# --- the log / metrics cross-check (kvwatch.state) ---------------------------------------------------
+# --- the log / metrics cross-check (kvwatch.state.fleet) ---------------------------------------------------
 
 
 def _log_pool(**facts: Any) -> PoolSized:
@@ -656,7 +656,7 @@ def test_disagreement_event_from_elsewhere_is_recorded() -> None:
     assert fleet.snapshot()[0].disagreements == {"block_size": 1}
 
 
-# --- one restart, two witnesses (kvwatch.state) ------------------------------------------------------
+# --- one restart, two witnesses (kvwatch.state.fleet) ------------------------------------------------------
 
 _BANNER = EngineSettings(engine="vllm", origin="log", starts_engine=True, version="0.6.6")
 _LOG_POOL = PoolSized(engine="vllm", origin="log", blocks=27895, block_size=16, tokens=446320)

@@ -92,10 +92,10 @@ def test_rules_on_the_sidecars_own_exposition(promtool: str, tmp_path: Path) -> 
     from prometheus_client.parser import text_string_to_metric_families
 
     from kvwatch.analysis.predictor import Predictor
-    from kvwatch.collector import KvwatchCollector
+    from kvwatch.core.units import MiB
+    from kvwatch.export.collector import KvwatchCollector
     from kvwatch.mixin import config
-    from kvwatch.pipeline import replay
-    from kvwatch.units import MiB
+    from kvwatch.sources.pipeline import replay
 
     startup = ROOT / "deploy" / "compose" / "replay" / "vllm-llama31-8b-h100-startup.log"
     log = tmp_path / "vllm.log"

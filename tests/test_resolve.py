@@ -1,4 +1,4 @@
-"""Models by name (kvwatch/capacity/resolve.py): ORG/NAME[@REVISION] through huggingface_hub.
+"""Models by name (kvwatch/sources/hub.py): ORG/NAME[@REVISION] through huggingface_hub.
 
 The Hub is a stand-in served on 127.0.0.1 (tests/hub_standin.py) reached through HF_ENDPOINT, with
 HF_HOME in tmp_path, so the installed huggingface_hub client runs its real code path: fetch from
@@ -22,14 +22,14 @@ import pytest
 from hub_standin import Repo, StandInHub
 
 from kvwatch.capacity.geometry import load_model
-from kvwatch.capacity.resolve import (
+from kvwatch.core.errors import ModelConfigError
+from kvwatch.sidecar.config import load_settings
+from kvwatch.sources.hub import (
     discover_model_config,
     hub_cache_dir,
     parse_repo_spec,
     resolve_model_config,
 )
-from kvwatch.config import load_settings
-from kvwatch.errors import ModelConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "tests" / "model_configs"
@@ -225,7 +225,7 @@ def test_sidecar_discovery_reads_the_cache_only(tmp_path: Path, hub: StandInHub)
 
 def test_discovery_of_an_uncached_name_does_not_import_huggingface_hub(tmp_path: Path) -> None:
     code = (
-        "import sys; from kvwatch.capacity.resolve import discover_model_config as d; "
+        "import sys; from kvwatch.sources.hub import discover_model_config as d; "
         f"assert d('Qwen/Qwen3-32B', {{'HF_HOME': {str(tmp_path)!r}}}) is None; "
         "assert 'huggingface_hub' not in sys.modules, 'imported'"
     )

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.errors import ConfigError
-from kvwatch.events import PoolSized, UsageSample
-from kvwatch.names import SCRAPE_ERROR_REASONS
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.events import PoolSized, UsageSample
+from kvwatch.export.names import SCRAPE_ERROR_REASONS
 from kvwatch.parsers.base import ParseError
-from kvwatch.parsers.prom_text import MetricsReader
-from kvwatch.scrape import Scraper, ScrapeResult
+from kvwatch.sources.metrics_reader import MetricsReader
+from kvwatch.sources.scrape import Scraper, ScrapeResult
 
 FIXTURES = Path(__file__).parent / "metrics_fixtures"
 TOKEN = "s3cret-token"

@@ -27,7 +27,7 @@ from kvwatch.capacity.geometry import ModelGeometry, load_model
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.cli import main
-from kvwatch.units import GiB, KiB, MiB
+from kvwatch.core.units import GiB, KiB, MiB
 
 CONFIGS = Path(__file__).parent / "model_configs"
 # Llama-3-70B and Llama 3.1 70B share every shape the seeds use (80 layers, 8 KV heads of 128,

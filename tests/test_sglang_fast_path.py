@@ -19,14 +19,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from same_events import identical_events
 
+from kvwatch.core.events import Event, event_to_json
 from kvwatch.engines.sglang import fastpath, log, stats
-from kvwatch.events import Event, event_to_json
 from kvwatch.parsers import prefix
 from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prefix import strip_prefixes
-from kvwatch.pipeline import LinePipeline
 from kvwatch.sources.lines import read_blocks
-from kvwatch.state import Fleet
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.state.fleet import Fleet
 
 SAMPLES = Path(__file__).parent / "log_samples"
 SAMPLE_LINES = [
@@ -325,7 +325,7 @@ def test_fast_block_equals_general_lines(lines: list[str], engine: str) -> None:
 
 
 def test_events_are_built_as_model_construct_builds_them() -> None:
-    from kvwatch.events import UsageSample
+    from kvwatch.core.events import UsageSample
 
     line = COMMON[0]
     (event,) = _fast(line) or ()

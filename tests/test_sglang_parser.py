@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.engines.sglang.log import ANCHORS, parse
-from kvwatch.events import (
+from kvwatch.core.events import (
     EngineSettings,
     Event,
     MemoryBudget,
@@ -24,6 +23,7 @@ from kvwatch.events import (
     StartupFailure,
     UsageSample,
 )
+from kvwatch.engines.sglang.log import ANCHORS, parse
 from kvwatch.parsers.base import LineMeta, ParseError
 
 META = LineMeta(instance="3", rank=1, ts="2025-06-01 10:00:13")

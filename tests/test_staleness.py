@@ -11,13 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvwatch import names
 from kvwatch.analysis.predictor import Predictor
-from kvwatch.collector import KvwatchCollector
-from kvwatch.events import UsageSample
-from kvwatch.pipeline import LinePipeline
+from kvwatch.core.events import UsageSample
+from kvwatch.export import names
+from kvwatch.export.collector import KvwatchCollector
 from kvwatch.sidecar.app import Sidecar
-from kvwatch.state import DISAGREEMENT_FACTS, Fleet
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.state.fleet import DISAGREEMENT_FACTS, Fleet
 
 TESTS = Path(__file__).parent
 LLAMA_8B = TESTS / "model_configs" / "meta-llama--Meta-Llama-3.1-8B.json"

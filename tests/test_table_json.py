@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kvwatch.cli import main
-from kvwatch.units import format_bytes
+from kvwatch.core.units import format_bytes
 
 CONFIGS = Path(__file__).resolve().parent / "model_configs"
 QWEN3_32B = str(CONFIGS / "Qwen--Qwen3-32B.json")

@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.usage_values import BAD_VALUE_FACTS, fold_columns, refused_facts
+from kvwatch.state.usage_values import BAD_VALUE_FACTS, fold_columns, refused_facts
 
 FACTS = ("kv_usage_ratio", "running", "prompt_throughput", "swa_usage_ratio")
 _VALUE = st.one_of(

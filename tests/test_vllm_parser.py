@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from kvwatch.engines.vllm import log as vllm
-from kvwatch.events import (
+from kvwatch.core.events import (
     EngineSettings,
     Event,
     MemoryBudget,
@@ -16,9 +15,10 @@ from kvwatch.events import (
     StartupFailure,
     UsageSample,
 )
+from kvwatch.core.units import GiB, MiB
+from kvwatch.engines.vllm import log as vllm
 from kvwatch.parsers.base import LineMeta, ParseError
 from kvwatch.parsers.prefix import strip_prefixes
-from kvwatch.units import GiB, MiB
 
 META = LineMeta()
 
@@ -808,8 +808,8 @@ def test_max_seq_len_error_re_logged_by_xinference_is_a_startup_failure(line: st
 
 
 def test_max_seq_len_error_re_logged_through_the_pipeline() -> None:
-    from kvwatch.pipeline import LinePipeline
-    from kvwatch.state import Fleet
+    from kvwatch.sources.pipeline import LinePipeline
+    from kvwatch.state.fleet import Fleet
 
     fleet = Fleet(clock=lambda: 1.0)
     LinePipeline("x", fleet, "auto").feed(XINFERENCE_MAXLEN)

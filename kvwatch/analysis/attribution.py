@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 from kvwatch.capacity.budget import Budget, Contribution, Term, putter
 from kvwatch.engines import registry
-from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
-from kvwatch.state import InstanceSnapshot
+from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
+from kvwatch.state.fleet import InstanceSnapshot
 
 # Every term attribute_gap can name (a bounded label set for a per-term gap metric), in the order
 # the KV budget subtracts them.

@@ -23,12 +23,12 @@ from kvwatch.capacity.budget import Budget, predicted_budget
 from kvwatch.capacity.deployment import deployment_from_settings
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
+from kvwatch.core.errors import KvwatchError
+from kvwatch.core.events import Event, MemoryBudget
+from kvwatch.core.jsontypes import JsonObject
 from kvwatch.engines import registry
-from kvwatch.errors import KvwatchError
-from kvwatch.events import Event, MemoryBudget
-from kvwatch.facts import Failure, SettingsFacts
-from kvwatch.jsontypes import JsonObject
-from kvwatch.state import InstanceSnapshot
+from kvwatch.state.facts import Failure, SettingsFacts
+from kvwatch.state.fleet import InstanceSnapshot
 
 
 @dataclass(frozen=True)

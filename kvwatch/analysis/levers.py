@@ -13,9 +13,9 @@ from kvwatch.capacity.budget import Budget
 from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.weights import weight_bytes
+from kvwatch.core.errors import ConfigError, KvwatchError
+from kvwatch.core.units import format_bytes
 from kvwatch.engines import registry
-from kvwatch.errors import ConfigError, KvwatchError
-from kvwatch.units import format_bytes
 
 # Where the seeds stop: a memory fraction above this leaves too little for activations.
 MAX_LEVER_FRACTION = 0.95

@@ -22,9 +22,9 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.jsontypes import JsonObject
 from kvwatch.engines import registry
-from kvwatch.errors import ConfigError
-from kvwatch.jsontypes import JsonObject
 
 # Default utilisation target for the card search: vLLM's own default gpu_memory_utilization and the
 # seeds' "smallest card where the total stays under 92%".

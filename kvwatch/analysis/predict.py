@@ -13,9 +13,9 @@ from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
 from kvwatch.capacity.model import ModelGeometry, stage_layers
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weights_per_rank
+from kvwatch.core.errors import ConfigError, NoGpuMemoryError
 from kvwatch.engines import registry
 from kvwatch.engines.base import Engine
-from kvwatch.errors import ConfigError, NoGpuMemoryError
 
 __all__ = ["Prediction", "pool_from_available", "predict"]
 

@@ -19,10 +19,10 @@ from kvwatch.analysis.predict import pool_from_available, predict, tokens_of_poo
 from kvwatch.capacity.deployment import deployment_from_settings
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
-from kvwatch.engines.kinds import EngineName
-from kvwatch.errors import KvwatchError
-from kvwatch.facts import MemoryFacts, SettingsFacts
-from kvwatch.state import InstanceSnapshot
+from kvwatch.core.errors import KvwatchError
+from kvwatch.core.kinds import EngineName
+from kvwatch.state.facts import MemoryFacts, SettingsFacts
+from kvwatch.state.fleet import InstanceSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from kvwatch.capacity.deployment import MAX_TOKENS
-from kvwatch.errors import ConfigError
-from kvwatch.units import parse_size
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.units import parse_size
 
 # A workload spec is expanded row by row, never sequence by sequence, but a typo like 1e12
 # sequences should still be refused rather than planned.

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvwatch.errors import ModelConfigError, UnsupportedModelError
-from kvwatch.jsontypes import JsonObject, JsonValue
+from kvwatch.core.errors import ModelConfigError, UnsupportedModelError
+from kvwatch.core.jsontypes import JsonObject, JsonValue
 
 # A layer pattern: the kind of every layer, or None to fall back to the generic window rule.
 LayerPattern = Callable[[Mapping[str, Any], int], list[str] | None]

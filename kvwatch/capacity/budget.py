@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from kvwatch import names
 from kvwatch.capacity.prediction import Prediction
+from kvwatch.core.labels import MEMORY_TERMS
 
 TermSource = Literal["printed", "derived", "given", "engine_default", "predicted"]
 
@@ -34,7 +34,7 @@ class PutTerm(Protocol):
 
 @dataclass(frozen=True)
 class Budget:
-    """A memory budget by names.MEMORY_TERMS term, with the fraction (utilisation) it used."""
+    """A memory budget by MEMORY_TERMS term, with the fraction (utilisation) it used."""
 
     engine: str
     fraction: float | None
@@ -46,7 +46,7 @@ class Budget:
         return None if term is None else term.bytes
 
     def as_bytes(self) -> dict[str, int | None]:
-        return {name: self.get(name) for name in names.MEMORY_TERMS}
+        return {name: self.get(name) for name in MEMORY_TERMS}
 
 
 def predicted_budget(prediction: Prediction) -> Budget:

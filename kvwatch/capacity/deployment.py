@@ -2,7 +2,7 @@
 
 Every field is optional except the engine; ``None`` means "the engine's default, or kvwatch's
 documented estimate" and the prediction says which. ``deployment_from_settings`` turns what the
-sidecar read from an engine's log (kvwatch.facts SettingsFacts / MemoryFacts) into a
+sidecar read from an engine's log (kvwatch.state.facts SettingsFacts / MemoryFacts) into a
 Deployment, so the prediction for a running engine uses every figure the engine printed itself.
 """
 
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from kvwatch.capacity.dtypes import KV_DTYPE_BYTES
 from kvwatch.capacity.model import ModelGeometry
-from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES, EngineName
-from kvwatch.errors import ConfigError
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.kinds import DEFAULT_ENGINE, ENGINE_NAMES, EngineName
 
 if TYPE_CHECKING:
-    # Annotations only: kvwatch.facts imports the event models (pydantic), which `kvwatch predict`
+    # Annotations only: kvwatch.state.facts imports the event models (pydantic), which `kvwatch predict`
     # never needs.
-    from kvwatch.facts import MemoryFacts, SettingsFacts
+    from kvwatch.state.facts import MemoryFacts, SettingsFacts
 
 # Plausibility bounds, far above any real deployment: a value past one is a typo or an attack, refused
 # with the bound named (and the arithmetic stays finite). Sizes are per GPU.

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.jsontypes import JsonValue
+from kvwatch.core.jsontypes import JsonValue
 
 # Parameter groups of the itemised count (kvwatch.capacity.weights.count_params).
 EMBED = "embeddings"

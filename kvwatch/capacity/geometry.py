@@ -27,8 +27,8 @@ from kvwatch.capacity.dims import dims_from_config
 from kvwatch.capacity.dtypes import served_dtype
 from kvwatch.capacity.model import LayerKind, LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import count_params
-from kvwatch.errors import ModelConfigError, UnsupportedModelError
-from kvwatch.jsontypes import JsonObject, JsonValue
+from kvwatch.core.errors import ModelConfigError, UnsupportedModelError
+from kvwatch.core.jsontypes import JsonObject, JsonValue
 
 # Far above any real model; guards against a corrupt file asking for billions of layer records.
 _MAX_LAYERS = 100_000

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvwatch.errors import ConfigError
-from kvwatch.units import GiB, MiB
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.units import GiB, MiB
 
 # nvidia-smi MiB less the driver total, for a card no log has measured: 468 MiB on the H100,
 # 430-620 MiB on the cards below (it moves with the driver).

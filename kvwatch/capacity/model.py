@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvwatch.capacity.dims import ModelDims
-from kvwatch.jsontypes import JsonValue
+from kvwatch.core.jsontypes import JsonValue
 
 LayerKind = Literal["full", "sliding", "chunked", "mla", "linear", "mamba", "none"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from kvwatch.jsontypes import JsonObject, JsonValue
+from kvwatch.core.jsontypes import JsonObject, JsonValue
 
 if TYPE_CHECKING:
     from kvwatch.capacity.deployment import Deployment
@@ -76,7 +76,7 @@ class Prediction:
         return self.available_kv_band_bytes / self.available_kv_bytes
 
     def memory_terms(self) -> dict[str, int | None]:
-        """The budget by kvwatch.names.MEMORY_TERMS term (bytes per rank; None = not part of this budget)."""
+        """The budget by kvwatch.export.names.MEMORY_TERMS term (bytes per rank; None = not part of this budget)."""
         return {
             "total": self.total_bytes,
             "usable": self.usable_bytes,

@@ -27,8 +27,8 @@ from kvwatch.capacity.dims import (
 )
 from kvwatch.capacity.dtypes import WEIGHT_DTYPES
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
-from kvwatch.errors import ConfigError, ModelConfigError
-from kvwatch.jsontypes import JsonValue
+from kvwatch.core.errors import ConfigError, ModelConfigError
+from kvwatch.core.jsontypes import JsonValue
 
 # Itemised parameter groups.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvwatch.errors import ConfigError
+from kvwatch.core.errors import ConfigError
 
 HELP = "Write the Grafana dashboards (JSON, and optionally a Kubernetes ConfigMap) to a folder."
 

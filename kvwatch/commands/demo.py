@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the demo and print a live summary until Ctrl-C or --duration."""
-    from kvwatch.demo import run_demo
+    from kvwatch.sidecar.demo import run_demo
 
     fault_after = None if args.fault_after < 0 else args.fault_after
     return run_demo(

@@ -13,15 +13,15 @@ from kvwatch.capacity.budget import Budget
 from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
-from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.commands.predict import _positive_int
+from kvwatch.commands.render import pair_bars, table
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.events import Event
+from kvwatch.core.kinds import ENGINE_CHOICES, ENGINE_NAMES
+from kvwatch.core.units import GiB, format_bytes, parse_size
 from kvwatch.engines import registry
-from kvwatch.engines.kinds import ENGINE_CHOICES, ENGINE_NAMES
-from kvwatch.errors import ConfigError
-from kvwatch.events import Event
-from kvwatch.pipeline import replay
-from kvwatch.render import pair_bars, table
-from kvwatch.units import GiB, format_bytes, parse_size
+from kvwatch.sources.hub import resolve_model_config
+from kvwatch.sources.pipeline import replay
 
 HELP = "rebuild an engine's memory budget from its startup log and explain the gap to the prediction"
 

@@ -12,12 +12,12 @@ import json
 import os
 import sys
 
-from kvwatch.engines.kinds import ENGINE_CHOICES
-from kvwatch.errors import ConfigError
-from kvwatch.events import Event, event_to_json
-from kvwatch.pipeline import replay
-from kvwatch.summary import InstanceSummary, Summary, summary
-from kvwatch.units import format_bytes
+from kvwatch.commands.summary import InstanceSummary, Summary, summary
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.events import Event, event_to_json
+from kvwatch.core.kinds import ENGINE_CHOICES
+from kvwatch.core.units import format_bytes
+from kvwatch.sources.pipeline import replay
 
 HELP = "Read vLLM/SGLang logs ('-' for stdin) and print the KV-cache pool, budget and usage they report."
 

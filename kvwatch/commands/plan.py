@@ -19,13 +19,13 @@ from kvwatch.analysis.workload import load_workload, parse_rank_budgets
 from kvwatch.capacity import gpus
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.gpus import GpuSpec
-from kvwatch.capacity.resolve import resolve_model_config
 from kvwatch.commands.predict import _positive_int, build_deployment
 from kvwatch.commands.predict import add_arguments as add_deployment_arguments
-from kvwatch.errors import ConfigError
-from kvwatch.jsontypes import JsonObject
-from kvwatch.render import table
-from kvwatch.units import format_bytes
+from kvwatch.commands.render import table
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.jsontypes import JsonObject
+from kvwatch.core.units import format_bytes
+from kvwatch.sources.hub import resolve_model_config
 
 HELP = "check a workload of retained lengths against every rank, and find the smallest card it fits"
 

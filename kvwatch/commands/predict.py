@@ -14,13 +14,13 @@ from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, Deployment, Deploy
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
-from kvwatch.capacity.resolve import resolve_model_config
+from kvwatch.commands.render import table
+from kvwatch.core.errors import KvwatchError
+from kvwatch.core.kinds import DEFAULT_ENGINE, ENGINE_NAMES
+from kvwatch.core.units import format_bytes, parse_size
 from kvwatch.engines import registry
 from kvwatch.engines.flags import FlagReading, read_flags
-from kvwatch.engines.kinds import DEFAULT_ENGINE, ENGINE_NAMES
-from kvwatch.errors import KvwatchError
-from kvwatch.render import table
-from kvwatch.units import format_bytes, parse_size
+from kvwatch.sources.hub import resolve_model_config
 
 HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model (config.json or Hub name)"
 

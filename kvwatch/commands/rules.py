@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvwatch.errors import ConfigError
+from kvwatch.core.errors import ConfigError
 from kvwatch.mixin import alertmanager, config, rules
 
 HELP = "Write the Prometheus recording and alerting rules (and optionally a PrometheusRule) to a folder."

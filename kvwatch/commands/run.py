@@ -1,4 +1,4 @@
-"""`kvwatch run`: the sidecar. Flags map onto kvwatch.config.Settings; the work is in kvwatch.sidecar."""
+"""`kvwatch run`: the sidecar. Flags map onto kvwatch.sidecar.config.Settings; the work is in kvwatch.sidecar."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from kvwatch.config import DEFAULT_PORT, load_settings
-from kvwatch.engines.kinds import ENGINE_CHOICES
+from kvwatch.core.kinds import ENGINE_CHOICES
+from kvwatch.sidecar.config import DEFAULT_PORT, load_settings
 
 HELP = "Run the sidecar: tail engine logs, scrape engine /metrics, export KV-cache metrics for Prometheus."
 

@@ -14,24 +14,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from kvwatch.core.kinds import EngineName
 from kvwatch.engines.flags import Flag
-from kvwatch.engines.kinds import EngineName
 
 if TYPE_CHECKING:
     # The capacity model is imported by the engines' methods that use it: reading a log needs
     # none of it.
     # Types only: a prediction (``kvwatch predict``) needs no log or /metrics parsing, and these
-    # modules (kvwatch.facts: the events) import regex and pydantic.
+    # modules (kvwatch.state.facts: the events) import regex and pydantic.
     import re
 
     from kvwatch.capacity.budget import Budget, Contribution, Term
     from kvwatch.capacity.deployment import Deployment, DeploymentValue
     from kvwatch.capacity.model import LayerSpec, ModelGeometry
     from kvwatch.capacity.prediction import Basis, Prediction
-    from kvwatch.events import Event
-    from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
+    from kvwatch.core.events import Event
     from kvwatch.parsers.base import LineMeta
     from kvwatch.parsers.samples import InstanceFacts, Sample, SampleReader
+    from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 # Whole-line fast path, over raw UTF-8 lines without b'\n': per line, its events when it is in the
 # engine's most frequent shape (prefixes included), or None for any other line, which then goes

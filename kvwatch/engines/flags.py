@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvwatch.errors import ConfigError
+from kvwatch.core.errors import ConfigError
 
 
 def human_int(text: str) -> int:

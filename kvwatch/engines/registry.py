@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import re
 
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.kinds import ENGINE_NAMES, EngineName
+from kvwatch.core.versions import version_tuple
 from kvwatch.engines.base import Engine
-from kvwatch.engines.kinds import ENGINE_NAMES, EngineName
 from kvwatch.engines.sglang.engine import ENGINE as SGLANG
 from kvwatch.engines.vllm.engine import ENGINE as VLLM
-from kvwatch.errors import ConfigError
-from kvwatch.versions import version_tuple
 
 ENGINES: dict[EngineName, Engine] = {e.name: e for e in (VLLM, SGLANG)}
 if tuple(ENGINES) != ENGINE_NAMES:  # pragma: no cover - a packaging mistake, caught by any test

@@ -1,6 +1,6 @@
 """The Prometheus text exposition (format 0.0.4) of one scrape, rendered without prometheus_client.
 
-``Rows`` holds a scrape's samples in ``kvwatch.names.METRICS`` order, each with its text line
+``Rows`` holds a scrape's samples in ``kvwatch.export.names.METRICS`` order, each with its text line
 rendered once when it is added (the collector caches an instance's rows between scrapes), so
 ``Rows.text`` is a join. ``Rows.families`` gives the same samples as prometheus_client families
 (the registry path: OpenMetrics negotiation, tests). tests/test_exposition.py holds ``text`` byte
@@ -21,7 +21,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from kvwatch import names
+from kvwatch.export import names
 
 # One sample: (metric name, label values in the metric's label order, value, its exposition line).
 Row = tuple[str, tuple[str, ...], float, str]

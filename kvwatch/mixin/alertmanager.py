@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvwatch.jsontypes import JsonObject, JsonValue
+from kvwatch.core.jsontypes import JsonObject, JsonValue
 from kvwatch.mixin import config, rules
 
 ALERTMANAGER_FILE = "alertmanager.yml"

@@ -7,7 +7,7 @@ Each value says when to change it. After a change run ``kvwatch rules`` and ``kv
 from __future__ import annotations
 
 # --- Aggregation keys ------------------------------------------------------------------------------
-# Label names kvwatch exports (kvwatch/names.py): the served model and the engine kind.
+# Label names kvwatch exports (kvwatch/export/names.py): the served model and the engine kind.
 MODEL = "model_name"
 ENGINE_KIND = "engine_kind"
 # A "fleet" is every rank serving one model with one engine in one namespace of one cluster. `cluster`

@@ -9,7 +9,7 @@ from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.models import common
 
-from kvwatch import names
+from kvwatch.export import names
 from kvwatch.mixin import config
 from kvwatch.mixin.panels import (
     BYTES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as dash
 
-from kvwatch import names
+from kvwatch.export import names
 from kvwatch.mixin import config, rules
 from kvwatch.mixin.panels import (
     COUNT,

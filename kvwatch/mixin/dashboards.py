@@ -3,7 +3,7 @@
 Two dashboards: "KV cache" (one engine at a time: pool observed against prediction, usage, headroom,
 scheduler pressure, memory budget, engine settings, kvwatch's own health) and "KV fleet" (every
 model across pods: totals, the limiting rank, ranks that drift or shrink). Metric names come from
-``kvwatch.names``, fleet series from the recording rules in ``kvwatch.mixin.rules``. The output is
+``kvwatch.export.names``, fleet series from the recording rules in ``kvwatch.mixin.rules``. The output is
 sorted-key JSON with fixed uids and panel ids, so regenerating gives identical bytes.
 """
 

@@ -17,7 +17,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prom_model
 
-from kvwatch import names
+from kvwatch.export import names
 from kvwatch.mixin import config
 
 # Units (Grafana unit ids). Token and request counts are shown exactly, with their unit spelled out.

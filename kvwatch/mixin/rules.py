@@ -1,6 +1,6 @@
 """Recording and alerting rules, rendered to the YAML Prometheus loads and to a PrometheusRule.
 
-Every series name comes from ``kvwatch.names`` (``Metric.sample_name``), every threshold and
+Every series name comes from ``kvwatch.export.names`` (``Metric.sample_name``), every threshold and
 duration from ``kvwatch.mixin.config``. Output is deterministic (fixed order, no timestamps) so
 the committed files can be checked by regenerating them. Needs only PyYAML.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from kvwatch import names
-from kvwatch.jsontypes import JsonObject, JsonValue
+from kvwatch.core.jsontypes import JsonObject, JsonValue
+from kvwatch.export import names
 from kvwatch.mixin import config
 
 RULES_FILE = "kvwatch.rules.yaml"

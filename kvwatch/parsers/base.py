@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvwatch.events import Event
+from kvwatch.core.events import Event
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """One engine series of a /metrics text, and the value readers every engine's metrics map uses.
 
-The generic reader (prom_text.MetricsReader) turns exposition text into ``Sample`` groups per engine
+The generic reader (kvwatch.sources.metrics_reader.MetricsReader) turns exposition text into ``Sample`` groups per engine
 instance; each engine's ``MetricsDialect.facts`` (kvwatch/engines/*/metrics.py) reads its names out
 of them through a ``SampleReader``, which counts every value it cannot use in ``bad_values`` and
 remembers per-instance figures between scrapes (``remembered``) for rates and per-interval gauges.
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvwatch.events import EventValue
+from kvwatch.core.events import EventValue
 
 
 @dataclass(frozen=True, slots=True)

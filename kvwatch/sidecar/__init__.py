@@ -5,7 +5,7 @@ bounded HTTP server: sockets, timeouts, connection cap), ``wire`` (HTTP/1.1 mess
 (basic auth, failure limiter), ``saving`` (when the state file is written, and its
 consistent cut), ``sources`` (per-source
 readers and counters), ``messages`` (what goes on the consumer's queue). The config.json of a
-logged model is found by ``kvwatch.capacity.resolve.discover_model_config`` (huggingface_hub's
+logged model is found by ``kvwatch.sources.hub.discover_model_config`` (huggingface_hub's
 cache rules; the Hub only with ``fetch_model_configs``).
 
 Threading model -- every thread, what it may touch, and why that is safe:

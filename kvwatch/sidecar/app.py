@@ -19,25 +19,26 @@ from collections.abc import Callable, Mapping
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from kvwatch import __version__, names
+from kvwatch import __version__
 from kvwatch.analysis.predictor import Predictor
-from kvwatch.capacity.resolve import discover_model_config
-from kvwatch.collector import KvwatchCollector, SelfStats, SourceStatus
-from kvwatch.config import Settings, WebConfig, load_web_config
-from kvwatch.errors import ConfigError
-from kvwatch.jsontypes import JsonObject, JsonValue
-from kvwatch.parsers.prom_text import MetricsReader
-from kvwatch.persist import StateStore, restore
-from kvwatch.pipeline import LinePipeline
-from kvwatch.scrape import Scraper, ScrapeResult
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.jsontypes import JsonObject, JsonValue
+from kvwatch.export import names
+from kvwatch.export.collector import KvwatchCollector, SelfStats, SourceStatus
 from kvwatch.sidecar import messages as msg
 from kvwatch.sidecar.auth import BasicAuth
+from kvwatch.sidecar.config import Settings, WebConfig, load_web_config
 from kvwatch.sidecar.http import Endpoints, tls_context
 from kvwatch.sidecar.saving import SaveSchedule
 from kvwatch.sidecar.server import BoundedHTTPServer
 from kvwatch.sidecar.sources import LogSource, ScrapeSource
+from kvwatch.sources.hub import discover_model_config
 from kvwatch.sources.logfile import FilePosition, LogTailer
-from kvwatch.state import Fleet
+from kvwatch.sources.metrics_reader import MetricsReader
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.sources.scrape import Scraper, ScrapeResult
+from kvwatch.state.fleet import Fleet
+from kvwatch.state.persist import StateStore, restore
 
 log = logging.getLogger("kvwatch")
 

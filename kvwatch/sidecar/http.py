@@ -11,9 +11,9 @@ import gzip
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvwatch.config import WebConfig
-from kvwatch.errors import ConfigError
+from kvwatch.core.errors import ConfigError
 from kvwatch.sidecar.auth import BasicAuth, Verdict
+from kvwatch.sidecar.config import WebConfig
 from kvwatch.sidecar.wire import Request, Response
 
 if TYPE_CHECKING:

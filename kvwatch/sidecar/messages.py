@@ -10,8 +10,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvwatch.events import Event
-from kvwatch.scrape import ScrapeResult
+from kvwatch.core.events import Event
+from kvwatch.sources.scrape import ScrapeResult
 
 if TYPE_CHECKING:
     from kvwatch.sidecar.sources import LogSource, ScrapeSource

@@ -8,11 +8,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from kvwatch.events import Event, UsageSample
-from kvwatch.jsontypes import JsonObject
-from kvwatch.persist import StateStore
+from kvwatch.core.events import Event, UsageSample
+from kvwatch.core.jsontypes import JsonObject
 from kvwatch.sidecar.sources import LogSource
-from kvwatch.state import Fleet
+from kvwatch.state.fleet import Fleet
+from kvwatch.state.persist import StateStore
 
 log = logging.getLogger("kvwatch")
 

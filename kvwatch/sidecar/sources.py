@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvwatch.collector import SourceStatus
-from kvwatch.events import Event
+from kvwatch.core.events import Event
+from kvwatch.export.collector import SourceStatus
 from kvwatch.parsers.base import ParseError
-from kvwatch.parsers.prom_text import MetricsReader
-from kvwatch.pipeline import LinePipeline
-from kvwatch.scrape import Scraper, ScrapeResult
 from kvwatch.sources.lines import LineSplitter
 from kvwatch.sources.logfile import LogTailer
+from kvwatch.sources.metrics_reader import MetricsReader
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.sources.scrape import Scraper, ScrapeResult
 
 
 @dataclasses.dataclass

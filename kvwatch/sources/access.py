@@ -3,7 +3,7 @@
 Access-log lines ('"POST /v1/completions HTTP/1.1" 200') are most of a busy server's output and
 never carry a KV fact. ``drop_access_lines`` deletes them from a block of raw lines in bulk, in
 sre's C loops, so they never become Python objects and no Python code runs per line; what is left
-goes through the rest of the pipeline (kvwatch/pipeline.py ``LinePipeline.feed_filtered``).
+goes through the rest of the pipeline (kvwatch/sources/pipeline.py ``LinePipeline.feed_filtered``).
 
 Deleting them is half of a busy log's replay time and needs nothing from the rest, so for a large
 regular file ``filtered_blocks`` runs read + delete in a child interpreter (``python -I -S``, this

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvwatch.jsontypes import JsonObject, JsonValue
+from kvwatch.core.jsontypes import JsonObject, JsonValue
 from kvwatch.sources.lines import LineSplitter
 
 # How many bytes identify a position in a file: the last bytes before the offset (and the first

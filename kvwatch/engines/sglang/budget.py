@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
-from kvwatch.units import GiB, MiB
-from kvwatch.versions import version_tuple
+from kvwatch.core.units import GiB, MiB
+from kvwatch.core.versions import version_tuple
 
 # Memory torch.distributed and the CUDA context take before weights load (the 'Init torch
 # distributed ends. mem usage=' line, typically 0.5-0.7 GiB); an estimate when not measured.

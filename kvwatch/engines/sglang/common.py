@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
 
-from kvwatch.events import EventIdentity
+from kvwatch.core.events import EventIdentity
+from kvwatch.core.units import GiB
 from kvwatch.parsers.base import LineMeta, ParseError
-from kvwatch.units import GiB
 
 
 def ident(meta: LineMeta) -> EventIdentity:

@@ -6,20 +6,20 @@ import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.kinds import EngineName
 from kvwatch.engines.base import FractionLever, LogDialect
-from kvwatch.engines.kinds import EngineName
 from kvwatch.engines.sglang.flags import FLAGS
-from kvwatch.errors import ConfigError
 
 if TYPE_CHECKING:
-    # Annotations only: kvwatch.facts imports the event models (pydantic), and the capacity
+    # Annotations only: kvwatch.state.facts imports the event models (pydantic), and the capacity
     # model (imported by the methods that use it) is not needed to read a log.
     from kvwatch.capacity.budget import Budget, Contribution, Term
     from kvwatch.capacity.deployment import Deployment, DeploymentValue
     from kvwatch.capacity.model import LayerSpec, ModelGeometry
     from kvwatch.capacity.prediction import Basis, Prediction
     from kvwatch.engines.sglang.metrics import SglangMetrics
-    from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
+    from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 # Phrases that appear in SGLang output of some release and never in vLLM's (engine detection).
 PHRASES: tuple[str, ...] = (

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from kvwatch.core.events import Event, UsageSample
 from kvwatch.engines.sglang.stats import _USAGE_KEYS
-from kvwatch.events import Event, UsageSample
 from kvwatch.parsers.prefix import SGLANG, fast_identity, fast_prefix
 
 # The batch line as stats.parse_batch reads it, behind the prefixes strip_prefixes reads most often

@@ -18,18 +18,18 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from kvwatch.engines.sglang import settings, stats
-from kvwatch.engines.sglang.common import gib as _gib
-from kvwatch.engines.sglang.common import ident as _ident
-from kvwatch.engines.sglang.common import opt_gib as _opt_gib
-from kvwatch.engines.sglang.common import opt_int as _opt_int
-from kvwatch.events import (
+from kvwatch.core.events import (
     EngineSettings,
     Event,
     MemoryBudget,
     PoolSized,
     StartupFailure,
 )
+from kvwatch.engines.sglang import settings, stats
+from kvwatch.engines.sglang.common import gib as _gib
+from kvwatch.engines.sglang.common import ident as _ident
+from kvwatch.engines.sglang.common import opt_gib as _opt_gib
+from kvwatch.engines.sglang.common import opt_int as _opt_int
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
 Handler = Callable[[str, LineMeta], tuple[Event, ...]]

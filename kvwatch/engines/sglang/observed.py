@@ -11,7 +11,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.engines.sglang import budget
 
 if TYPE_CHECKING:
-    from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
+    from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 
 def observed_budget(

@@ -9,8 +9,8 @@ from __future__ import annotations
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
+from kvwatch.core.units import format_bytes
 from kvwatch.engines.sglang import budget
-from kvwatch.units import format_bytes
 
 
 def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:

@@ -11,8 +11,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from kvwatch.core.events import EngineSettings, Event
 from kvwatch.engines.sglang.common import ident as _ident
-from kvwatch.events import EngineSettings, Event
 from kvwatch.parsers.base import NO_EVENTS, LineMeta
 
 # --- settings ------------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
+from kvwatch.core.events import Event, Preemption, UsageSample
 from kvwatch.engines.sglang.common import ident as _ident
 from kvwatch.engines.sglang.common import opt_float as _opt_float
 from kvwatch.engines.sglang.common import opt_int as _opt_int
-from kvwatch.events import Event, Preemption, UsageSample
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
 # --- periodic batch lines ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, ceil_div, stage_layers
-from kvwatch.versions import version_tuple
+from kvwatch.core.versions import version_tuple
 
 DEFAULT_BLOCK_SIZE = 16
 # MLA backends force their own block size (FlashMLA 64; vllm/platforms/cuda.py).

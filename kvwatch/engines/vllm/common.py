@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from kvwatch.events import EventIdentity
+from kvwatch.core.events import EventIdentity
+from kvwatch.core.units import GiB, MiB
 from kvwatch.parsers.base import LineMeta, ParseError
-from kvwatch.units import GiB, MiB
 
 NUM = r"-?\d+(?:\.\d+)?"
 INT = r"\d[\d,]*"

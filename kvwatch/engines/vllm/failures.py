@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
+from kvwatch.core.events import Event, PoolSized, StartupFailure
 from kvwatch.engines.vllm.common import ERROR_HEAD, NUM, gib, ident
-from kvwatch.events import Event, PoolSized, StartupFailure
 from kvwatch.parsers.base import NO_EVENTS, LineMeta
 
 # --- startup failures --------------------------------------------------------------------------

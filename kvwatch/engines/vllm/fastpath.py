@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kvwatch.events import Event, Preemption, UsageSample
+from kvwatch.core.events import Event, Preemption, UsageSample
 from kvwatch.parsers.prefix import VLLM_LEVEL, fast_identity, fast_prefix
 
 # The periodic stats line in the shapes vLLM prints it (V0 0.4.3+ and V1, their optional fields in

@@ -16,9 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvwatch.engines.vllm import failures, settings
-from kvwatch.engines.vllm.common import INT, NUM, gib, ident, ratio, to_int
-from kvwatch.events import (
+from kvwatch.core.events import (
     EngineSettings,
     Event,
     MemoryBudget,
@@ -27,6 +25,8 @@ from kvwatch.events import (
     StartupFailure,
     UsageSample,
 )
+from kvwatch.engines.vllm import failures, settings
+from kvwatch.engines.vllm.common import INT, NUM, gib, ident, ratio, to_int
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
 # --- pool size ---------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
-from kvwatch.units import GiB, MiB
-from kvwatch.versions import version_tuple
+from kvwatch.core.units import GiB, MiB
+from kvwatch.core.versions import version_tuple
 
 # --- engine defaults -----------------------------------------------------------------------------
 

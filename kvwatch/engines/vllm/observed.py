@@ -11,7 +11,7 @@ from kvwatch.engines.vllm import budget
 from kvwatch.engines.vllm import memory as terms_model
 
 if TYPE_CHECKING:
-    from kvwatch.facts import MemoryFacts, SettingsFacts
+    from kvwatch.state.facts import MemoryFacts, SettingsFacts
 
 
 def graphs_in_budget(version: str | None) -> bool:

@@ -16,8 +16,8 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weight_bytes
+from kvwatch.core.units import GiB, format_bytes
 from kvwatch.engines.vllm import budget, memory, weights
-from kvwatch.units import GiB, format_bytes
 
 # Error band of a card total: measured in a log, estimated from nvidia-smi, or given by the user.
 _TOTAL_BAND_MEASURED = int(0.01 * GiB)

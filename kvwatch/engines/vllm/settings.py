@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kvwatch.core.events import EngineSettings, Event
 from kvwatch.engines.vllm.common import ident
-from kvwatch.events import EngineSettings, Event
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
 # --- settings lines ----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ first engine's log rotated (rename and create, as logrotate does) on the way. Af
 ``fault_after`` seconds one deliberate, labelled fault happens: an engine whose data has a
 ``#@ fault`` section restarts with the smaller figures written there. The sidecar is the same
 ``Sidecar`` that ``kvwatch run`` starts; the demo only plays the engines, starts Prometheus when it
-is installed (kvwatch.demo_prometheus), and prints a summary read back from the sidecar's own
+is installed (kvwatch.sidecar.demo_prometheus), and prints a summary read back from the sidecar's own
 /metrics registry and Prometheus's alerts API.
 """
 
@@ -26,18 +26,18 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from kvwatch import names
 from kvwatch.analysis.attribution import attribute_gap, observed_budget
 from kvwatch.capacity import gpus
 from kvwatch.capacity.budget import Budget
-from kvwatch.config import load_settings
-from kvwatch.demo_prometheus import DemoPrometheus, find_prometheus
-from kvwatch.engines.kinds import EngineName
-from kvwatch.jsontypes import JsonObject
-from kvwatch.pipeline import LinePipeline
+from kvwatch.core.jsontypes import JsonObject
+from kvwatch.core.kinds import EngineName
+from kvwatch.core.units import GiB
+from kvwatch.export import names
 from kvwatch.sidecar.app import Sidecar
-from kvwatch.state import Fleet
-from kvwatch.units import GiB
+from kvwatch.sidecar.config import load_settings
+from kvwatch.sidecar.demo_prometheus import DemoPrometheus, find_prometheus
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.state.fleet import Fleet
 
 # Read by the fault's explanation: what each memory term is, as `kvwatch explain` names them.
 _TERM_LABELS = {

@@ -1,6 +1,6 @@
-"""One engine instance's state (mutated only by ``kvwatch.state.Fleet``) and its frozen snapshot.
+"""One engine instance's state (mutated only by ``kvwatch.state.fleet.Fleet``) and its frozen snapshot.
 
-Types only: what kvwatch knows about an instance, by fact group (kvwatch/facts.py), its epoch, its
+Types only: what kvwatch knows about an instance, by fact group (kvwatch/state/facts.py), its epoch, its
 counters and its staleness. ``Fleet`` in state.py is the one place that changes them.
 """
 
@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvwatch.engines.kinds import EngineName
-from kvwatch.events import (
+from kvwatch.core.events import (
     Origin,
     PoolKind,
 )
-from kvwatch.facts import (
+from kvwatch.core.kinds import EngineName
+from kvwatch.state.facts import (
     EMPTY_MEMORY,
     EMPTY_POOL,
     EMPTY_SETTINGS,

@@ -20,7 +20,7 @@ from dataclasses import fields, replace
 from operator import itemgetter
 from typing import get_args
 
-from kvwatch.events import (
+from kvwatch.core.events import (
     CounterReset,
     Disagreement,
     DisagreementFact,
@@ -33,7 +33,7 @@ from kvwatch.events import (
     StartupFailure,
     UsageSample,
 )
-from kvwatch.facts import (
+from kvwatch.state.facts import (
     EMPTY_POOL,
     EMPTY_SETTINGS,
     EMPTY_USAGE,
@@ -47,8 +47,8 @@ from kvwatch.facts import (
     updated,
     without,
 )
-from kvwatch.instance import InstanceSnapshot, InstanceState
-from kvwatch.usage_values import BAD_VALUE_FACTS, fold_columns, is_refused, refused_facts
+from kvwatch.state.instance import InstanceSnapshot, InstanceState
+from kvwatch.state.usage_values import BAD_VALUE_FACTS, fold_columns, is_refused, refused_facts
 
 # Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
 _POOL_TOLERANCE = 0.0

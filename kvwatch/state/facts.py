@@ -1,6 +1,6 @@
 """Typed facts: what the state keeps of the events, one frozen dataclass per fact group.
 
-Each group mirrors the fact fields of one event class (kvwatch/events.py) under the same names:
+Each group mirrors the fact fields of one event class (kvwatch/core/events.py) under the same names:
 ``SettingsFacts`` <- EngineSettings, ``MemoryFacts`` <- MemoryBudget, ``PoolFacts`` <- PoolSized
 (one per pool kind), ``UsageFacts`` <- UsageSample, ``Failure`` <- StartupFailure. The state builds
 them with one generic merge (``merged``: the event's set, non-None fields replace the group's), and
@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_or
 
 from pydantic import BaseModel
 
-from kvwatch.events import (
+from kvwatch.core.events import (
     DisagreementFact,
     EngineSettings,
-    FailureReason,
     MemoryBudget,
     PoolSized,
     StartupFailure,
     UsageSample,
 )
-from kvwatch.jsontypes import JsonObject, JsonValue
+from kvwatch.core.jsontypes import JsonObject, JsonValue
+from kvwatch.core.labels import FailureReason
 
 
 @dataclass(frozen=True, kw_only=True)

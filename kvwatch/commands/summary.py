@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvwatch.engines.kinds import EngineName
-from kvwatch.facts import Failure
-from kvwatch.jsontypes import JsonObject
-from kvwatch.state import InstanceSnapshot
+from kvwatch.core.jsontypes import JsonObject
+from kvwatch.core.kinds import EngineName
+from kvwatch.state.facts import Failure
+from kvwatch.state.fleet import InstanceSnapshot
 
 
 @dataclass(frozen=True)

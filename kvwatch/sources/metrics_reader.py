@@ -18,11 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvwatch.engines import registry
-from kvwatch.engines.base import MetricsDialect
-from kvwatch.engines.kinds import ENGINE_CHOICES, EngineChoice, EngineName
-from kvwatch.errors import ConfigError
-from kvwatch.events import (
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.events import (
     CounterReset,
     EngineSettings,
     Event,
@@ -30,6 +27,9 @@ from kvwatch.events import (
     Preemption,
     UsageSample,
 )
+from kvwatch.core.kinds import ENGINE_CHOICES, EngineChoice, EngineName
+from kvwatch.engines import registry
+from kvwatch.engines.base import MetricsDialect
 from kvwatch.parsers.base import ParseError
 from kvwatch.parsers.prom_stream import MAX_KEPT_SERIES, Dialect, ExpositionStream, key_labels
 from kvwatch.parsers.samples import Sample, SampleReader, finite

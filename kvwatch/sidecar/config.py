@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvwatch.capacity.resolve import parse_repo_spec, resolve_model_config
-from kvwatch.engines.kinds import EngineChoice
-from kvwatch.errors import ConfigError, KvwatchError
-from kvwatch.units import parse_size
+from kvwatch.core.errors import ConfigError, KvwatchError
+from kvwatch.core.kinds import EngineChoice
+from kvwatch.core.units import parse_size
+from kvwatch.sources.hub import parse_repo_spec, resolve_model_config
 
 # 9477: not 9400 (DCGM exporter), not in the Prometheus default-port allocation list's busy range
 # near 9100 (node), 9090 (Prometheus) or 9093/9094 (Alertmanager); deployment files use it too.
@@ -107,7 +107,7 @@ def _as_list(value: Any, key: str) -> list[Any]:
 
 def _resolve_model(spec: str) -> str:
     """A Hub name (ORG/NAME[@REVISION]) that is not a local path -> its config.json, from the cache or
-    the Hub (kvwatch.capacity.resolve); a path is kept as it is (the sidecar checks it exists)."""
+    the Hub (kvwatch.sources.hub); a path is kept as it is (the sidecar checks it exists)."""
     if Path(spec).expanduser().exists() or parse_repo_spec(spec) is None:
         return spec
     try:

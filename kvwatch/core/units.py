@@ -11,7 +11,7 @@ import math
 import re
 from fractions import Fraction
 
-from kvwatch.errors import ConfigError
+from kvwatch.core.errors import ConfigError
 
 KiB = 1024
 MiB = 1024**2

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from kvwatch.core import labels
+
 MetricType = Literal["gauge", "counter", "info"]
 
 # Labels of every per-instance metric. `dp_rank` is the engine instance inside one source
@@ -24,32 +26,14 @@ MODEL_LABEL = "model_name"
 INSTANCE_LABELS: tuple[str, ...] = ("source", ENGINE_KIND_LABEL, MODEL_LABEL, "dp_rank")
 SOURCE_LABELS: tuple[str, ...] = ("source",)
 
-# Bounded label values.
-PREDICTION_BASES: tuple[str, ...] = ("config", "engine_budget")
-CONCURRENCY_BASES: tuple[str, ...] = ("observed", "config", "engine_budget")
-MEMORY_TERMS: tuple[str, ...] = ("total", "usable", "weights", "activation", "non_torch", "cuda_graphs", "kv")
-MEMORY_BASES: tuple[str, ...] = ("observed", "predicted")
-FAILURE_REASONS: tuple[str, ...] = (
-    "max_model_len_too_large",
-    "no_memory_for_cache",
-    "negative_kv_budget",
-    "not_enough_memory",
-)
-PREDICTION_STATES: tuple[str, ...] = (
-    "ok",
-    "no_model_config",
-    "bad_model_config",
-    "unsupported_model",
-    "no_gpu_memory",
-)
-SCRAPE_ERROR_REASONS: tuple[str, ...] = (
-    "timeout",
-    "connection",
-    "http_status",
-    "too_large",
-    "decode",
-    "parse",
-)
+# Bounded label values: one Literal each, in kvwatch.core.labels.
+PREDICTION_BASES = labels.PREDICTION_BASES
+CONCURRENCY_BASES = labels.CONCURRENCY_BASES
+MEMORY_TERMS = labels.MEMORY_TERMS
+MEMORY_BASES = labels.MEMORY_BASES
+FAILURE_REASONS = labels.FAILURE_REASONS
+PREDICTION_STATES = labels.PREDICTION_STATES
+SCRAPE_ERROR_REASONS = labels.SCRAPE_ERROR_REASONS
 ENGINE_INFO_LABELS: tuple[str, ...] = (
     "version",
     "tp",

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvwatch.errors import ModelConfigError
+from kvwatch.core.errors import ModelConfigError
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

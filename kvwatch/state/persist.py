@@ -13,7 +13,7 @@ The file is read as untrusted input: anyone who can write the state folder can w
 value kvwatch would not produce itself (a string for a counter, -5 or 1e308 preemptions, bytes that
 are not UTF-8, nesting thousands deep) must not break /metrics or startup. It is validated against
 ``_schema()`` (types and ranges of every field of ``InstanceState``), then built into the typed
-fact groups (kvwatch/facts.py: each value must fit its field); a file that fails -- or is
+fact groups (kvwatch/state/facts.py: each value must fit its field); a file that fails -- or is
 of another format version -- is moved aside as ``kvwatch-state.json.corrupt-<time>`` for a person
 to look at, one warning is logged and counted, and kvwatch starts fresh: always safe, only less
 informed. The instance cap is applied when the records are restored (``Fleet.restore``).
@@ -35,10 +35,11 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from kvwatch.engines.kinds import EngineName
-from kvwatch.errors import ConfigError
-from kvwatch.events import Origin, PoolKind
-from kvwatch.facts import (
+from kvwatch.core.errors import ConfigError
+from kvwatch.core.events import Origin, PoolKind
+from kvwatch.core.jsontypes import JsonObject, JsonValue
+from kvwatch.core.kinds import EngineName
+from kvwatch.state.facts import (
     Failure,
     MemoryFacts,
     PoolFacts,
@@ -47,8 +48,7 @@ from kvwatch.facts import (
     disagreement_from_json,
     from_json,
 )
-from kvwatch.jsontypes import JsonObject, JsonValue
-from kvwatch.state import Fleet, InstanceState
+from kvwatch.state.fleet import Fleet, InstanceState
 
 log = logging.getLogger(__name__)
 

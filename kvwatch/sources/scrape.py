@@ -1,7 +1,7 @@
 """HTTP GET of an engine's /metrics: the I/O half of the metrics source (MetricsReader is the other).
 
 ``Scraper.fetch`` never raises: every failure comes back as a ``ScrapeResult`` whose ``error`` is
-one of ``kvwatch.names.SCRAPE_ERROR_REASONS``, so the sidecar counts it and tries again next
+one of ``kvwatch.export.names.SCRAPE_ERROR_REASONS``, so the sidecar counts it and tries again next
 interval. The whole exchange is bounded: ``connect_timeout`` for the TCP/TLS connect,
 ``read_timeout`` for everything after it (a server that drips one byte at a time still stops
 there), ``max_bytes`` for the body on the wire and again after gzip decoding (so a compressed bomb
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from kvwatch import __version__
-from kvwatch.errors import ConfigError
+from kvwatch.core.errors import ConfigError
 
 _CHUNK = 64 * 1024
 # Prometheus' classic text format: what prometheus_client.parser reads (no OpenMetrics negotiation).

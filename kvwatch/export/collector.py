@@ -2,7 +2,7 @@
 
 ``KvwatchCollector.collect`` runs on every scrape of kvwatch's /metrics: it takes one
 ``Fleet.snapshot()`` (a consistent, frozen view), derives what the engine did not print (used tokens,
-headroom, gap to the prediction) and yields one family per entry of ``kvwatch.names.METRICS``.
+headroom, gap to the prediction) and yields one family per entry of ``kvwatch.export.names.METRICS``.
 Nothing here mutates state; predictions are cached per (instance, epoch, settings) by ``Predictor``
 so a scrape costs a dictionary look-up, not a re-computation.
 """
@@ -25,15 +25,16 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from kvwatch import __version__, names
+from kvwatch import __version__
 from kvwatch.analysis.attribution import gap_ratio
 from kvwatch.analysis.predictor import Predictor
+from kvwatch.export import names
 from kvwatch.export.exposition import Row as _Row
 from kvwatch.export.exposition import Rows as _Rows
 from kvwatch.export.exposition import escape as _escape
-from kvwatch.facts import MemoryFacts, PoolFacts, SettingsFacts
-from kvwatch.state import DISAGREEMENT_FACTS, InstanceSnapshot
-from kvwatch.usage_values import BAD_VALUE_FACTS
+from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
+from kvwatch.state.fleet import DISAGREEMENT_FACTS, InstanceSnapshot
+from kvwatch.state.usage_values import BAD_VALUE_FACTS
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +268,8 @@ class KvwatchCollector(Collector):
         if observed_conc is None and pool_tokens is not None and max_len:
             observed_conc = pool_tokens / max_len
         gauge(names.MAX_CONCURRENCY, observed_conc, "observed")
-        for basis, conc in pred.max_concurrency.items():
-            gauge(names.MAX_CONCURRENCY, conc, basis)
+        for concurrency_basis, conc in pred.max_concurrency.items():
+            gauge(names.MAX_CONCURRENCY, conc, concurrency_basis)
 
         for term, value in _observed_terms(snap.memory):
             gauge(names.MEMORY_BYTES, value, term, "observed")

@@ -18,7 +18,8 @@ from typing import Annotated, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from kvwatch.engines.kinds import EngineName
+from kvwatch.core.kinds import EngineName
+from kvwatch.core.labels import FailureReason
 
 Origin = Literal["log", "metrics"]
 
@@ -163,14 +164,6 @@ class Preemption(_Event):
     count: int | None = None
     new_token_ratio: float | None = None
     new_tokens_gained: int | None = None
-
-
-FailureReason = Literal[
-    "max_model_len_too_large",
-    "no_memory_for_cache",
-    "negative_kv_budget",
-    "not_enough_memory",
-]
 
 
 class StartupFailure(_Event):

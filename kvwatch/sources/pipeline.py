@@ -14,7 +14,7 @@ raise and never read files or clocks, and leave the same events, counters and st
 lines (but for lines over the length cap, which ``feed`` cuts before it looks at them and the
 bulk drop reads whole). ``replay`` reads files to EOF (the ``kvwatch parse`` command and the golden tests)
 through ``access.filtered_blocks`` into ``feed_filtered``: the same two stages, the first one in a
-helper process for a large file; kvwatch/summary.py turns the resulting snapshots into the
+helper process for a large file; kvwatch/commands/summary.py turns the resulting snapshots into the
 ``parse`` output.
 """
 
@@ -27,14 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from kvwatch.core.events import EngineSettings, Event, Preemption, StartupFailure, UsageSample
+from kvwatch.core.kinds import EngineChoice, EngineName
 from kvwatch.engines import registry
 from kvwatch.engines.base import FastPathFn
-from kvwatch.engines.kinds import EngineChoice, EngineName
-from kvwatch.events import EngineSettings, Event, Preemption, StartupFailure, UsageSample
 from kvwatch.parsers.base import ParseFn
 from kvwatch.parsers.prefix import strip_embedded, strip_prefixes
 from kvwatch.sources.access import ACCESS_MARK, drop_access_lines, filtered_blocks
-from kvwatch.state import Fleet, InstanceSnapshot
+from kvwatch.state.fleet import Fleet, InstanceSnapshot
 
 DEFAULT_MAX_LINE_CHARS = 65536
 
