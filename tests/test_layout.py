@@ -203,7 +203,9 @@ def engine_literals(path: Path) -> list[str]:
 def test_engine_names_are_spelled_only_in_engines() -> None:
     # core/kinds.py spells each name once, as the EngineName literal the rest of the tree uses.
     kinds = PACKAGE / "core" / "kinds.py"
-    outside = [p for p in PACKAGE.rglob("*.py") if "engines" not in p.relative_to(PACKAGE).parts and p != kinds]
+    outside = [
+        p for p in PACKAGE.rglob("*.py") if "engines" not in p.relative_to(PACKAGE).parts and p != kinds
+    ]
     assert [hit for p in sorted(outside) for hit in engine_literals(p)] == []
 
 
