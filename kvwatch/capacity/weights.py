@@ -233,18 +233,30 @@ def _quant_scheme(quant: Mapping[str, Any] | None) -> tuple[str, float, frozense
         groups.discard(DENSE_MLP)
     if method == "mxfp4":
         return "mxfp4", 4.25, frozenset({EXPERTS} & groups)
-    if method in ("fp8", "fbgemm_fp8", "modelopt"):
+    if method in ("fp8", "fbgemm_fp8") or (
+        method == "modelopt" and str(quant.get("quant_algo")).upper() == "FP8"
+    ):
         return "fp8", 8.0, frozenset(groups)
-    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round"):
+    if method == "modelopt":
+        # NVFP4: 4-bit values and an fp8 scale per 16 (the only other algo dims.checkpoint_quant admits).
+        return "nvfp4", 4.5, frozenset(groups)
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round", "auto_round"):
         bits = int(quant.get("bits") or quant.get("w_bit") or 4)
         group = int(quant.get("group_size") or quant.get("q_group_size") or _INT4_DEFAULT_GROUP)
         group = group if group > 0 else 4096
         return f"int{bits} {method}", bits + 16 / group + bits / group, frozenset(groups)
+    if method == "bitsandbytes":
+        # 8-bit int8 rows, or 4-bit NF4/FP4 values with an fp32 absmax per 64 (bitsandbytes' default).
+        if quant.get("load_in_8bit"):
+            return "int8 bitsandbytes", 8.0, frozenset(groups)
+        return "int4 bitsandbytes", 4.5, frozenset(groups)
     if method == "compressed-tensors":
         cg = quant.get("config_groups") or {}
         first: Mapping[str, Any] = next(iter(cg.values()), {}) if isinstance(cg, dict) else {}
         w = first.get("weights") or {}
         bits = int(w.get("num_bits") or 8)
+        if bits == 4 and w.get("type") == "float":
+            return "nvfp4 compressed-tensors", 4.5, frozenset(groups)
         if bits >= 8:
             return f"{w.get('type', 'int')}{bits} compressed-tensors", 8.0, frozenset(groups)
         group = int(w.get("group_size") or _INT4_DEFAULT_GROUP)
