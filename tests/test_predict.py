@@ -27,6 +27,8 @@ JSON_KEYS = {
     "fits",
     "estimated_max_model_len",
     "assumptions",
+    "available_kv_band_bytes",
+    "not_calibrated",
 }
 
 
@@ -45,7 +47,7 @@ def test_demo_command_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "79.19 GiB" in out
     assert "72.85 GiB (0.92)" in out
     assert "14.99 GiB per GPU" in out
-    assert "54.94 GiB ±" in out
+    assert "54.92 GiB ±" in out
     assert "x 16 tokens" in out
     bar = next(line for line in out.splitlines() if line.startswith("["))
     assert bar.index("W") < bar.index("A") < bar.index(".") < bar.index("K")
@@ -183,3 +185,51 @@ def test_subprocess_demo_command() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "KV pool" in out.stdout
+
+
+# --- predictions that know their limits -----------------------------------------------------------
+
+
+def _band(data: dict[str, object]) -> float:
+    band, kv = data["available_kv_band_bytes"], data["available_kv_bytes"]
+    assert isinstance(band, int) and isinstance(kv, int) and kv > 0
+    return band / kv
+
+
+def test_inside_the_envelope_nothing_is_named_and_the_band_is_narrow(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """H100, vLLM 0.19, a dense text model at TP 1: what the calibration set covers."""
+    data = run_json(capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.19.0", "--max-model-len", "8192")
+    assert data["not_calibrated"] == []
+    assert _band(data) < 0.01
+
+
+def test_each_uncovered_condition_is_named_and_widens_the_band(capsys: pytest.CaptureFixture[str]) -> None:
+    inside = run_json(
+        capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.19.0", "--max-model-len", "8192"
+    )
+    outside = run_json(
+        capsys, LLAMA8, "--gpu", "b200", "--engine-version", "0.8.0", "--max-model-len", "8192"
+    )
+    assert outside["not_calibrated"] == ["B200 class", "release 0.8"]
+    assert _band(outside) > _band(inside)
+    assert (
+        main(["predict", LLAMA8, "--gpu", "b200", "--engine-version", "0.8.0", "--max-model-len", "8192"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "not calibrated      B200 class, release 0.8" in out
+
+
+def test_a_release_newer_than_any_read_is_predicted_with_the_newest_rules_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    newest = run_json(
+        capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.33.0", "--max-model-len", "8192"
+    )
+    newer = run_json(capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.40.1", "--max-model-len", "8192")
+    assert newer["available_kv_bytes"] == newest["available_kv_bytes"]
+    assert "release newer than 0.33.0" in newer["not_calibrated"]  # type: ignore[operator]
+    assert _band(newer) >= _band(newest)
+    assert any("rules of the newest release read, 0.33.0" in a for a in newer["assumptions"])  # type: ignore[union-attr]

@@ -6,11 +6,15 @@ budget together from what was measured, given or estimated and records which.
 
 from __future__ import annotations
 
+import math
+
 from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.envelope import conditions, label, not_calibrated_note
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.core.units import format_bytes
 from kvwatch.engines.sglang import budget
+from kvwatch.engines.sglang.envelope import CURRENT
 
 
 def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
@@ -32,6 +36,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     total = d.gpu_memory_bytes
     mfs = d.mem_fraction_static
     usable = activation = non_torch = None
+    band: int | None = None
+    envelope = CURRENT.get()
     if d.available_kv_bytes is not None:
         available = d.available_kv_bytes
         inputs["available_kv"] = "given"
@@ -76,6 +82,22 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         usable = int(pre_load * mfs)
         activation = pre_load - usable
         available = usable - weights_rank
+        # Each estimated term's band is the fraction of it the leave-one-source-out error gives
+        # (envelope.py); "pool" is the rest of SGLang's arithmetic (the default fraction, the split).
+        f = envelope.term_bands
+        parts = [
+            f["weights"] * weights_rank if inputs.get("weights") == "estimated" else 0.0,
+            f["non_torch"] * (non_torch or 0) if inputs.get("non_torch") == "estimated" else 0.0,
+            f["pool"] * usable,
+        ]
+        band = int(f.get("scale", 1.0) * math.isqrt(sum(int(x) ** 2 for x in parts)))
+    uncovered = envelope.uncovered(conditions(model, d, envelope.newest_read))
+    if band is not None and usable is not None:
+        band = envelope.widen(band, usable, uncovered)
+        if uncovered:
+            assumptions.append(
+                not_calibrated_note(uncovered, "SGLang", d.engine_version, envelope.newest_read)
+            )
     sg = budget.pool(model, d, elem, available)
     assumptions.extend(sg.notes)
     if d.page_size is None and d.block_size is None:
@@ -113,4 +135,6 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         mem_fraction_static=mfs,
         exact=sg.exact,
         failure=failure,
+        available_kv_band_bytes=band,
+        not_calibrated=tuple(label(axis, value) for axis, value in uncovered) if band is not None else (),
     )

@@ -1,0 +1,64 @@
+"""SGLang's calibration envelope: ONE table of what its real startups cover and how wide the band is.
+
+Written by ``python -m bench accuracy --envelope`` from the SGLang cases of tests/apriori/public
+(never by hand); tests/test_accuracy.py holds it equal to what the cases give. See
+kvwatch/capacity/envelope.py for what each figure means.
+"""
+
+from __future__ import annotations
+
+from kvwatch.capacity.envelope import Current, Envelope
+
+# The newest release whose source kvwatch's rules were read from (budget.py).
+NEWEST_READ = "0.5.23"
+
+# --- envelope: begin
+ENVELOPE = Envelope(
+    newest_read=NEWEST_READ,
+    covered={
+        "card": frozenset({}),
+        "release": frozenset({"0.5"}),
+        "architecture": frozenset({}),
+        "modality": frozenset({"text"}),
+        "quantization": frozenset({}),
+        "parallelism": frozenset({}),
+        "connector": frozenset({"none"}),
+    },
+    term_bands={"weights": 0.0, "non_torch": 2.25, "pool": 0.2722, "scale": 1.0},
+    widening={
+        "card": 0.0,
+        "release": 0.0,
+        "architecture": 0.0,
+        "modality": 0.0,
+        "quantization": 0.0,
+        "parallelism": 0.0,
+        "connector": 0.0,
+    },
+    cases={
+        "architecture=hybrid linear-attention": "sgl-project/sglang#10407 (1)",
+        "architecture=sparse MLA (indexer)": "sgl-project/sglang#11309 (2)",
+        "card=B200": "sgl-project/sglang#11309 (2)",
+        "card=H20": "sgl-project/sglang#10407 (1)",
+        "connector=none": "sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2)",
+        "modality=text": "sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2)",
+        "parallelism=dp attention": "sgl-project/sglang#11309 (2)",
+        "parallelism=tp >= 2": "sgl-project/sglang#10407 (1)",
+        "quantization=fp8": "sgl-project/sglang#11309 (2)",
+        "quantization=none": "sgl-project/sglang#10407 (1)",
+        "release=0.5": "sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2)",
+        "widening card": "4 cases outside the others' envelope: sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2), sgl-project/sglang#39713 (1)",
+        "widening release": "3 cases outside the others' envelope: sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2)",
+        "widening architecture": "4 cases outside the others' envelope: sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2), sgl-project/sglang#39713 (1)",
+        "widening modality": "3 cases outside the others' envelope: sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2)",
+        "widening quantization": "4 cases outside the others' envelope: sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2), sgl-project/sglang#39713 (1)",
+        "widening parallelism": "4 cases outside the others' envelope: sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2), sgl-project/sglang#39713 (1)",
+        "widening connector": "3 cases outside the others' envelope: sgl-project/sglang#10407 (1), sgl-project/sglang#11309 (2)",
+        "band weights": "leave-one-source-out error of every case that logs it",
+        "band non_torch": "leave-one-source-out error of every case that logs it",
+        "band pool": "leave-one-source-out error of every case that logs it",
+        "band scale": "leave-one-source-out error of every case that logs it",
+    },
+)
+# --- envelope: end
+
+CURRENT = Current(ENVELOPE)
