@@ -90,7 +90,8 @@ def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list
 def _graph_features(case: Case, model: ModelGeometry) -> list[float]:
     d = deployment(case)
     seqs, tokens = memory.batch_limits(d, _model_len(case, model))
-    n = memory.capture_sizes(seqs, tokens)
+    card = gpus.find(d.gpu_name)
+    n = memory.capture_sizes(seqs, tokens, d.engine_version, card.sm_major if card is not None else 9)
     layers = weights.stage_layers(model.num_layers, d.pp)[0]
     moe = 1.0 if model.dims is not None and model.dims.n_experts else 0.0
     return [1.0, layers * math.sqrt(n / 51), moe]

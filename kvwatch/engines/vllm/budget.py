@@ -38,6 +38,36 @@ def logs_tokens_from_concurrency(version: str | None) -> bool:
     return v is None or v >= (0, 20, 1)
 
 
+def max_concurrent_batches(d: Deployment) -> int:
+    """Batches in flight at once (VllmConfig.max_concurrent_batches, 0.26.0 config/vllm.py:512-522;
+    0.33.0 :588-598): async scheduling (on by default) keeps 2 at PP 1; at PP > 1 the V1 runner
+    keeps pp and the V2 runner pp + 1 -- V2 is the default for every model in 0.29-0.30 and PP with
+    async scheduling falls back to V1 from 0.31 (0.31.0 config/vllm.py:3124). 0.26-0.28 run dense
+    models on V2 too (pp + 1 there); taken as V1 (pp) here."""
+    v = version_tuple(d.engine_version)
+    if d.pp <= 1:
+        return 2
+    if v is not None and (0, 29) <= v[:2] < (0, 31):
+        return d.pp + 1
+    return d.pp
+
+
+def in_flight_tokens(d: Deployment, max_num_batched_tokens: int) -> int:
+    """The tokens a sliding-window or chunked-local layer keeps beyond its window per request.
+
+    From 0.26.0 SlidingWindowSpec / ChunkedLocalAttentionSpec count max_in_flight_tokens =
+    max_concurrent_batches x max_num_batched_tokens (0.26.0 config/vllm.py:525-534,
+    v1/kv_cache_interface.py:584 and :517; 0.33.0 :916-940, :864-887): async scheduling's second
+    batch in flight doubles it at PP 1. Up to 0.25.1 (0.25.1 kv_cache_interface.py:561) the
+    max_num_batched_tokens alone. It changes the blocks one request takes (concurrency, the logged
+    token count, the fit check), not the pool.
+    """
+    v = version_tuple(d.engine_version)
+    if v is not None and v < (0, 26):
+        return max_num_batched_tokens
+    return max_concurrent_batches(d) * max_num_batched_tokens
+
+
 def hybrid_manager(d: Deployment) -> bool:
     """Whether sliding-window layers get their own KV groups (the hybrid allocator, 0.9.2+, unless disabled)."""
     v = version_tuple(d.engine_version)
@@ -141,6 +171,7 @@ def plan(
     block = block_size_for(model, d)
     notes: list[str] = []
     exact = True
+    max_num_batched_tokens = in_flight_tokens(d, max_num_batched_tokens)
     if any(layer.kind in ("linear", "mamba") for layer in model.layers):
         exact = False
         notes.append(
@@ -277,6 +308,7 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     check counts them (needed_rule); 0.14-0.16 check the global groups, every stage at once."""
     block = block_size_for(model, d)
     rule = needed_rule(d.engine_version)
+    mnbt = in_flight_tokens(d, mnbt)
     v = version_tuple(d.engine_version)
     global_groups = v is not None and (0, 14) <= v < (0, 17)
     stages = [list(model.layers)] if global_groups else stage_layers(model.layers, d.pp)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
@@ -46,18 +47,22 @@ def default_batch_limits(
 ) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) the API server resolves when the user sets neither.
 
-    V1 (engine/arg_utils.py:2053-2071, the same table 0.11-0.21): a card reporting >= 70 GiB that is
-    not an A100 gets 1024 / 8192, every other card 256 / 2048; >= 160 GiB raises the tokens to 16384
-    from 0.20 (0.20.0 arg_utils.py). V0 (< 0.8) schedules 256 sequences and, without chunked
-    prefill, max(max_model_len, 2048) tokens (config.py SchedulerConfig).
+    V1 (engine/arg_utils.py:2053-2071, the same table 0.11-0.27): a card reporting >= 70 GiB that is
+    not an A100 gets 1024 / 8192, every other card 256 / 2048. >= 160 GiB raises the tokens to 16384
+    in 0.20 (0.20.0 arg_utils.py) and again from 0.28 (0.28.0 arg_utils.py:2582-2591, 0.33.0 :2973);
+    0.21.0-0.27.1 have no such branch (0.21.0 :2217-2266, 0.27.1 :2515-2544). V0 (< 0.8) schedules
+    256 sequences and, without chunked prefill, max(max_model_len, 2048) tokens (config.py
+    SchedulerConfig).
     """
     if not is_v1(version):
         return 256, max(max_model_len, 2048)
     v = version_tuple(version)
     total = total_bytes or 0
+    big = v is None or v[:2] == (0, 20) or v >= (0, 28)
+    if total >= 160 * GiB and big:
+        return 1024, 16384
     if total >= 70 * GiB and "a100" not in (gpu_name or "").lower():
-        tokens = 16384 if total >= 160 * GiB and (v is None or v >= (0, 20)) else 8192
-        return 1024, tokens
+        return 1024, 8192
     return 256, 2048
 
 
@@ -67,12 +72,22 @@ def batch_limits(d: Deployment, max_model_len: int) -> tuple[int, int]:
     return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+def capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, version: str | None = None, sm_major: int = 9
+) -> int:
     """How many CUDA-graph sizes vLLM captures: [1, 2, 4] + 8..248 step 8 + 256.. step 16 up to
-    min(2 x max_num_seqs, 512, max_num_batched_tokens) (config/vllm.py:1349-1353, 1389-1403)."""
-    top = min(max_num_seqs * 2, 512, max_num_batched_tokens)
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
-    return sum(1 for s in sizes if s <= top)
+    min(2 x max_num_seqs, cap, max_num_batched_tokens) (config/vllm.py:1349-1353, 1389-1403), cap 512,
+    1024 on SM100 from 0.28 (0.28.0 config/vllm.py:1936-1943). From 0.21 max_num_batched_tokens is
+    captured too when under the top (0.21.0 :1580), from 0.31 max_num_seqs (0.31.0 :2540)."""
+    v = version_tuple(version)
+    cap = 1024 if sm_major == 10 and (v is None or v >= (0, 28)) else 512
+    top = min(max_num_seqs * 2, cap, max_num_batched_tokens)
+    sizes = {s for s in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)) if s <= top}
+    if (v is None or v >= (0, 21)) and max_num_batched_tokens <= top:
+        sizes.add(max_num_batched_tokens)
+    if (v is None or v >= (0, 31)) and max_num_seqs <= top:
+        sizes.add(max_num_seqs)
+    return len(sizes)
 
 
 def subtracts_cuda_graphs(version: str | None) -> bool:
@@ -206,7 +221,11 @@ def activation(
     rows = min(tokens, max_num_seqs)
     hopper = gpu is None or gpu.sm_major >= 9
     cal = calibration.current()
-    persistent = (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE) + int(cal.small_tensors_gib * GiB)
+    v = version_tuple(d.engine_version)
+    # From 0.33 the cuBLAS/cuBLASLt handles and their workspace exist before the init snapshot
+    # (0.33.0 v1/worker/gpu_worker.py:520-529): baseline, not profile memory.
+    cublas = 0 if v is None or v >= (0, 33) else (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE)
+    persistent = cublas + int(cal.small_tensors_gib * GiB)
     persistent += _moe_workspace(dims, d.tp, tokens, act)
     if dims.has_vision_tower:
         persistent += int(cal.vision_encoder_gib * GiB)
@@ -259,7 +278,8 @@ def cuda_graphs(dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, 
     """The estimate 0.18+ prints; none with --enforce-eager (gpu_worker.py:380) or before 0.18."""
     if d.enforce_eager or not estimates_cuda_graphs(d.engine_version):
         return Term(0, "none")
-    n = capture_sizes(max_num_seqs, tokens)
+    card = gpus.find(d.gpu_name)
+    n = capture_sizes(max_num_seqs, tokens, d.engine_version, card.sm_major if card is not None else 9)
     cal = calibration.current()
     gib = (
         cal.graphs_base_gib
