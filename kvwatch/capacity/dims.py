@@ -51,9 +51,15 @@ class ModelDims:
     checkpoint_quant: str | None
     quant_group: int
     has_vision_tower: bool
+    # Parameters of the vision / audio towers and their projectors (estimated from vision_config /
+    # audio_config: tower_params); the engines load them beside the text decoder, in the model dtype.
+    vision_params: int
     # Length and width of the rotary cos/sin cache the loader builds.
     rope_positions: int
     rotary_dim: int
+    # The vision tower's depth and width (0 without one): SGLang's default static fraction reads them.
+    vision_layers: int = 0
+    vision_hidden: int = 0
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -152,6 +158,58 @@ def _rope_positions(cfg: Mapping[str, Any], max_position: int) -> int:
     return max_position
 
 
+_TOWER_KEYS = {
+    "hidden": ("hidden_size", "embed_dim", "vt_hidden_size", "d_model", "width"),
+    "inter": ("intermediate_size", "vt_intermediate_size", "encoder_ffn_dim", "mlp_dim"),
+    "layers": (
+        "num_hidden_layers",
+        "depth",
+        "vt_num_hidden_layers",
+        "encoder_layers",
+        "num_layers",
+        "layers",
+    ),
+}
+
+
+def tower_params(config: Mapping[str, JsonValue]) -> int:
+    """Parameters of the encoder towers a multimodal config carries (vision_config, audio_config).
+
+    A transformer encoder: layers x (4 H^2 attention + 2 or 3 (gated) H x I MLP), plus the
+    projector into the text model (H x text hidden). What a checkpoint without its
+    model.safetensors.index.json at hand would otherwise leave out of the weights (SigLIP-400M:
+    27 x (4 x 1152^2 + 2 x 1152 x 4304) = 411M; Qwen2.5-VL-7B's 32-layer SwiGLU tower 630M).
+    """
+    cfg: Mapping[str, Any] = config
+    inner = cfg.get("text_config")
+    text: Mapping[str, Any] = inner if isinstance(inner, Mapping) else cfg
+    text_hidden = _int(text, "hidden_size")
+    total = 0
+    for key in ("vision_config", "audio_config"):
+        tower = cfg.get(key)
+        if not isinstance(tower, Mapping):
+            continue
+        hidden = _int(tower, *_TOWER_KEYS["hidden"])
+        layers = _int(tower, *_TOWER_KEYS["layers"])
+        inter = _int(tower, *_TOWER_KEYS["inter"])
+        ratio = tower.get("mlp_ratio")
+        if not inter and isinstance(ratio, int | float) and not isinstance(ratio, bool) and ratio > 0:
+            inter = int(hidden * ratio)
+        inter = inter or 4 * hidden
+        act = str(tower.get("hidden_act") or tower.get("hidden_activation") or "")
+        matrices = 3 if "silu" in act or "swiglu" in act else 2
+        total += layers * (4 * hidden * hidden + matrices * hidden * inter) + hidden * text_hidden
+    return total
+
+
+def vision_shape(config: Mapping[str, JsonValue]) -> tuple[int, int]:
+    """(layers, hidden) of the vision_config, 0 where absent."""
+    tower = config.get("vision_config")
+    if not isinstance(tower, Mapping):
+        return 0, 0
+    return _int(tower, *_TOWER_KEYS["layers"]), _int(tower, *_TOWER_KEYS["hidden"])
+
+
 def dims_from_config(
     config: Mapping[str, JsonValue],
     params: Mapping[str, int],
@@ -159,6 +217,8 @@ def dims_from_config(
     num_layers: int,
     dtype_bytes: int,
     has_vision_tower: bool,
+    vision_params: int = 0,
+    vision_shape: tuple[int, int] = (0, 0),
 ) -> ModelDims:
     """The shapes of a text config (``params`` is its itemised count by the groups above)."""
     cfg: Mapping[str, Any] = config  # a document of any shape, read dynamically
@@ -193,6 +253,9 @@ def dims_from_config(
         checkpoint_quant=quant,
         quant_group=group,
         has_vision_tower=has_vision_tower,
+        vision_params=vision_params,
+        vision_layers=vision_shape[0],
+        vision_hidden=vision_shape[1],
         rope_positions=_rope_positions(cfg, max_position),
         rotary_dim=rotary,
     )

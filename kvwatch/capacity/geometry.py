@@ -24,7 +24,7 @@ from kvwatch.capacity.architectures import (
     unread_layout,
     wrapper_text_model_type,
 )
-from kvwatch.capacity.dims import dims_from_config
+from kvwatch.capacity.dims import dims_from_config, tower_params, vision_shape
 from kvwatch.capacity.dtypes import served_dtype
 from kvwatch.capacity.model import LayerKind, LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import count_params
@@ -433,6 +433,8 @@ def _geometry(
         num_layers=len(layers),
         dtype_bytes=dtype_bytes,
         has_vision_tower=isinstance(raw.get("vision_config"), dict),
+        vision_params=tower_params(raw),
+        vision_shape=vision_shape(raw),
     )
     return ModelGeometry(
         dims=dims,

@@ -298,7 +298,16 @@ def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tupl
     for group, count in params.items():
         bits = scheme[1] if scheme is not None and group in scheme[2] else base_bits
         total_bits += count * bits
+    # Vision / audio towers, in the model dtype (checkpoints keep them unquantised).
+    total_bits += (model.dims.vision_params if model.dims is not None else 0) * base_bits
     return int(total_bits // 8), scheme[0] if scheme is not None else model.dtype
+
+
+def weight_bytes_of(model: ModelGeometry, group: str) -> int:
+    """Bytes of one parameter group (dims.ATTENTION, ...) as the checkpoint stores it."""
+    scheme = _quant_scheme(model.quantization)
+    bits = scheme[1] if scheme is not None and group in scheme[2] else model.dtype_bytes * 8
+    return int(model.params.get(group, 0) * bits // 8)
 
 
 def weights_per_rank(

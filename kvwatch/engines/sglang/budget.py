@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.dims import ATTENTION
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
+from kvwatch.capacity.weights import weight_bytes_of
 from kvwatch.core.units import GiB, MiB
 from kvwatch.core.versions import version_tuple
 
@@ -40,11 +42,16 @@ class StaticFraction:
     rule: str
 
 
-def gpu_defaults(gpu_mem_mb: float, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks for a card of this size."""
+def gpu_defaults(gpu_mem_mb: float, tp: int, version: str | None = None) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks for a card of this size: < 35 GiB
+    cards get 2048 and 24 / 80 up to 0.5.19 (0.5.9 server_args.py:911-975), 4096 and 48 / 160 from
+    0.5.20 (0.5.20 arg_groups/memory_hook.py:100-117)."""
+    v = version_tuple(version)
     if gpu_mem_mb < 20 * 1024:
         return 2048, 8
     if gpu_mem_mb < 35 * 1024:
+        if v is not None and v < (0, 5, 20):
+            return 2048, 24 if tp < 4 else 80
         return 4096, 48 if tp < 4 else 160
     if gpu_mem_mb < 60 * 1024:
         return 4096, 32 if tp < 4 else 160
@@ -53,12 +60,62 @@ def gpu_defaults(gpu_mem_mb: float, tp: int) -> tuple[int, int]:
     return 16384, 512
 
 
-def default_mem_fraction_static(d: Deployment) -> StaticFraction:
-    """SGLang's default mem_fraction_static for this GPU, parallelism and version."""
+def prefill_graph_sizes(chunked_prefill_size: int) -> int:
+    """How many piecewise/prefill CUDA-graph sizes SGLang captures: 4..32 step 4, 48..256 step 16,
+    288..512 step 32, 576..1024 step 64, 1280..4096 step 256, 4608.. step 512, up to the chunk
+    (0.5.12.post1 server_args.py:1657-1675; 0.5.23 arg_groups/cuda_graph_hook.py:480-497)."""
+    steps = ((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256))
+    sizes = [n for lo, hi, step in steps for n in range(lo, hi + 1, step)]
+    sizes += list(range(4608, max(chunked_prefill_size, 4608) + 1, 512))
+    return sum(1 for n in sizes if n <= chunked_prefill_size)
+
+
+def _prefill_graph_reserve(d: Deployment, model: ModelGeometry | None, chunked: int) -> float:
+    """MiB the default fraction keeps for the piecewise/prefill CUDA graphs: 8 per capture size, 1536
+    for MLA models; on by default from 0.5.10 (0.5.10.post1 server_args.py:637, :1308-1311), and none
+    where SGLang turns them off first -- DP attention (up to 0.5.22; 0.5.23 only on ROCm), PP > 1, a
+    vision tower, Qwen3-Next, DeepSeek sparse attention up to 0.5.14 (0.5.12.post1
+    server_args.py:1301-1370; 0.5.23 arg_groups/cuda_graph_hook.py)."""
+    v = version_tuple(d.engine_version)
+    if v is not None and v < (0, 5, 10):
+        return 0.0
+    dims = model.dims if model is not None else None
+    mla = model is not None and model.is_mla
+    dsa = model is not None and any(is_dsa(layer) for layer in model.layers)
+    off = (
+        (d.dp_attention and d.dp > 1 and (v is not None and v < (0, 5, 23)))
+        or d.pp > 1
+        or (dims is not None and dims.has_vision_tower)
+        or (model is not None and model.model_type.startswith(("qwen3_next", "deepseek_v4")))
+        or (dsa and v is not None and v < (0, 5, 15))
+    )
+    if off:
+        return 0.0
+    return 1536.0 if mla else prefill_graph_sizes(chunked) * 8.0
+
+
+def _vision_factor(model: ModelGeometry | None) -> float:
+    """The default fraction's multiplier for a vision model: 0.95 x clamp(1 - 0.1 x (L H^2 /
+    (24 x 1024^2) - 1), 0.8, 1.05), L and H of its vision_config (0.5.9 server_args.py:5483; 0.5.23
+    arg_groups/memory_hook.py:417-462)."""
+    dims = model.dims if model is not None else None
+    if dims is None or not dims.has_vision_tower:
+        return 1.0
+    layers, hidden = dims.vision_layers or 24, dims.vision_hidden or 1024
+    return 0.95 * min(max(1 - 0.1 * (layers * hidden**2 / (24 * 1024**2) - 1), 0.8), 1.05)
+
+
+def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = None) -> StaticFraction:
+    """SGLang's default mem_fraction_static for this GPU, parallelism, version (and model, whose
+    attention kind and vision tower change the reserve from 0.5.9/0.5.10)."""
     v = version_tuple(d.engine_version)
     parallel = d.tp * d.pp
     if d.gpu_memory_bytes is None:
-        return StaticFraction(0.88, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known")
+        # No GPU information: 0.88 up to 0.5.19, 0.95 from 0.5.20 (memory_hook.py:320 @0.5.20).
+        fallback = 0.88 if v is not None and v < (0, 5, 20) else 0.95
+        return StaticFraction(
+            fallback, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known"
+        )
     gpu_mb = d.gpu_memory_bytes / MiB
     if v is not None and v < (0, 4, 9):
         # 0.2.15 - 0.4.8: a table by parallel size.
@@ -80,16 +137,60 @@ def default_mem_fraction_static(d: Deployment) -> StaticFraction:
         return StaticFraction(
             value, reserved, d.chunked_prefill_size, d.cuda_graph_max_bs, "reserve by GPU size"
         )
-    chunked, max_bs = gpu_defaults(gpu_mb, d.tp)
+    chunked, max_bs = gpu_defaults(gpu_mb, d.tp, d.engine_version)
     chunked = d.chunked_prefill_size or chunked
     max_bs = d.cuda_graph_max_bs or max_bs
     reserved = 512 + max(chunked, 2048) * 1.5 + d.tp * d.pp / 8 * 1024 + max_bs * 2
+    rule = "512 + activation x 1.5 + tp*pp/8 GiB + graphs x 2"
+    if d.dp_attention and d.dp > 1:
+        # DP attention: + max_bs x dp x 3, and x 1.5 more past 300 (0.5.9 server_args.py:1040-1045).
+        reserved += max_bs * d.dp * 3 + (max_bs * d.dp * 1.5 if max_bs > 300 else 0)
+        rule += " + dp attention graphs"
+    prefill = _prefill_graph_reserve(d, model, chunked)
+    if prefill:
+        reserved += prefill
+        rule += " + prefill graphs"
     if gpu_mb > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     value = round((gpu_mb - reserved) / gpu_mb, 3)
-    return StaticFraction(
-        value, reserved, chunked, max_bs, "512 + activation x 1.5 + tp*pp/8 GiB + graphs x 2"
-    )
+    if v is None or v >= (0, 5, 9):
+        factor = _vision_factor(model)
+        if factor != 1.0:
+            value, rule = value * factor, rule + f", x {factor:.3f} for the vision tower"
+    return StaticFraction(value, reserved, chunked, max_bs, rule)
+
+
+def attention_tp(d: Deployment) -> int:
+    """The ranks one attention layer is split over: tp / dp under DP attention (attn_tp, 0.5.9
+    layers/dp_attention.py:230-244; 0.5.23 runtime_context.py:73-76), else tp."""
+    if d.dp_attention and d.dp > 1:
+        return max(1, d.tp // d.dp)
+    return d.tp
+
+
+def heads_tp(d: Deployment) -> int:
+    """The divisor of the KV heads on one rank: attn_tp / dcp (0.5.18 pool_configurator.py:327)."""
+    return max(1, attention_tp(d) // d.dcp)
+
+
+def dp_attention_weights(model: ModelGeometry, d: Deployment) -> int:
+    """Bytes per rank DP attention adds to the weights: each attention layer is split over attn_tp
+    ranks, not tp, so a rank holds tp / attn_tp times its share."""
+    attn_tp = attention_tp(d)
+    if attn_tp == d.tp:
+        return 0
+    attention = weight_bytes_of(model, ATTENTION)
+    return int(attention / attn_tp - attention / d.tp) // max(d.pp, 1)
+
+
+def multimodal_reservation(model: ModelGeometry, d: Deployment) -> int:
+    """From 0.5.18 a multimodal model's budget keeps SGLANG_VLM_CACHE_SIZE_MB (100) for the encoder
+    cache (0.5.18 mem_cache/kv_cache_configurator.py:130, :1789; 0.5.23 :202-219)."""
+    v = version_tuple(d.engine_version)
+    dims = model.dims
+    if dims is None or not dims.has_vision_tower or (v is not None and v < (0, 5, 18)):
+        return 0
+    return 100 * MiB
 
 
 def is_dsa(layer: LayerSpec) -> bool:
@@ -161,7 +262,7 @@ def buffer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int, version: s
 
 def cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Bytes per token over one rank's growing KV layers (largest pipeline stage)."""
-    tp_for_heads = max(1, d.tp // d.dcp)
+    tp_for_heads = heads_tp(d)
     elem = dsa_kv_elem_bytes(model, d, elem_bytes)
     return max(
         sum(layer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.grows)
@@ -171,7 +272,7 @@ def cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
 
 def buffer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Bytes per token of the pool's buffers on one rank (the printed 'KV size' / #tokens)."""
-    tp_for_heads = max(1, d.tp // d.dcp)
+    tp_for_heads = heads_tp(d)
     elem = dsa_kv_elem_bytes(model, d, elem_bytes)
     return max(
         sum(buffer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.grows)
@@ -181,7 +282,7 @@ def buffer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> in
 
 def all_layer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Cell size counting every attention layer, sliding ones included (hybrid SWA sizing)."""
-    tp_for_heads = max(1, d.tp // d.dcp)
+    tp_for_heads = heads_tp(d)
     elem = dsa_kv_elem_bytes(model, d, elem_bytes)
     return max(
         sum(layer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.is_paged)

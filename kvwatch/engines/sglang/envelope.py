@@ -24,7 +24,7 @@ ENVELOPE = Envelope(
         "parallelism": frozenset({}),
         "connector": frozenset({"none"}),
     },
-    term_bands={"weights": 0.0, "non_torch": 2.25, "pool": 0.2722, "scale": 1.0},
+    term_bands={"weights": 0.0, "non_torch": 2.25, "pool": 0.2415, "scale": 1.0},
     widening={
         "card": 0.0,
         "release": 0.0,

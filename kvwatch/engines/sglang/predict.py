@@ -44,10 +44,18 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         assumptions.append("available KV memory given: the bytes SGLang gives the pool, no subtraction")
     else:
         assert weights_rank is not None
+        extra = budget.dp_attention_weights(model, d)
+        if extra:
+            weights_rank += extra
+            basis.weights_bytes = weights_rank
+            assumptions.append(
+                f"DP attention: attention weights split over attn_tp = {budget.attention_tp(d)}, not tp = {d.tp} "
+                f"(+{format_bytes(extra)} per rank)"
+            )
         if total is not None:
             inputs["gpu_memory"] = "given"
         if mfs is None:
-            frac = budget.default_mem_fraction_static(d)
+            frac = budget.default_mem_fraction_static(d, model)
             mfs = frac.value
             inputs["mem_fraction_static"] = "engine_default"
             assumptions.append(
@@ -81,7 +89,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             pre_load = total - non_torch
         usable = int(pre_load * mfs)
         activation = pre_load - usable
-        available = usable - weights_rank
+        available = usable - weights_rank - budget.multimodal_reservation(model, d)
         # Each estimated term's band is the fraction of it the leave-one-source-out error gives
         # (envelope.py); "pool" is the rest of SGLang's arithmetic (the default fraction, the split).
         f = envelope.term_bands

@@ -34,11 +34,11 @@ ENVELOPE = Envelope(
     widening={
         "card": 0.0337,
         "release": 0.0275,
-        "architecture": 0.0275,
-        "modality": 0.0275,
+        "architecture": 0.0273,
+        "modality": 0.0273,
         "quantization": 0.0552,
-        "parallelism": 0.0275,
-        "connector": 0.0275,
+        "parallelism": 0.0273,
+        "connector": 0.0273,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",

@@ -12,6 +12,8 @@ Rules (vllm 0.19.0):
 - Linears split 1/tp; norms and the rotary cos/sin cache (max positions x rotary dim, in the
   activation dtype; rotary_embedding get_rope) are replicated on every rank.
 - PP (distributed/utils.py get_pp_indices): the embedding on the first stage, the head on the last.
+- Vision / audio towers (dims.tower_params, estimated from the config when no safetensors index is
+  at hand) in the activation dtype, split over TP, on the first stage.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ def weights_per_stage(dims: ModelDims, d: Deployment, gpu: GpuSpec | None) -> tu
     embed = rows * dims.hidden_size * act
     head = rows * dims.hidden_size * act
     rope = dims.rope_positions * dims.rotary_dim * act
+    # The vision/audio towers, unquantised, split over TP, on the first stage (the encoder runs there).
+    towers = dims.vision_params * act / d.tp
     layers = max(dims.num_layers, 1)
     per_layer = (dims.linear_params * linear + dims.expert_params * experts) / layers / d.tp
     per_layer += dims.other_params * act / layers
@@ -105,7 +109,7 @@ def weights_per_stage(dims: ModelDims, d: Deployment, gpu: GpuSpec | None) -> tu
     for i, n in enumerate(stage_layers(dims.num_layers, d.pp)):
         b = n * per_layer + rope
         if i == 0:
-            b += embed
+            b += embed + towers
         if i == d.pp - 1 and (not dims.tied_embeddings or d.pp > 1):
             b += head
         out.append(int(b))
