@@ -23,6 +23,7 @@ from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
 from kvwatch.core.units import GiB, KiB, MiB, parse_size
+from kvwatch.engines.sglang import budget
 from kvwatch.engines.sglang import budget as sglang_budget
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
 from kvwatch.state.facts import MemoryFacts, SettingsFacts
@@ -874,3 +875,18 @@ def test_sglang_budget_from_its_own_load_weight_figures() -> None:
     assert p.available_kv_bytes == expected
     assert p.kv_pool_tokens == expected // (2 * 32 * 8 * 128 * 2)
     assert p.inputs["free_after_weights"] == "given"
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.10"])
+def test_sglang_hybrid_swa_split_by_memory_from_059(version: str) -> None:
+    """0.5.9 mixin:251-335: full = tokens x (F + S) / (F + r x S), by bytes, not layer counts; it
+    differs from the old layer-count share where a full and a window layer cost different bytes
+    (Gemma-4: 2 x 512 global heads against 8 x 256 window heads)."""
+    m = model("google--gemma-4-26B-A4B")
+    d = Deployment(engine="sglang", engine_version=version, max_model_len=8192)
+    full = budget.cell_size(m, d, 2)
+    swa = budget.all_layer_cell_size(m, d, 2) - full
+    assert full != swa * m.count("full") / max(m.count("sliding"), 1)
+    available = 40 * GiB
+    base = available // (full + swa)
+    assert budget.pool(m, d, 2, available).tokens == int(base * (full + swa) / (full + 0.8 * swa))

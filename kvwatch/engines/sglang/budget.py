@@ -350,12 +350,18 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
         swa_cell = all_layer_cell_size(model, d, elem_bytes) - cell
         notes.append(f"sliding-window pool holds swa_full_tokens_ratio={ratio} of the full pool's tokens")
         v = version_tuple(d.engine_version)
-        if v is not None and v < (0, 5, 19):
-            # set_num_token_hybrid (0.4.10-0.5.x): all-layer tokens shared out by layer counts.
+        if v is not None and v < (0, 5, 9):
+            # set_num_token_hybrid (0.4.10-0.5.8): all-layer tokens shared out by layer counts.
             base = available // (cell + swa_cell)
             tokens = int(base * (n_sliding + n_full) / (ratio * n_sliding + n_full))
+        elif v is not None and v < (0, 5, 11):
+            # 0.5.9-0.5.10 (model_runner_kv_cache_mixin.py:251-335 @0.5.9): the all-layer tokens,
+            # then shared out by memory: full = tokens x cell_all / (F + r x S).
+            base = available // (cell + swa_cell)
+            tokens = int(base * (cell + swa_cell) / (cell + ratio * swa_cell))
         else:
-            # HybridSWAPoolConfigurator: one token costs the full layers plus ratio x the SWA layers.
+            # HybridSWAPoolConfigurator (0.5.11 pool_configurator.py:184; 0.5.23 :656-920): one token
+            # costs the full layers plus ratio x the SWA layers.
             tokens = int(available // (cell + ratio * swa_cell))
         tokens = tokens // page * page
         swa_tokens = int(tokens * ratio) // page * page
