@@ -59,13 +59,25 @@ def _implied(
     return statistics.median(values) if values else None
 
 
-def _non_torch_class(case: Case) -> str:
+# Each single-value non-torch class and the coarser class that stands in when no case measures it.
+_NON_TORCH_FALLBACK: dict[str, str | None] = {
+    "non_torch_v0_gib": "non_torch_tp1_old_gib",
+    "non_torch_tp1_old_gib": "non_torch_tp1_gib",
+    "non_torch_tp1_gib": None,
+    "non_torch_pp_gib": "non_torch_tp1_gib",
+    "non_torch_tp_old_gib": "non_torch_tp_gib",
+}
+
+
+def non_torch_class(case: Case) -> str:
     v = version_tuple(case.engine_version)
     new = v is None or v >= (0, 18)
     if case.tp >= 2:
         return "non_torch_tp_gib" if new else "non_torch_tp_old_gib"
     if case.pp >= 2:
         return "non_torch_pp_gib"
+    if v is not None and v < (0, 8):
+        return "non_torch_v0_gib"
     return "non_torch_tp1_gib" if new else "non_torch_tp1_old_gib"
 
 
@@ -112,14 +124,20 @@ def fit_with_cases(
     # Non-torch, by class.
     by_class: dict[str, list[Case]] = {}
     for c, _ in with_model:
-        if "non_torch" in c.observed:
-            by_class.setdefault(_non_torch_class(c), []).append(c)
+        # A card outside the catalogue (a vGPU profile, an unnamed card) measures its own driver, not
+        # the engine's class: it does not set a class's figure.
+        if "non_torch" in c.observed and gpus.find(c.gpu_name) is not None:
+            by_class.setdefault(non_torch_class(c), []).append(c)
     changes: dict[str, float] = {}
-    for name in ("non_torch_pp_gib", "non_torch_tp1_gib", "non_torch_tp1_old_gib", "non_torch_tp_old_gib"):
-        group = by_class.get(name, [])
+    for name in _NON_TORCH_FALLBACK:
+        # A class no case measures takes the next coarser class's cases (V0 -> 0.8-0.17 -> 0.18+).
+        key: str | None = name
+        while key is not None and not by_class.get(key):
+            key = _NON_TORCH_FALLBACK[key]
+        group = by_class.get(key, []) if key is not None else []
         changes[name] = statistics.median(c.observed["non_torch"] for c in group) if group else 0.0
         used[name] = [c.id for c in group]
-    tp = by_class.get("non_torch_tp_gib", [])
+    tp = by_class.get("non_torch_tp_gib", []) or by_class.get("non_torch_tp_old_gib", [])
     used["non_torch_tp_gib"] = used["non_torch_tp_slope_gib"] = [c.id for c in tp]
     line = _least_squares([[1.0, c.tp - 2.0] for c in tp], [c.observed["non_torch"] for c in tp])
     if line is not None and len({c.tp for c in tp}) >= 2:

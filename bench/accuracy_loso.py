@@ -58,6 +58,9 @@ class Row:
     uncovered: tuple[tuple[Axis, str], ...] = ()
     consistent: bool = True
     implied_utilisation: float | None = None
+    # Terms whose class no other source measures (the refit had to fall back): their error is the
+    # class's absence, which the widening covers, not the term's scatter.
+    unmeasured: frozenset[str] = frozenset()
 
     @property
     def kv_error(self) -> float | None:
@@ -180,9 +183,12 @@ def fit_envelope(
         if n >= MIN_COVER:
             covered[axis].add(value)
     terms: dict[str, float] = {}
+    # Each term's band from the cases inside the others' envelope (the rest size the widenings).
+    inside_rows = [r for r in rows if not r.uncovered]
     for term in TERMS[engine]:
         errs = []
-        for r in rows:
+        pool_rows = inside_rows if len(inside_rows) >= MIN_AXIS_CASES else rows
+        for r in (r for r in pool_rows if term not in r.unmeasured):
             if term == "non_torch" and engine == "sglang":
                 obs = r.case.observed.get("pre_load")
                 p = r.prediction
@@ -271,6 +277,17 @@ def run(cases: Sequence[Case]) -> Report:
             for c in group:
                 if c.skip is None:
                     loso[c.id] = evaluate(c, models)
+    # Which rows' non-torch class no other source measures.
+    for source in by_source:
+        classes = {
+            accuracy_fit.non_torch_class(c)
+            for c in usable
+            if c.source != source and c.engine == "vllm" and "non_torch" in c.observed
+        }
+        for c in by_source[source]:
+            row = loso.get(c.id)
+            if row is not None and c.engine == "vllm" and accuracy_fit.non_torch_class(c) not in classes:
+                row.unmeasured = frozenset({"non_torch"})
     # Each row's uncovered axes, against the cases of the other sources.
     for source, group in by_source.items():
         for engine in ("vllm", "sglang"):
@@ -311,7 +328,7 @@ def run(cases: Sequence[Case]) -> Report:
             )
             with CURRENT[c.engine].using(env), calibration.using(cals[source]):
                 banded = evaluate(c, models)
-            banded.uncovered = row.uncovered
+            banded.uncovered, banded.unmeasured = row.uncovered, row.unmeasured
             out.append(banded)
     envelopes = {
         e: fit_envelope(e, [r for r in rows if r.case.engine == e], base, usable, models) for e in CURRENT

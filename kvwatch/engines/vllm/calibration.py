@@ -29,13 +29,15 @@ class Calibration:
     # The encoder cache a vision tower's profile leaves alive (GiB).
     vision_encoder_gib: float
     # Non-torch increase by class (memory.non_torch): TP >= 2 on 0.18+ (intercept at TP 2, slope
-    # per extra rank), PP >= 2 at TP 1 on 0.18+, TP 1 on 0.18+, TP 1 before 0.18, TP >= 2 before 0.18.
+    # per extra rank), PP >= 2 at TP 1 on 0.18+, TP 1 on 0.18+, TP 1 on 0.8-0.17, TP >= 2 before
+    # 0.18, TP 1 on V0 (< 0.8: its own profiler, 'Memory profiling results' non_torch_memory).
     non_torch_tp_gib: float
     non_torch_tp_slope_gib: float
     non_torch_pp_gib: float
     non_torch_tp1_gib: float
     non_torch_tp1_old_gib: float
     non_torch_tp_old_gib: float
+    non_torch_v0_gib: float
     # CUDA-graph estimate: base + per_layer x layers on the rank x sqrt(sizes / 51) + moe.
     graphs_base_gib: float
     graphs_per_layer_gib: float
@@ -57,6 +59,7 @@ FITTED = Calibration(
     non_torch_tp1_gib=0.25,
     non_torch_tp1_old_gib=0.13,
     non_torch_tp_old_gib=0.545,
+    non_torch_v0_gib=0.35,
     graphs_base_gib=0.1566,
     graphs_per_layer_gib=0.02028,
     graphs_moe_gib=0.03739,
@@ -70,8 +73,9 @@ CASES: dict[str, str] = {
     "non_torch_tp_slope_gib": "llm-d-incubation/llm-d-planner (7)",
     "non_torch_pp_gib": "llm-d-incubation/llm-d-planner (2)",
     "non_torch_tp1_gib": "llm-d-incubation/llm-d-planner (25), release-sweep (1)",
-    "non_torch_tp1_old_gib": "llm-d/llm-d-benchmark (6), release-sweep (3), vllm-project/vllm#10517 (2), vllm-project/vllm#11230 (1)",
+    "non_torch_tp1_old_gib": "llm-d/llm-d-benchmark (6), release-sweep (3)",
     "non_torch_tp_old_gib": "llm-d/llm-d-benchmark (2)",
+    "non_torch_v0_gib": "vllm-project/vllm#10517 (2)",
     "graphs_base_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",
     "graphs_per_layer_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",
     "graphs_moe_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",

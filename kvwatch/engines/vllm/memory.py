@@ -264,6 +264,8 @@ def non_torch(d: Deployment) -> Term:
         )
     elif d.pp >= 2:
         gib = cal.non_torch_pp_gib
+    elif not is_v1(d.engine_version):
+        gib = cal.non_torch_v0_gib
     else:
         gib = cal.non_torch_tp1_gib if new else cal.non_torch_tp1_old_gib
     return Term(int(gib * GiB))
