@@ -208,6 +208,11 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
         except FileNotFoundError:
             skip = f"config {name_match.group(0)} not at hand"
     gpu_name, total, why = _card(str(c.get("gpu") or ""), o.get("total_gpu_gib"))
+    if gpu_name is None and c.get("card_class"):
+        # The gatherer's normalised card ('H200 (inferred)', 'MI300X-class'): what the user knows.
+        alt = _card(str(c["card_class"]).replace("-class", " "), None)
+        if alt[0] is not None:
+            gpu_name, total, why = alt
     skip = skip or why
     tp = c.get("tp")
     if not isinstance(tp, int):
