@@ -224,6 +224,10 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
             "non_torch": o.get("non_torch_gib"),
             "cuda_graphs": o.get("cuda_graph_estimated_gib"),
             "kv": o.get("available_kv_gib"),
+            # The pool in tokens where the log printed no budget (V0's error, 'GPU KV cache size').
+            "kv_tokens": None
+            if o.get("available_kv_gib") is not None
+            else (o.get("kv_cache_tokens") or o.get("kv_capacity_tokens_in_error")),
         }
     else:
         tokens = o.get("kv_tokens") or o.get("max_total_num_tokens")

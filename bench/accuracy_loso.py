@@ -42,8 +42,7 @@ NEWEST = {"vllm": vllm_envelope.NEWEST_READ, "sglang": sglang_envelope.NEWEST_RE
 
 def checked(case: Case) -> bool:
     """Whether a case checks the model: it started, logged the KV figure, and kvwatch predicts it."""
-    key = "kv" if case.engine == "vllm" else "kv_tokens"
-    return case.started and bool(case.observed.get(key)) and predictable(case)
+    return case.started and bool(case.observed.get(kv_key(case))) and predictable(case)
 
 
 @dataclass
@@ -67,7 +66,7 @@ class Row:
         """(predicted - observed) / observed of the KV figure the log printed (vLLM: available KV
         bytes; SGLang: pool tokens)."""
         o = self.case.observed
-        key = "kv" if self.case.engine == "vllm" else "kv_tokens"
+        key = kv_key(self.case)
         if key not in o or key not in self.predicted or not o[key]:
             return None
         return (self.predicted[key] - o[key]) / abs(o[key])
@@ -95,10 +94,16 @@ class Row:
         return (p.usable_bytes or 0) if p is not None else 0
 
 
+def kv_key(case: Case) -> str:
+    """The KV figure a case is judged on: vLLM's available KV bytes where the log printed them,
+    else the pool's tokens (SGLang always)."""
+    return "kv" if case.engine == "vllm" and "kv" in case.observed else "kv_tokens"
+
+
 def _observed_kv_scale(case: Case, row: Row) -> float:
     """observed / predicted of the KV figure: the error is relative to the observed figure, the band
     to the predicted one."""
-    key = "kv" if case.engine == "vllm" else "kv_tokens"
+    key = kv_key(case)
     pred = row.predicted.get(key)
     return case.observed[key] / pred if pred else 1.0
 

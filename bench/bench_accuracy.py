@@ -31,7 +31,7 @@ from pathlib import Path
 
 from bench import accuracy_fit
 from bench.accuracy_cases import Case, deployment, load_cases, predictable
-from bench.accuracy_loso import NEWEST, Models, Report, Row, checked, run
+from bench.accuracy_loso import NEWEST, Models, Report, Row, checked, kv_key, run
 from kvwatch.capacity.envelope import AXES, Envelope, card_family, conditions, release_bucket
 from kvwatch.engines.vllm.calibration import Calibration
 
@@ -109,7 +109,7 @@ def print_report(report: Report, models: Models, cases: Sequence[Case]) -> None:
         if r.prediction is None:
             continue
         out = loso.get(c.id)
-        key = "kv" if c.engine == "vllm" else "kv_tokens"
+        key = kv_key(c)
         obs = c.observed.get(key)
         cells = []
         for row in (r, out):

@@ -41,9 +41,9 @@ MEASURED = {
     "loso_median": 0.16,
     "loso_mean": 3.19,
     "loso_within_5": 0.88,
-    "loso_band": 0.93,
+    "loso_band": 0.95,
     "loso_failed_predicted": 2,
-    "loso_off_band": 0.83,
+    "loso_off_band": 0.88,
 }
 
 
