@@ -569,12 +569,45 @@ def test_mla_block_size_default_64() -> None:
     assert p.page_bytes == 64 * 576 * 2
 
 
-def test_linear_attention_model_is_flagged_estimate() -> None:
-    p = predict(
-        model("Qwen--Qwen3-Next-80B-A3B-Thinking"), Deployment(available_kv_bytes=GiB, max_model_len=8192)
+@pytest.mark.parametrize(
+    ("name", "kv_dtype", "block"),
+    [
+        # Qwen3.5's recurrent state is fp32 (mamba_ssm_dtype): 2,146,304 B a layer at TP 1. Its
+        # startups log 'Setting attention block size to 1056 tokens' (bf16 KV) and 2096 (fp8 KV).
+        ("Qwen--Qwen3.5-35B-A3B", "auto", 1056),
+        ("Qwen--Qwen3.5-35B-A3B", "fp8", 2096),
+        # Qwen3-Next keeps it in bf16: 1,097,728 B, 16 x ceil(1097728 / (16 x 2048)) = 544.
+        ("Qwen--Qwen3-Next-80B-A3B-Thinking", "auto", 544),
+    ],
+)
+def test_vllm_raises_the_attention_block_to_hold_a_state_layer(name: str, kv_dtype: str, block: int) -> None:
+    d = Deployment(
+        available_kv_bytes=10 * GiB, max_model_len=32768, kv_cache_dtype=kv_dtype, engine_version="0.25.1"
     )
+    p = predict(model(name), d)
+    assert p.block_size == block
+    assert p.exact
+    # One full-attention layer in four: groups of n_full layers, one of attention and three of state;
+    # the state groups take two blocks a request (mamba_cache_mode 'align', prefix caching on).
+    full = model(name).count("full")
+    page = block * p.bytes_per_token // full
+    assert p.kv_pool_blocks == 10 * GiB // (page * full)
+    assert p.max_concurrency == pytest.approx(p.kv_pool_blocks / (-(-32768 // block) + 3 * 2))  # type: ignore[operator]
+
+
+def test_linear_attention_without_its_state_shape_is_refused_by_name() -> None:
+    cfg = json.loads((CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Thinking.json").read_text())
+    del cfg["linear_num_value_heads"]
+    with pytest.raises(ModelConfigError, match="linear_num"):
+        geometry_from_config(cfg)
+
+
+def test_a_mamba_layer_without_its_state_shape_is_flagged_estimate() -> None:
+    cfg = json.loads((CONFIGS / "nvidia--Nemotron-H-56B-Base-8K.json").read_text())
+    del cfg["mamba_num_heads"]
+    p = predict(geometry_from_config(cfg), Deployment(available_kv_bytes=GiB, max_model_len=8192))
     assert not p.exact
-    assert any("Mamba" in a or "linear" in a for a in p.assumptions)
+    assert any("state shape is not in config.json" in a for a in p.assumptions)
 
 
 def test_weights_mxfp4_only_experts() -> None:
