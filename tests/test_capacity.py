@@ -263,14 +263,18 @@ def test_sglang_428569_tokens_same_pool() -> None:
 
 
 def test_sglang_mem_fraction_static_h100() -> None:
-    frac = default_mem_fraction_static(Deployment(engine="sglang", gpu_memory_bytes=H100))
+    frac = default_mem_fraction_static(
+        Deployment(engine="sglang", engine_version="0.5.9", gpu_memory_bytes=H100)
+    )
     # 512 + 8192 x 1.5 + 1 x 1 / 8 x 1024 + 256 x 2 = 13,440 MB, above the 10,240 floor
     assert frac.reserved_mb == 512 + 8192 * 1.5 + 1 * 1 / 8 * 1024 + 256 * 2 == 13440
     assert frac.value == round((81559 - 13440) / 81559, 3) == 0.835
 
 
 def test_sglang_mem_fraction_static_h200_tp8() -> None:
-    frac = default_mem_fraction_static(Deployment(engine="sglang", gpu_memory_bytes=143771 * MiB, tp=8))
+    frac = default_mem_fraction_static(
+        Deployment(engine="sglang", engine_version="0.5.9", gpu_memory_bytes=143771 * MiB, tp=8)
+    )
     # chunked 8192, cuda_graph_max_bs 512 at tp >= 4
     assert frac.value == round((143771 - (512 + 8192 * 1.5 + 8 / 8 * 1024 + 512 * 2)) / 143771, 3)
 

@@ -84,7 +84,16 @@ def test_available_kv_memory_is_the_engines_figure(capsys: pytest.CaptureFixture
 
 def test_sglang_default_fraction(capsys: pytest.CaptureFixture[str]) -> None:
     data = run_json(
-        capsys, LLAMA8, "--engine", "sglang", "--gpu-memory", "81559MiB", "--max-model-len", "8192"
+        capsys,
+        LLAMA8,
+        "--engine",
+        "sglang",
+        "--engine-version",
+        "0.5.9",
+        "--gpu-memory",
+        "81559MiB",
+        "--max-model-len",
+        "8192",
     )
     assert data["mem_fraction_static"] == 0.835
     assert data["inputs"] == {**data["inputs"], "mem_fraction_static": "engine_default"}  # type: ignore[dict-item]

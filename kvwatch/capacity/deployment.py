@@ -31,6 +31,7 @@ MAX_SEQS = 1 << 20  # max_num_seqs, cuda_graph_max_bs: 1,048,576
 _COUNT_BOUNDS: dict[str, int] = {
     "tp": MAX_RANKS,
     "pp": MAX_RANKS,
+    "dp": MAX_RANKS,
     "dcp": MAX_RANKS,
     "block_size": MAX_BLOCK_TOKENS,
     "page_size": MAX_BLOCK_TOKENS,
@@ -91,6 +92,12 @@ class Deployment:
     enforce_eager: bool | None = None
     dtype: str | None = None
     quantization: str | None = None
+    # Data-parallel ranks, and whether attention is data-parallel inside the TP group (SGLang
+    # --enable-dp-attention); a KV-transfer connector (vLLM --kv-transfer-config, SGLang disaggregation).
+    # Neither is modelled yet: each is a condition the calibration envelope names (capacity/envelope.py).
+    dp: int = 1
+    dp_attention: bool = False
+    kv_connector: str | None = None
 
     def with_(self, **changes: DeploymentValue) -> Deployment:
         """A copy with some fields changed (None values are ignored)."""
