@@ -59,7 +59,18 @@ def test_reserve_table_from_0_4_8() -> None:
     assert budget.default_mem_fraction_static(
         _sglang("0.4.8.post1", "H20-96GB", H20_MIB, tp=4)
     ).value == round((H20_MIB - 14 * 1024) / H20_MIB, 3)
-    assert budget.default_mem_fraction_static(_sglang("0.4.7", "H20-96GB", H20_MIB, tp=4)).value == 0.85
+    # 0.4.7 (server_args.py:253-283): above 96 GiB, 48 GiB x (1 - f) more, 18 GiB reserve at most.
+    h200 = budget.default_mem_fraction_static(_sglang("0.4.7", "H200-SXM-141GB", 143771, tp=4)).value
+    assert h200 == min(0.88 + 48 * 1024 * 0.12 / 143771, (143771 - 18 * 1024) / 143771)
+    # Over 80 GiB but under 96 GiB: 0.88 whatever the TP.
+    assert budget.default_mem_fraction_static(_sglang("0.4.7", "H20-96GB", H20_MIB, tp=4)).value == 0.88
+    assert budget.default_mem_fraction_static(_sglang("0.4.7", "B200-180GB", B200_MIB, tp=8)).value == 0.79
+    # 0.4.6 (server_args.py:224-238): above 80 GiB a 13 GiB reserve; the table by tp below.
+    assert (
+        budget.default_mem_fraction_static(_sglang("0.4.6", "H20-96GB", H20_MIB)).value
+        == (H20_MIB - 13312) / H20_MIB
+    )
+    assert budget.default_mem_fraction_static(_sglang("0.4.6", "H100-SXM-80GB", tp=4)).value == 0.85
 
 
 @pytest.mark.parametrize(
@@ -104,6 +115,7 @@ def test_vision_tower_scales_the_default_fraction() -> None:
     assert budget.default_mem_fraction_static(d).value == 0.908
     # 0.4.8's model runner scales any fraction by 0.90; 0.4.3's by 0.95.
     assert budget.vlm_runtime_factor(kimi, _sglang("0.4.8.post1")) == 0.90
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.4.6")) == 0.90
     assert budget.vlm_runtime_factor(kimi, _sglang("0.4.3.post4")) == 0.95
     assert budget.vlm_runtime_factor(kimi, _sglang("0.5.2")) == 1.0
 

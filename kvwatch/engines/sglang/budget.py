@@ -157,12 +157,23 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
         value = 0.95 if v is None or v >= (0, 5, 20) else 0.88
         return StaticFraction(value, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known")
     if v is not None and v < (0, 4, 8):
-        # 0.2.15 - 0.4.7: a table by parallel size (0.4.3.post4 server_args.py:204-214).
+        # 0.2.15 - 0.4.7: a table by parallel size (0.4.3.post4 server_args.py:204-214), with the
+        # big-card rules of 0.4.6 (server_args.py:224-238) and 0.4.7 (server_args.py:253-283).
         table = ((16, 0.79), (8, 0.81 if v >= (0, 4) else 0.83), (4, 0.85), (2, 0.87), (1, 0.88))
-        value = next(f for size, f in table if parallel >= size)
-        return StaticFraction(
-            value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, "table by tp"
-        )
+        value = next(f for size, f in table if (parallel if v >= (0, 4, 7) else d.tp) >= size)
+        rule = "table by tp"
+        card = gpus.find(d.gpu_name)
+        if v >= (0, 4, 7):
+            if gpu_mb > 81920:
+                value = 0.88
+            if gpu_mb > 180 * 1000 and (card is None or card.vendor == "nvidia"):
+                value, rule = 0.79, "0.79 above 180 GB"
+            elif gpu_mb > 96 * 1024:
+                value = min(value + 48 * 1024 * (1 - value) / gpu_mb, (gpu_mb - 18 * 1024) / gpu_mb)
+                rule = "big card: 48 GiB x (1 - f) more, 18 GiB reserve at most"
+        elif v >= (0, 4, 6) and gpu_mb > 81920:
+            value, rule = (gpu_mb - 13 * 1024) / gpu_mb, "big card: 13 GiB reserve"
+        return StaticFraction(value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, rule)
     if v is not None and v < (0, 5, 3):
         # 0.4.8 - 0.5.2: a reserve by card size, +4 GiB for DP attention (0.4.8.post1
         # server_args.py:275-314; 0.5.2 server_args.py:468-496).
@@ -207,13 +218,14 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
 
 def vlm_runtime_factor(model: ModelGeometry, d: Deployment) -> float:
     """0.4.x reduces any mem_fraction_static, given or not, for a multimodal model in the model
-    runner: x 0.95 (0.4.3.post4 model_executor/model_runner.py:235-236), x 0.90 from 0.4.8
-    (0.4.8.post1 model_runner.py:414-415); from 0.5 the server-args default does it instead."""
+    runner: x 0.95 (0.4.3.post4 model_executor/model_runner.py:235-236), x 0.90 from 0.4.6
+    (0.4.6 model_runner.py:307-308; 0.4.8.post1 :414-415); from 0.5 the server-args default does it
+    instead."""
     v = version_tuple(d.engine_version)
     dims = model.dims
     if v is None or v >= (0, 5) or dims is None or not dims.has_vision_tower:
         return 1.0
-    return 0.90 if v >= (0, 4, 8) else 0.95
+    return 0.90 if v >= (0, 4, 6) else 0.95
 
 
 def dp_attention_weights_extra(model: ModelGeometry, d: Deployment) -> int:
