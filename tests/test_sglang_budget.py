@@ -129,6 +129,16 @@ def test_dp_attention_weights_not_split() -> None:
         embed * 7 / 8 + attention * 7 / 8, rel=1e-6
     )
     assert budget.dp_attention_weights_extra(v3, _sglang("0.5.6", tp=8)) == 0
+    # Llama keeps its QKV over the full TP group (layers/linear.py:809-812): the embedding only;
+    # Qwen3's attention is built over attn_tp (models/qwen3.py:102-111).
+    llama = _model("meta-llama--Meta-Llama-3.1-70B")
+    qwen = _model("Qwen--Qwen3-32B")
+    dp = _sglang("0.5.6", tp=8, dp=8, dp_attention=True)
+    assert budget.dp_attention_weights_extra(llama, dp) == pytest.approx(
+        llama.params["embeddings"] * 2 * 7 / 8, rel=1e-6
+    )
+    q_embed, q_attn = qwen.params["embeddings"] * 2, qwen.params["attention"] * 2
+    assert budget.dp_attention_weights_extra(qwen, dp) == pytest.approx((q_embed + q_attn) * 7 / 8, rel=1e-6)
 
 
 def _hybrid(full: LayerSpec, sliding: LayerSpec, n: int) -> ModelGeometry:

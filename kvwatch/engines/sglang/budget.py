@@ -228,20 +228,36 @@ def vlm_runtime_factor(model: ModelGeometry, d: Deployment) -> float:
     return 0.90 if v >= (0, 4, 6) else 0.95
 
 
+# model_types whose SGLang attention is built over the attention-TP group (tp_size=attn_tp_size in
+# their QKV and output projections, 0.5.4 models/qwen3.py:102-111, qwen3_moe.py:321-331,
+# qwen2_moe.py:347-357, glm4_moe.py:215-225, gpt_oss.py:256-274, llama4.py:266-276,
+# qwen3_next.py:272-285; MLA models: deepseek_v2.py:1086-1145). Others (llama, qwen2, ...) keep the
+# full TP group in their projections (layers/linear.py:809-812).
+_ATTN_TP_MODEL_TYPES = frozenset(
+    {"qwen3", "qwen3_moe", "qwen2_moe", "glm4_moe", "gpt_oss", "llama4", "llama4_text", "qwen3_next"}
+)
+
+
+def attention_over_attn_tp(model: ModelGeometry) -> bool:
+    """Whether SGLang splits this model's attention weights over the attention-TP group."""
+    return model.is_mla or model.model_type in _ATTN_TP_MODEL_TYPES
+
+
 def dp_attention_weights_extra(model: ModelGeometry, d: Deployment) -> int:
     """Bytes one rank holds beyond an even TP split when attention is data-parallel.
 
     The embedding is not split at all (VocabParallelEmbedding(enable_tp=not
     is_dp_attention_enabled()): 0.5.4 models/deepseek_v2.py:2647-2651, and qwen2, qwen2_moe,
-    qwen3_next, gpt_oss, glm4_moe, llama4 alike); DeepSeek-style MLA attention is split over the
-    attention-TP group only (tp_size=attn_tp_size, deepseek_v2.py:1086-1145), whereas the other
-    models' QKV projections keep the full TP group (layers/linear.py:809-812).
+    qwen3_next, gpt_oss, glm4_moe, llama4 alike); the attention of MLA models and of
+    _ATTN_TP_MODEL_TYPES is split over the attention-TP group only.
     """
     attn_tp = attention_tp(d)
     if attn_tp == d.tp:
         return 0
     extra = 0.0
-    groups = [(EMBED, 1)] + ([(ATTENTION, attn_tp)] if model.is_mla else [])
+    groups = [(EMBED, 1)]
+    if attention_over_attn_tp(model):
+        groups.append((ATTENTION, attn_tp))
     for group, split in groups:
         count = model.params.get(group, 0)
         if count:

@@ -86,7 +86,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             weights_rank = basis.weights_bytes = weights_rank + extra
             assumptions.append(
                 f"DP attention: attention TP {budget.attention_tp(d)}; the embedding"
-                + (" and the MLA attention" if model.is_mla else "")
+                + (" and the attention" if budget.attention_over_attn_tp(model) else "")
                 + f" are not split over all {d.tp} ranks (+{format_bytes(extra)} per rank)"
             )
     if d.available_kv_bytes is not None:
