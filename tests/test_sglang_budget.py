@@ -180,3 +180,10 @@ def test_mamba_state_share_divided_by_dp() -> None:
     dp = budget.pool(m, _sglang("0.5.9", tp=4, dp=4, dp_attention=True), 2, 38 * GiB)
     assert plain.tokens == int(38 * GiB * (1 - 0.9 / 1.9)) // plain.cell_bytes
     assert dp.tokens == int(38 * GiB * (1 - 0.9 / 1.9 / 4)) // dp.cell_bytes
+
+
+def test_multimodal_reservation_from_0_5_18() -> None:
+    kimi = _model("moonshotai--Kimi-K2.5")
+    assert budget.multimodal_reservation(kimi, _sglang("0.5.18")) == 100 * MiB
+    assert budget.multimodal_reservation(kimi, _sglang("0.5.17")) == 0
+    assert budget.multimodal_reservation(_model("deepseek-ai--DeepSeek-V3"), _sglang("0.5.23")) == 0

@@ -266,6 +266,18 @@ def dp_attention_weights_extra(model: ModelGeometry, d: Deployment) -> int:
     return int(extra)
 
 
+def multimodal_reservation(model: ModelGeometry, d: Deployment) -> int:
+    """Bytes a multimodal model's KV budget keeps back from 0.5.18 for allocations made after the pool:
+    SGLANG_VLM_CACHE_SIZE_MB, 100 by default (mm_runtime_reservation_gb, 0.5.18
+    mem_cache/kv_cache_configurator.py:130-147; environ.py:1146), plus the feature-transport pools
+    only when --mm-feature-transport is cuda_ipc / cuda_vmm (not the default)."""
+    v = version_tuple(d.engine_version)
+    dims = model.dims
+    if dims is None or not dims.has_vision_tower or (v is not None and v < (0, 5, 18)):
+        return 0
+    return 100 * MiB
+
+
 def is_dsa(layer: LayerSpec) -> bool:
     """A DeepSeek sparse-attention (V3.2, NSA/DSA) MLA layer: the latent plus an indexer key."""
     return layer.kind == "mla" and layer.extra_bytes_per_token > 0

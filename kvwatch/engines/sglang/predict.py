@@ -139,6 +139,12 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         usable = int(pre_load * mfs)
         activation = pre_load - usable
         available = usable - weights_rank
+        reservation = budget.multimodal_reservation(model, d)
+        if reservation:
+            available -= reservation
+            assumptions.append(
+                f"multimodal model: {format_bytes(reservation)} of the budget kept for the encoder cache"
+            )
         band = _band_bytes(weights_rank, pre_load, mfs, inputs)
     sg = budget.pool(model, d, elem, available)
     assumptions.extend(sg.notes)
