@@ -63,7 +63,7 @@ class Case:
     dp: int
     dp_attention: bool
     settings: dict[str, Any]
-    # GiB (vLLM: weights, activation, non_torch, cuda_graphs, kv; SGLang: weights, kv) and tokens.
+    # GiB (vLLM: weights, activation, non_torch, cuda_graphs, kv; SGLang: weights) and tokens.
     observed: dict[str, float]
     started: bool
     kv_connector: str | None = None
@@ -166,7 +166,7 @@ def _card(text: str, total_gib: float | None) -> tuple[str | None, int | None, s
     return None, None, f"card {text!r} not in the catalogue and no total printed"
 
 
-def _source(url: str) -> str:
+def source_of(url: str) -> str:
     """The thread or repository a case comes from: cases of one thread are one source."""
     m = re.search(r"github\.com/([\w.\-]+/[\w.\-]+)/(?:issues|pull|discussions)/(\d+)", url)
     if m:
@@ -234,7 +234,6 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
         observed = {
             "weights": o.get("weight_mem_usage_gib"),
             "kv_tokens": tokens,
-            "pre_load": o.get("load_weight_begin_avail_gib"),
         }
         if s.get("max_total_tokens"):
             skip = skip or "pool capped by --max-total-tokens"
@@ -271,7 +270,7 @@ def load_cases() -> list[Case]:
     cases: list[Case] = []
     for c in json.loads((APRIORI / "cases.json").read_text(encoding="utf-8")):
         url = str(c["source_url"])
-        source = "llm-d-incubation/llm-d-planner" if "llm-d-planner" in url else _source(url)
+        source = "llm-d-incubation/llm-d-planner" if "llm-d-planner" in url else source_of(url)
         cases.append(_from_record(c, source))
     for path in sorted((APRIORI / "version-sweep").glob("*.json")):
         d = json.loads(path.read_text(encoding="utf-8"))
@@ -308,7 +307,7 @@ def load_cases() -> list[Case]:
         if path.is_file():
             for c in json.loads(path.read_text(encoding="utf-8")):
                 cases.append(
-                    _from_record({**c, "engine": engine}, _source(str(c.get("source_url") or c["id"])))
+                    _from_record({**c, "engine": engine}, source_of(str(c.get("source_url") or c["id"])))
                 )
     return cases
 

@@ -1,8 +1,9 @@
 """Leave-one-source-out: every fitted figure of the a-priori model judged on cases it was not fitted on.
 
 For each source (one thread, one repository, one sweep) the vLLM coefficients are refitted without
-it (accuracy_fit.fit), and the envelope -- which values each axis covers, each term's band, the
-widening per uncovered axis -- is refitted without it; its cases are then predicted with those and
+it (accuracy_fit.fit), SGLang's band terms are refitted without it (accuracy_sglang.fold_terms), and
+the envelope -- which values each axis covers, each vLLM term's band, the widening per uncovered
+axis -- is refitted without it; its cases are then predicted with those and
 checked against what their logs printed, band included. The in-sample figures use the fits on every
 case (what kvwatch ships: calibration.FITTED and each engine's envelope table).
 """
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 
-from bench import accuracy_fit
+from bench import accuracy_fit, accuracy_sglang
 from bench.accuracy_cases import Case, deployment, predictable
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.envelope import AXES, Axis, Envelope, conditions
@@ -23,6 +25,7 @@ from kvwatch.capacity.prediction import Prediction
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.units import GiB
 from kvwatch.engines.sglang import envelope as sglang_envelope
+from kvwatch.engines.sglang.predict import BAND, BandTerms, band_terms
 from kvwatch.engines.vllm import calibration
 from kvwatch.engines.vllm import envelope as vllm_envelope
 from kvwatch.engines.vllm.calibration import Calibration
@@ -35,7 +38,10 @@ MIN_AXIS_CASES = 3
 # A value counts as calibrated when at least this many checked cases have it (one pasted startup
 # on a card is a data point, not a calibration).
 MIN_COVER = 3
-TERMS = {"vllm": ("weights", "activation", "non_torch", "cuda_graphs"), "sglang": ("weights", "non_torch")}
+# The terms each engine's envelope sizes a band for. SGLang's band terms are its own BandTerms
+# (engines/sglang/predict.py BAND, fitted by bench/accuracy_sglang.py and refitted per held-out
+# source below); its envelope holds the coverage and the widening only.
+TERMS = {"vllm": ("weights", "activation", "non_torch", "cuda_graphs"), "sglang": ()}
 CURRENT = {"vllm": vllm_envelope.CURRENT, "sglang": sglang_envelope.CURRENT}
 NEWEST = {"vllm": vllm_envelope.NEWEST_READ, "sglang": sglang_envelope.NEWEST_READ}
 
@@ -194,32 +200,20 @@ def fit_envelope(
         errs = []
         pool_rows = inside_rows if len(inside_rows) >= MIN_AXIS_CASES else rows
         for r in (r for r in pool_rows if term not in r.unmeasured):
-            if term == "non_torch" and engine == "sglang":
-                obs = r.case.observed.get("pre_load")
-                p = r.prediction
-                if obs is None or p is None or not p.total_bytes or not p.non_torch_bytes:
-                    continue
-                errs.append(abs((p.total_bytes - obs * GiB) - p.non_torch_bytes) / p.non_torch_bytes)
-            elif (e := r.term_error(term)) is not None and r.predicted.get(term):
+            if (e := r.term_error(term)) is not None and r.predicted.get(term):
                 errs.append(abs(e) * r.case.observed[term] / r.predicted[term])
         terms[term] = round(_quantile(errs), 4)
-    if engine == "sglang":
-        inside = [r for r in rows if r.kv_error is not None and r.usable_bytes and not r.uncovered]
-        pool = (
-            inside
-            if len(inside) >= MIN_AXIS_CASES
-            else [r for r in rows if r.kv_error is not None and r.usable_bytes]
-        )
-        terms["pool"] = round(_quantile([_err_bytes(r) / r.usable_bytes for r in pool]), 4)
-    # The terms' bands add in quadrature; one scale on their sum makes the cases inside the envelope
-    # land inside it (the terms' errors are not independent).
-    ratios = [
-        _err_bytes(r) / base[r.case.id]
-        for r in rows
-        if not r.uncovered and base.get(r.case.id) and r.kv_error is not None
-    ]
-    scale = round(max(1.0, _quantile(ratios)), 3) if len(ratios) >= MIN_AXIS_CASES else 1.0
-    terms["scale"] = scale
+    scale = 1.0
+    if TERMS[engine]:
+        # The terms' bands add in quadrature; one scale on their sum makes the cases inside the
+        # envelope land inside it (the terms' errors are not independent).
+        ratios = [
+            _err_bytes(r) / base[r.case.id]
+            for r in rows
+            if not r.uncovered and base.get(r.case.id) and r.kv_error is not None
+        ]
+        scale = round(max(1.0, _quantile(ratios)), 3) if len(ratios) >= MIN_AXIS_CASES else 1.0
+        terms["scale"] = scale
     residual: dict[Axis, list[float]] = {axis: [] for axis in AXES}
     pooled: list[float] = []
     for r in rows:
@@ -245,7 +239,16 @@ def fit_envelope(
 
 def _no_widening(env: Envelope) -> Envelope:
     """The envelope's term bands alone: unscaled, no widening (each row's base band)."""
-    return replace(env, widening=dict.fromkeys(AXES, 0.0), term_bands={**env.term_bands, "scale": 1.0})
+    bands = {**env.term_bands, "scale": 1.0} if env.term_bands else {}
+    return replace(env, widening=dict.fromkeys(AXES, 0.0), term_bands=bands)
+
+
+def _sglang_band(case: Case, folds: Mapping[str, BandTerms]) -> AbstractContextManager[None]:
+    """SGLang's band terms fitted without the case's source (bench/accuracy_sglang.py; a source it
+    does not score takes the terms fitted on every scored case, which predict.py ships)."""
+    if case.engine != "sglang":
+        return nullcontext()
+    return band_terms(folds.get(case.source, BAND))
 
 
 @dataclass
@@ -264,6 +267,7 @@ def run(cases: Sequence[Case]) -> Report:
     models = Models()
     usable = [c for c in cases if predictable(c)]
     fitted_all = accuracy_fit.fit(usable, models)
+    folds = accuracy_sglang.fold_terms(accuracy_sglang.load_cases()[0])
     by_source: dict[str, list[Case]] = {}
     for c in cases:
         by_source.setdefault(c.source, []).append(c)
@@ -281,7 +285,8 @@ def run(cases: Sequence[Case]) -> Report:
         with calibration.using(cals[source]):
             for c in group:
                 if c.skip is None:
-                    loso[c.id] = evaluate(c, models)
+                    with _sglang_band(c, folds):
+                        loso[c.id] = evaluate(c, models)
     # Which rows' non-torch class no other source measures.
     for source in by_source:
         classes = {
@@ -311,7 +316,11 @@ def run(cases: Sequence[Case]) -> Report:
     for r in rows:
         if r.prediction is None:
             continue
-        with CURRENT[r.case.engine].using(term_envs[r.case.engine]), calibration.using(cals[r.case.source]):
+        with (
+            CURRENT[r.case.engine].using(term_envs[r.case.engine]),
+            calibration.using(cals[r.case.source]),
+            _sglang_band(r.case, folds),
+        ):
             again = evaluate(r.case, models)
         if again.prediction is not None and again.prediction.available_kv_band_bytes is not None:
             base[r.case.id] = float(again.prediction.available_kv_band_bytes)
@@ -331,7 +340,7 @@ def run(cases: Sequence[Case]) -> Report:
                 [x for x in usable if x.source != source],
                 models,
             )
-            with CURRENT[c.engine].using(env), calibration.using(cals[source]):
+            with CURRENT[c.engine].using(env), calibration.using(cals[source]), _sglang_band(c, folds):
                 banded = evaluate(c, models)
             banded.uncovered, banded.unmeasured = row.uncovered, row.unmeasured
             out.append(banded)

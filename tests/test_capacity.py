@@ -283,8 +283,9 @@ def test_sglang_mem_fraction_static_h100_keeps_the_prefill_graphs_from_0510() ->
 
 
 def test_sglang_mem_fraction_static_h200_tp8() -> None:
-    d = Deployment(engine="sglang", engine_version="0.5.9", gpu_memory_bytes=143771 * MiB, tp=8)
-    frac = default_mem_fraction_static(d)
+    frac = default_mem_fraction_static(
+        Deployment(engine="sglang", engine_version="0.5.9", gpu_memory_bytes=143771 * MiB, tp=8)
+    )
     # chunked 8192, cuda_graph_max_bs 512 at tp >= 4
     assert frac.value == round((143771 - (512 + 8192 * 1.5 + 8 / 8 * 1024 + 512 * 2)) / 143771, 3)
 

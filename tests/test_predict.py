@@ -84,12 +84,29 @@ def test_available_kv_memory_is_the_engines_figure(capsys: pytest.CaptureFixture
     assert sg["kv_pool_blocks"] is None
 
 
-def test_sglang_default_fraction(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("version", "fraction"),
+    [
+        # 512 + 8192 x 1.5 + 1/8 GiB + 256 x 2 = 13,440 MiB of an 81,559 MiB card.
+        ("0.5.9", 0.835),
+        # 13,440 MiB + the prefill CUDA graphs' 58 x 8 MiB (on by default from 0.5.10).
+        ("0.5.23", 0.83),
+    ],
+)
+def test_sglang_default_fraction(capsys: pytest.CaptureFixture[str], version: str, fraction: float) -> None:
     data = run_json(
-        capsys, LLAMA8, "--engine", "sglang", "--gpu-memory", "81559MiB", "--max-model-len", "8192"
+        capsys,
+        LLAMA8,
+        "--engine",
+        "sglang",
+        "--engine-version",
+        version,
+        "--gpu-memory",
+        "81559MiB",
+        "--max-model-len",
+        "8192",
     )
-    # Newest (0.5.23): 13,440 MiB + the prefill CUDA graphs' 58 x 8 MiB (on by default from 0.5.10).
-    assert data["mem_fraction_static"] == 0.83
+    assert data["mem_fraction_static"] == fraction
     assert data["inputs"] == {**data["inputs"], "mem_fraction_static": "engine_default"}  # type: ignore[dict-item]
 
 
