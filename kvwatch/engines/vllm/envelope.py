@@ -34,11 +34,11 @@ ENVELOPE = Envelope(
     widening={
         "card": 0.0337,
         "release": 0.0211,
-        "architecture": 0.0211,
-        "modality": 0.0211,
+        "architecture": 0.0209,
+        "modality": 0.0209,
         "quantization": 0.101,
         "parallelism": 0.365,
-        "connector": 0.0211,
+        "connector": 0.0209,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",
