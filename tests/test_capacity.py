@@ -923,3 +923,19 @@ def test_sglang_hybrid_swa_split_by_memory_from_059(version: str) -> None:
     available = 40 * GiB
     base = available // (full + swa)
     assert budget.pool(m, d, 2, available).tokens == int(base * (full + swa) / (full + 0.8 * swa))
+
+
+@pytest.mark.parametrize(("version", "padding_slot"), [("0.5.16", False), ("0.5.17", True)])
+def test_sglang_keeps_whole_request_states_for_a_hybrid_model(version: str, padding_slot: bool) -> None:
+    """Qwen3-Next at TP 4: 36 GDN layers of (8192 / 4 x 3 conv in bf16 + 8 x 128 x 128 recurrent in
+    fp32) = 2,801,664 B a request; 0.9 / 1.9 of the budget holds whole slots (one more for the
+    pool's padding from 0.5.17) and the KV cache gets the rest."""
+    m = model("Qwen--Qwen3-Next-80B-A3B-Thinking")
+    d = Deployment(engine="sglang", engine_version=version, tp=4, max_model_len=8192)
+    per_req = budget.state_bytes_per_request(m, d)
+    assert per_req == 36 * (8192 // 4 * 3 * 2 + 8 * 128 * 128 * 4)
+    available = 40 * GiB
+    share = available * 0.9 / 1.9
+    slots = int((share - per_req) // per_req) + 1 if padding_slot else int(share // per_req)
+    cell = budget.cell_size(m, d, 2)
+    assert budget.pool(m, d, 2, available).tokens == (available - slots * per_req) // cell

@@ -160,6 +160,21 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
     return StaticFraction(value, reserved, chunked, max_bs, rule)
 
 
+def state_bytes_per_request(model: ModelGeometry, d: Deployment) -> int:
+    """One request's Mamba / linear-attention state on one rank (configs/mamba_utils.py:116-125,
+    :222-230 @0.5.23): the conv window in bf16 (SGLANG_MAMBA_CONV_DTYPE) and the recurrent state in
+    fp32, SGLang's default ssm dtype (:47-107); 0 when a layer's shape is not in config.json."""
+    total = 0
+    for layer in model.layers:
+        if layer.kind not in ("linear", "mamba"):
+            continue
+        if not layer.state_heads:
+            return 0
+        conv = layer.state_conv_channels // d.tp * layer.state_conv_width * 2
+        total += conv + max(1, layer.state_heads // d.tp) * layer.state_head_elems * 4
+    return total
+
+
 def attention_tp(d: Deployment) -> int:
     """The ranks one attention layer is split over: tp / dp under DP attention (attn_tp, 0.5.9
     layers/dp_attention.py:230-244; 0.5.23 runtime_context.py:73-76), else tp."""
@@ -334,12 +349,30 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
         return SglangPool(page, cell, 0, None, ("no KV budget left",) if available <= 0 else (), exact)
     if n_state:
         ratio = DEFAULT_MAMBA_FULL_MEMORY_RATIO
-        kv_bytes = int(available / (1 + ratio))
-        notes.append(
-            f"Mamba/linear-attention state takes {ratio}/(1+{ratio}) of the budget (mamba_full_memory_ratio)"
-        )
+        state_budget = available * ratio / (1 + ratio)
+        per_req = state_bytes_per_request(model, d)
+        if per_req:
+            # As many whole request states as the state budget holds; from 0.5.17 one more slot for
+            # the pool's padding (0.5.9 model_runner_kv_cache_mixin.py:151-210; 0.5.17
+            # kv_cache_configurator.py:1911/1978; 0.5.23 :3368-3409). The KV cache gets the rest.
+            v = version_tuple(d.engine_version)
+            if v is None or v >= (0, 5, 17):
+                slots = max(int((state_budget - per_req) // per_req), 0) + 1
+            else:
+                slots = int(state_budget // per_req)
+            kv_bytes = available - slots * per_req
+            notes.append(
+                f"Mamba/linear-attention state: {slots:,} request slots of {per_req:,} B "
+                f"({ratio}/(1+{ratio}) of the budget, mamba_full_memory_ratio)"
+            )
+        else:
+            kv_bytes = int(available / (1 + ratio))
+            exact = False
+            notes.append(
+                f"Mamba/linear-attention state takes {ratio}/(1+{ratio}) of the budget (mamba_full_memory_ratio); "
+                "its shape is not in config.json"
+            )
         tokens = kv_bytes // cell
-        exact = False
     elif n_sliding and not n_full:
         # Every layer windowed (Mistral-style): one pool sized over all layers.
         cell = all_layer_cell_size(model, d, elem_bytes)
