@@ -22,6 +22,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.core.units import GiB
 from kvwatch.core.versions import version_tuple
+from kvwatch.engines.sglang import calibration as sglang_calibration
 from kvwatch.engines.vllm import calibration, memory, weights
 from kvwatch.engines.vllm.calibration import Calibration
 
@@ -163,6 +164,19 @@ def fit_with_cases(
             value = _implied(act_cases, cal, name, used[name])
             cal = replace(cal, **{name: value if value is not None else 0.0})
     return cal, used
+
+
+def fit_sglang(cases: Sequence[Case]) -> tuple[sglang_calibration.Calibration, dict[str, list[str]]]:
+    """SGLang's context before weights: the median of card total - 'Load weight begin. avail mem'
+    over the cases that print it on a catalogued card (none: the coefficient stays at zero)."""
+    used = [
+        c
+        for c in cases
+        if c.engine == "sglang" and "pre_load" in c.observed and c.gpu_total_bytes and gpus.find(c.gpu_name)
+    ]
+    values = [c.gpu_total_bytes / GiB - c.observed["pre_load"] for c in used if c.gpu_total_bytes]
+    gib = float(f"{statistics.median(values):.4g}") if values else 0.0
+    return sglang_calibration.Calibration(context_gib=gib), {"context_gib": [c.id for c in used]}
 
 
 def rounded(cal: Calibration) -> Calibration:

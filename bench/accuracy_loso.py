@@ -22,6 +22,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.units import GiB
+from kvwatch.engines.sglang import calibration as sglang_calibration
 from kvwatch.engines.sglang import envelope as sglang_envelope
 from kvwatch.engines.vllm import calibration
 from kvwatch.engines.vllm import envelope as vllm_envelope
@@ -272,13 +273,16 @@ def run(cases: Sequence[Case]) -> Report:
         for s, cs in by_source.items()
         if any(c.engine == "vllm" and set(c.observed) - {"kv"} for c in cs if predictable(c))
     }
+    sglang_all = accuracy_fit.fit_sglang(usable)[0]
     # Pass 1: each source predicted with the coefficients fitted without it (bands not yet).
     cals: dict[str, Calibration] = {}
+    sglang_cals: dict[str, sglang_calibration.Calibration] = {}
     loso: dict[str, Row] = {}
     for source, group in by_source.items():
         rest = [c for c in usable if c.source != source]
         cals[source] = accuracy_fit.fit(rest, models) if source in has_terms else fitted_all
-        with calibration.using(cals[source]):
+        sglang_cals[source] = accuracy_fit.fit_sglang(rest)[0]
+        with calibration.using(cals[source]), sglang_calibration.using(sglang_cals[source]):
             for c in group:
                 if c.skip is None:
                     loso[c.id] = evaluate(c, models)
@@ -311,7 +315,11 @@ def run(cases: Sequence[Case]) -> Report:
     for r in rows:
         if r.prediction is None:
             continue
-        with CURRENT[r.case.engine].using(term_envs[r.case.engine]), calibration.using(cals[r.case.source]):
+        with (
+            CURRENT[r.case.engine].using(term_envs[r.case.engine]),
+            calibration.using(cals[r.case.source]),
+            sglang_calibration.using(sglang_cals[r.case.source]),
+        ):
             again = evaluate(r.case, models)
         if again.prediction is not None and again.prediction.available_kv_band_bytes is not None:
             base[r.case.id] = float(again.prediction.available_kv_band_bytes)
@@ -331,7 +339,11 @@ def run(cases: Sequence[Case]) -> Report:
                 [x for x in usable if x.source != source],
                 models,
             )
-            with CURRENT[c.engine].using(env), calibration.using(cals[source]):
+            with (
+                CURRENT[c.engine].using(env),
+                calibration.using(cals[source]),
+                sglang_calibration.using(sglang_cals[source]),
+            ):
                 banded = evaluate(c, models)
             banded.uncovered, banded.unmeasured = row.uncovered, row.unmeasured
             out.append(banded)
@@ -342,7 +354,11 @@ def run(cases: Sequence[Case]) -> Report:
     for c in cases:
         if c.skip is not None:
             continue
-        with calibration.using(fitted_all), CURRENT[c.engine].using(envelopes[c.engine]):
+        with (
+            calibration.using(fitted_all),
+            sglang_calibration.using(sglang_all),
+            CURRENT[c.engine].using(envelopes[c.engine]),
+        ):
             row = evaluate(c, models)
         if row.prediction is not None:
             row.uncovered = tuple(

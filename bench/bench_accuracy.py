@@ -248,7 +248,13 @@ def write_tables(report: Report, cases: Sequence[Case], models: Models) -> None:
         "# --- fitted: end",
         calibration_source(cal, used, cases),
     )
-    paths = [engines / "vllm" / "calibration.py"]
+    sg, sg_used = accuracy_fit.fit_sglang(usable)
+    sg_text = (
+        f"FITTED = Calibration(context_gib={sg.context_gib!r})\n"
+        f'CASES: dict[str, str] = {{"context_gib": {json.dumps(_sources_of(sg_used["context_gib"], cases))}}}\n'
+    )
+    _replace_block(engines / "sglang" / "calibration.py", "# --- fitted: begin", "# --- fitted: end", sg_text)
+    paths = [engines / "vllm" / "calibration.py", engines / "sglang" / "calibration.py"]
     for engine, env in report.envelopes.items():
         text = envelope_source(engine, env, report, cases, models)
         _replace_block(engines / engine / "envelope.py", "# --- envelope: begin", "# --- envelope: end", text)

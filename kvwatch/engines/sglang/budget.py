@@ -17,12 +17,9 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ATTENTION
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
 from kvwatch.capacity.weights import weight_bytes_of
-from kvwatch.core.units import GiB, MiB
+from kvwatch.core.units import MiB
 from kvwatch.core.versions import version_tuple
 
-# Memory torch.distributed and the CUDA context take before weights load (the 'Init torch
-# distributed ends. mem usage=' line, typically 0.5-0.7 GiB); an estimate when not measured.
-DEFAULT_CONTEXT_BYTES = 6 * GiB // 10
 DEFAULT_PAGE_SIZE = 1
 DSA_PAGE_SIZE = 64
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8

@@ -12,8 +12,8 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import conditions, label, not_calibrated_note
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
-from kvwatch.core.units import format_bytes
-from kvwatch.engines.sglang import budget
+from kvwatch.core.units import GiB, format_bytes
+from kvwatch.engines.sglang import budget, calibration
 from kvwatch.engines.sglang.envelope import CURRENT
 
 
@@ -81,7 +81,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 non_torch = d.non_torch_bytes
                 inputs["non_torch"] = "given"
             else:
-                non_torch = budget.DEFAULT_CONTEXT_BYTES
+                # Before the weights load (calibration.py: FITTED on the startups that print it).
+                non_torch = int(calibration.current().context_gib * GiB)
                 inputs["non_torch"] = "estimated"
                 assumptions.append(
                     f"CUDA context + torch.distributed before weights = {format_bytes(non_torch)} (estimate)"
