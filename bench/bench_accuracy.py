@@ -296,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
                     ]
                 )
     s = stats(report.loso)
+    head = headline(report.loso)
+    off_h100 = sum(card_family(r.case.gpu_name) != "H100" for r in head)
+    sglang = sum(r.case.engine == "sglang" for r in head)
+    print(
+        f"startups judged: {len(head)} (target >= 100), {off_h100} not on H100 (>= 40), "
+        f"{sglang} SGLang (>= 20)"
+    )
     met = (
         s["median_pct"] <= TARGETS["median_pct"]
         and s["within_5pct"] >= TARGETS["within_5pct"]
