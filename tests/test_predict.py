@@ -231,6 +231,6 @@ def test_a_release_newer_than_any_read_is_predicted_with_the_newest_rules_and_sa
     )
     newer = run_json(capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.40.1", "--max-model-len", "8192")
     assert newer["available_kv_bytes"] == newest["available_kv_bytes"]
-    assert "release newer than 0.33.0" in newer["not_calibrated"]  # type: ignore[operator]
+    assert "release newer than 0.33" in newer["not_calibrated"]  # type: ignore[operator]
     assert _band(newer) >= _band(newest)
-    assert any("rules of the newest release read, 0.33.0" in a for a in newer["assumptions"])  # type: ignore[union-attr]
+    assert any("rules of the newest release read, 0.33" in a for a in newer["assumptions"])  # type: ignore[union-attr]

@@ -50,17 +50,18 @@ def card_family(gpu_name: str | None) -> str:
 
 
 def release_bucket(version: str | None, newest_read: str) -> str:
-    """The release a version falls in: 'major.minor' (no version: the newest read, whose rules apply),
-    or 'newer than X' past the newest release read."""
-    v = version_tuple(version)
+    """The release a version falls in, to the precision of ``newest_read`` ('0.33' buckets vLLM by
+    minor release, '0.5.23' SGLang by patch release, where its rules move); no version is the
+    newest read, whose rules apply; past it, 'newer than X'."""
     newest = version_tuple(newest_read)
-    if v is None:
-        v = newest
-    if v is None:
+    v = version_tuple(version) or newest
+    if v is None or newest is None:
         return newest_read
-    if newest is not None and v[:2] > newest[:2]:
+    parts = len(newest)
+    head = tuple(v[:parts]) + (0,) * max(0, parts - len(v))
+    if head > tuple(newest):
         return f"newer than {newest_read}"
-    return f"{v[0]}.{v[1]}"
+    return ".".join(str(x) for x in head)
 
 
 def architecture_class(model: ModelGeometry) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from kvwatch.capacity.envelope import Current, Envelope
 
 # The newest release whose source kvwatch's rules were read from (memory.py, budget.py).
-NEWEST_READ = "0.33.0"
+NEWEST_READ = "0.33"
 
 # --- envelope: begin
 ENVELOPE = Envelope(
