@@ -220,6 +220,7 @@ def deployment_from_settings(
         tp=_first(s.tensor_parallel_size, Deployment.tp),
         pp=_first(s.pipeline_parallel_size, Deployment.pp),
         dcp=_first(s.decode_context_parallel_size, Deployment.dcp),
+        dp=_first(s.data_parallel_size, Deployment.dp),
         kv_cache_dtype=_first(s.kv_cache_dtype, Deployment.kv_cache_dtype),
         block_size=s.block_size,
         page_size=s.page_size,
