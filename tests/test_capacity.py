@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
+from kvwatch.capacity.dims import ATTENTION, EMBED
 from kvwatch.capacity.geometry import geometry_from_config, load_model
-from kvwatch.capacity.weights import weights_per_rank
+from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
 from kvwatch.core.units import GiB, KiB, MiB, parse_size
 from kvwatch.engines.sglang import budget
@@ -939,3 +940,18 @@ def test_sglang_keeps_whole_request_states_for_a_hybrid_model(version: str, padd
     slots = int((share - per_req) // per_req) + 1 if padding_slot else int(share // per_req)
     cell = budget.cell_size(m, d, 2)
     assert budget.pool(m, d, 2, available).tokens == (available - slots * per_req) // cell
+
+
+def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_embedding_whole() -> None:
+    """--enable-dp-attention --dp 8 at TP 8: attention over attn_tp = 1 and a whole embedding on
+    every rank (VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())), experts still 1/8."""
+    m = model("deepseek-ai--DeepSeek-V3")
+    d = Deployment(
+        engine="sglang", engine_version="0.5.9", tp=8, gpu_memory_bytes=143771 * MiB, max_model_len=8192
+    )
+    plain = predict(m, d)
+    dp = predict(m, d.with_(dp=8, dp_attention=True))
+    attention, embed = weight_bytes_of(m, ATTENTION), weight_bytes_of(m, EMBED)
+    extra = int(attention - attention / 8) + int(embed - embed / 8)
+    assert dp.weights_bytes - plain.weights_bytes == extra  # type: ignore[operator]
+    assert dp.bytes_per_token == plain.bytes_per_token  # an MLA latent is not split by heads

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.dims import ATTENTION
+from kvwatch.capacity.dims import ATTENTION, EMBED
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
 from kvwatch.capacity.weights import weight_bytes_of
 from kvwatch.core.units import MiB
@@ -187,12 +187,16 @@ def heads_tp(d: Deployment) -> int:
 
 def dp_attention_weights(model: ModelGeometry, d: Deployment) -> int:
     """Bytes per rank DP attention adds to the weights: each attention layer is split over attn_tp
-    ranks, not tp, so a rank holds tp / attn_tp times its share."""
+    ranks, not tp, so a rank holds tp / attn_tp times its share; and the token embedding is not
+    split at all (VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled()), models/
+    deepseek_v2.py, llama4.py, qwen2.py ...; the head stays vocabulary-parallel unless
+    --enable-dp-lm-head)."""
     attn_tp = attention_tp(d)
     if attn_tp == d.tp:
         return 0
     attention = weight_bytes_of(model, ATTENTION)
-    return int(attention / attn_tp - attention / d.tp) // max(d.pp, 1)
+    embed = weight_bytes_of(model, EMBED)
+    return int(attention / attn_tp - attention / d.tp) // max(d.pp, 1) + int(embed - embed / d.tp)
 
 
 def multimodal_reservation(model: ModelGeometry, d: Deployment) -> int:
