@@ -955,3 +955,14 @@ def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_e
     extra = int(attention - attention / 8) + int(embed - embed / 8)
     assert dp.weights_bytes - plain.weights_bytes == extra  # type: ignore[operator]
     assert dp.bytes_per_token == plain.bytes_per_token  # an MLA latent is not split by heads
+
+
+def test_sglang_up_to_053_keeps_512_fixed_state_slots_for_a_gdn_model() -> None:
+    """0.5.2/0.5.3 (model_runner.py:308-325): radix cache off, max_mamba_cache_size 512 slots, the
+    KV cache gets the rest -- the Qwen3-Next TP 4 startup on 0.5.2 (sglang#10407) logs 2,896,645
+    tokens."""
+    m = model("Qwen--Qwen3-Next-80B-A3B-Thinking")
+    d = Deployment(engine="sglang", engine_version="0.5.2", tp=4, max_model_len=8192)
+    per_req = budget.state_bytes_per_request(m, d)
+    available = 40 * GiB
+    assert budget.pool(m, d, 2, available).tokens == (available - 512 * per_req) // budget.cell_size(m, d, 2)

@@ -24,6 +24,8 @@ DEFAULT_PAGE_SIZE = 1
 DSA_PAGE_SIZE = 64
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+# State slots a hybrid GDN model keeps up to 0.5.3 when --max-running-requests is not set.
+FIXED_MAMBA_SLOTS = 512
 # The rope part of the MLA latent (qk_rope_head_dim) in DeepSeek sparse-attention models.
 _DSA_ROPE_DIM = 64
 
@@ -352,11 +354,21 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
         ratio = DEFAULT_MAMBA_FULL_MEMORY_RATIO
         state_budget = available * ratio / (1 + ratio)
         per_req = state_bytes_per_request(model, d)
-        if per_req:
-            # As many whole request states as the state budget holds; from 0.5.17 one more slot for
-            # the pool's padding (0.5.9 model_runner_kv_cache_mixin.py:151-210; 0.5.17
-            # kv_cache_configurator.py:1911/1978; 0.5.23 :3368-3409). The KV cache gets the rest.
-            v = version_tuple(d.engine_version)
+        v = version_tuple(d.engine_version)
+        if per_req and v is not None and v < (0, 5, 4):
+            # Up to 0.5.3 a GDN model runs without the radix cache and keeps a fixed
+            # max_mamba_cache_size of state slots: max_running_requests, else 512, / dp under DP
+            # attention (0.5.2 model_executor/model_runner.py:308-325, :1125-1131; 0.5.3 :360-372).
+            slots = FIXED_MAMBA_SLOTS // (d.dp if d.dp_attention and d.dp > 1 else 1)
+            kv_bytes = available - slots * per_req
+            notes.append(
+                f"Mamba/linear-attention state: {slots} fixed request slots of {per_req:,} B (max_mamba_cache_size)"
+            )
+        elif per_req:
+            # From 0.5.4 as many whole request states as mamba_full_memory_ratio's share holds
+            # (0.5.4 model_runner.py:1443-1467); from 0.5.17 one more slot for the pool's padding
+            # (0.5.9 model_runner_kv_cache_mixin.py:151-210; 0.5.17 kv_cache_configurator.py:1911/1978;
+            # 0.5.23 :3368-3409). The KV cache gets the rest.
             if v is None or v >= (0, 5, 17):
                 slots = max(int((state_budget - per_req) // per_req), 0) + 1
             else:

@@ -24,7 +24,7 @@ ENVELOPE = Envelope(
         "parallelism": frozenset({"tp >= 2"}),
         "connector": frozenset({"none"}),
     },
-    term_bands={"weights": 0.0083, "non_torch": 0.2872, "pool": 0.2632, "scale": 1.0},
+    term_bands={"weights": 0.0083, "non_torch": 0.2872, "pool": 0.0963, "scale": 1.0},
     widening={
         "card": 0.0,
         "release": 0.0,
