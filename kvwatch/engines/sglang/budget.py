@@ -43,12 +43,15 @@ class StaticFraction:
 
 def gpu_defaults(gpu_mem_mb: float, tp: int, version: str | None = None) -> tuple[int, int]:
     """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks for a card of this size: < 35 GiB
-    cards get 2048 and 24 / 80 up to 0.5.19 (0.5.9 server_args.py:911-975), 4096 and 48 / 160 from
-    0.5.20 (0.5.20 arg_groups/memory_hook.py:100-117)."""
+    cards get 2048 and 16 / 80 (tp < 4 / tp >= 4) up to 0.5.4 (0.5.3 server_args.py:575-585, 0.5.4
+    :685-695), 24 / 80 from 0.5.6 (0.5.6 :745-753; 0.5.9 :911-975; 0.5.5, not read, taken as 0.5.6)
+    to 0.5.19, 4096 and 48 / 160 from 0.5.20 (0.5.20 arg_groups/memory_hook.py:100-117)."""
     v = version_tuple(version)
     if gpu_mem_mb < 20 * 1024:
         return 2048, 8
     if gpu_mem_mb < 35 * 1024:
+        if v is not None and v < (0, 5, 5):
+            return 2048, 16 if tp < 4 else 80
         if v is not None and v < (0, 5, 20):
             return 2048, 24 if tp < 4 else 80
         return 4096, 48 if tp < 4 else 160
