@@ -98,8 +98,8 @@ def _prefill_graph_reserve(d: Deployment, model: ModelGeometry | None, chunked: 
 
 def _vision_factor(model: ModelGeometry | None) -> float:
     """The default fraction's multiplier for a vision model: 0.95 x clamp(1 - 0.1 x (L H^2 /
-    (24 x 1024^2) - 1), 0.8, 1.05), L and H of its vision_config (0.5.9 server_args.py:5483; 0.5.23
-    arg_groups/memory_hook.py:417-462)."""
+    (24 x 1024^2) - 1), 0.8, 1.05), L and H of its vision_config (0.5.3 server_args.py:3105-3140;
+    0.5.9 :5483; 0.5.23 arg_groups/memory_hook.py:417-462)."""
     dims = model.dims if model is not None else None
     if dims is None or not dims.has_vision_tower:
         return 1.0
@@ -155,7 +155,7 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
     if gpu_mb > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     value = round((gpu_mb - reserved) / gpu_mb, 3)
-    if v is None or v >= (0, 5, 9):
+    if v is None or v >= (0, 5, 3):
         factor = _vision_factor(model)
         if factor != 1.0:
             value, rule = value * factor, rule + f", x {factor:.3f} for the vision tower"
