@@ -966,3 +966,33 @@ def test_sglang_up_to_053_keeps_512_fixed_state_slots_for_a_gdn_model() -> None:
     per_req = budget.state_bytes_per_request(m, d)
     available = 40 * GiB
     assert budget.pool(m, d, 2, available).tokens == (available - 512 * per_req) // budget.cell_size(m, d, 2)
+
+
+@pytest.mark.parametrize(
+    ("version", "gpu_mib", "tp", "dp_attention", "value"),
+    [
+        ("0.4.3", 81559, 8, False, 0.81),  # the table by TP (0.4.3.post4 server_args.py:203-214)
+        ("0.4.6", 143771, 8, False, (143771 - 13 * 1024) / 143771),  # card - 13 GiB above 80 GiB
+        ("0.4.7", 183359, 8, False, 0.79),  # above 180 GB
+        ("0.4.7", 143771, 8, False, min(0.88 + 48 * 1024 * 0.12 / 143771, (143771 - 18 * 1024) / 143771)),
+        (
+            "0.5.2",
+            143771,
+            8,
+            True,
+            round((143771 - (12 + 4) * 1024 - 4 * 1024) / 143771, 3),
+        ),  # DP attention +4 GiB
+    ],
+)
+def test_sglang_default_fraction_before_053_per_release(
+    version: str, gpu_mib: int, tp: int, dp_attention: bool, value: float
+) -> None:
+    d = Deployment(
+        engine="sglang",
+        engine_version=version,
+        gpu_memory_bytes=gpu_mib * MiB,
+        tp=tp,
+        dp=8 if dp_attention else 1,
+        dp_attention=dp_attention,
+    )
+    assert default_mem_fraction_static(d).value == pytest.approx(value)

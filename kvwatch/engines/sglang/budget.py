@@ -107,6 +107,33 @@ def _vision_factor(model: ModelGeometry | None) -> float:
     return 0.95 * min(max(1 - 0.1 * (layers * hidden**2 / (24 * 1024**2) - 1), 0.8), 1.05)
 
 
+def _table(parallel: int, v: tuple[int, ...]) -> float:
+    """0.2.15 - 0.4.7's fraction by parallel size (0.81 at 8 ranks from 0.4, 0.83 before)."""
+    table = ((16, 0.79), (8, 0.81 if v >= (0, 4) else 0.83), (4, 0.85), (2, 0.87), (1, 0.88))
+    return next(f for size, f in table if parallel >= size)
+
+
+def _old_fraction(d: Deployment, v: tuple[int, ...], gpu_mb: float) -> StaticFraction:
+    """Before 0.4.8: the table by TP (0.4.3.post4 server_args.py:203-214); 0.4.6 takes
+    (card - 13 GiB) / card above 80 GiB (0.4.6 :224-237); 0.4.7 keeps the table up to 80 GiB, 0.79
+    above 180 GB and min(f + 48 GiB x (1 - f) / card, (card - 18 GiB) / card) above 96 GiB
+    (0.4.7 :253-283; the table counts TP x PP from 0.4.7)."""
+    parallel = d.tp * d.pp if v >= (0, 4, 7) else d.tp
+    value = _table(parallel, v)
+    rule = "table by tp"
+    if v >= (0, 4, 7):
+        if gpu_mb > 81920:
+            value = 0.88
+        if gpu_mb > 180 * 1000:
+            value, rule = 0.79, "0.79 above 180 GB"
+        elif gpu_mb > 96 * 1024:
+            value = min(value + 48 * 1024 * (1 - value) / gpu_mb, (gpu_mb - 18 * 1024) / gpu_mb)
+            rule = "48 GiB share above 96 GiB"
+    elif v >= (0, 4, 6) and gpu_mb > 81920:
+        value, rule = (gpu_mb - 13 * 1024) / gpu_mb, "card - 13 GiB above 80 GiB"
+    return StaticFraction(value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, rule)
+
+
 def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = None) -> StaticFraction:
     """SGLang's default mem_fraction_static for this GPU, parallelism, version (and model, whose
     attention kind and vision tower change the reserve from 0.5.9/0.5.10)."""
@@ -119,14 +146,10 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
             fallback, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known"
         )
     gpu_mb = d.gpu_memory_bytes / MiB
-    if v is not None and v < (0, 4, 9):
-        # 0.2.15 - 0.4.8: a table by parallel size.
-        table = ((16, 0.79), (8, 0.81 if v >= (0, 4) else 0.83), (4, 0.85), (2, 0.87), (1, 0.88))
-        value = next(f for size, f in table if parallel >= size)
-        return StaticFraction(
-            value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, "table by tp"
-        )
+    if v is not None and v < (0, 4, 8):
+        return _old_fraction(d, v, gpu_mb)
     if v is not None and v < (0, 5, 3):
+        # 0.4.8 - 0.5.2: a reserve by card size (0.4.8.post1 server_args.py:287-313; 0.5.2 :452-497).
         if gpu_mb < 35 * 1024:
             reserved = (2.8 + parallel / 10) * 1024
         elif gpu_mb < 90 * 1024:
@@ -135,6 +158,8 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
             reserved = (12 + parallel / 2) * 1024
         else:
             reserved = 32 * 1024
+        if d.dp_attention and d.dp > 1:
+            reserved += 4 * 1024
         value = round((gpu_mb - reserved) / gpu_mb, 3)
         return StaticFraction(
             value, reserved, d.chunked_prefill_size, d.cuda_graph_max_bs, "reserve by GPU size"
