@@ -82,6 +82,24 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                 except OSError:
                     return
+        elif path in ("/trickle-headers", "/trickle-chunks"):
+            # One byte every 0.1 s: each recv returns well within any timeout, the reply never ends
+            # in time. Headers dripped; or headers at once and a chunked body whose size lines drip.
+            self.close_connection = True
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            if path == "/trickle-headers":
+                drip = head + b"X-Pad: " + b"a" * 1000
+            else:
+                self.wfile.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
+                drip = b"0" * 1000
+            for i in range(len(drip)):
+                try:
+                    self.wfile.write(drip[i : i + 1])
+                    self.wfile.flush()
+                except OSError:
+                    return
+                if stop.wait(0.1):
+                    return
         elif path == "/500":
             self._send(b"Internal Server Error\n", status=500)
         elif path == "/garbage":
@@ -202,11 +220,19 @@ def test_redirect_is_not_followed(server: _Server) -> None:
     assert result.status == 302
 
 
-@pytest.mark.parametrize("path", ["/slow-headers", "/slow-body"])
+@pytest.mark.parametrize("path", ["/slow-headers", "/slow-body", "/trickle-headers", "/trickle-chunks"])
 def test_slow_server_times_out(server: _Server, path: str) -> None:
     result = _scraper(server, path, read_timeout=0.5).fetch()
     _assert_failed(result, "timeout")
-    # The read budget covers the whole reply, not each recv (the slow body sends a byte every 0.2 s).
+    # The read budget covers the whole reply, not each recv (the slow body sends a byte every 0.2 s,
+    # the trickles one every 0.1 s: headers, or chunk-size lines, that would take 100 s to end).
+    assert result.duration_seconds < 2.0
+
+
+def test_one_deadline_bounds_the_whole_fetch(server: _Server) -> None:
+    # timeout is the whole fetch: shorter than connect_timeout + read_timeout, it is what ends it.
+    result = _scraper(server, "/trickle-headers", connect_timeout=5.0, read_timeout=5.0, timeout=0.5).fetch()
+    _assert_failed(result, "timeout")
     assert result.duration_seconds < 2.0
 
 
@@ -262,6 +288,7 @@ def test_scraper_is_reusable(server: _Server) -> None:
         ("http://[::1/metrics", {}),
         ("http://host/my metrics", {}),
         ("http://host/metrics", {"read_timeout": 0}),
+        ("http://host/metrics", {"timeout": 0}),
         ("http://host/metrics", {"max_bytes": 0}),
         ("http://host/metrics", {"bearer_token": "a\nb"}),
         ("https://host/metrics", {"ca_file": "/nonexistent/ca.pem"}),

@@ -90,7 +90,13 @@ class Sidecar:
         self._scrapes = [
             ScrapeSource(
                 s.name,
-                Scraper(s.url, connect_timeout=settings.scrape_timeout, read_timeout=settings.scrape_timeout),
+                # --scrape-timeout bounds the whole scrape: connect, headers and body together.
+                Scraper(
+                    s.url,
+                    connect_timeout=settings.scrape_timeout,
+                    read_timeout=settings.scrape_timeout,
+                    timeout=settings.scrape_timeout,
+                ),
                 MetricsReader(settings.engine),
             )
             for s in settings.metrics_url
