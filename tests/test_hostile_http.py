@@ -358,6 +358,22 @@ def test_verified_credentials_are_cached_as_keyed_hashes(counted_bcrypt: list[by
     assert other._ok != auth._ok
 
 
+def test_password_over_72_bytes_logs_in_as_htpasswd_hashed_it() -> None:
+    # Openwall crypt_blowfish's own test vector (wrapper.c), the code behind htpasswd -B: a 98-byte
+    # password whose bytes after the 72nd are ignored.
+    password = (
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789chars after 72 are ignored"
+    )
+    auth = BasicAuth({"prom": "$2a$05$abcdefghijklmnopqrstuu5s2v8.iXieOjg/.AySBTTZIIVFJeBui"})
+    assert auth.check(_basic("prom", password), "10.0.0.1") is Verdict.OK
+    assert auth.check(_basic("prom", password[:72] + "anything else"), "10.0.0.2") is Verdict.OK
+    assert auth.check(_basic("prom", password[:71]), "10.0.0.3") is Verdict.DENIED
+    # Cut at 72 bytes, not characters: a multi-byte character across the 72nd byte is cut too.
+    long_utf8 = "é" * 40  # 80 bytes
+    auth = BasicAuth({"prom": _hash(long_utf8.encode()[:72])})
+    assert auth.check(_basic("prom", long_utf8), "10.0.0.4") is Verdict.OK
+
+
 def test_failures_are_rationed_per_client_without_bcrypt(counted_bcrypt: list[bytes]) -> None:
     now = [1000.0]
     limiter = FailureLimiter(burst=3, rate=0.5, clock=lambda: now[0])
