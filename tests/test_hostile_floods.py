@@ -1,8 +1,8 @@
 """The sidecar's HTTP port under floods from one address or many (issue 22, the second hostile round):
 idle sockets that reconnect as they are closed, fire-and-forget scrapes, keep-alive scrapers.
 
-The attackers come from other loopback addresses (127.0.0.2 and up, in a process of their own so
-they do not share the sidecar's interpreter lock); the probes from 127.0.0.1, as the kubelet's
+The attackers come from other loopback addresses (127.0.0.2 and up, bench/flood.py in a process of
+their own so they do not share the sidecar's interpreter lock); the probes from 127.0.0.1, as the kubelet's
 would from the node. Renders are made slow (a busy loop holding the interpreter lock, as a big
 fleet's render does) so that every queued render shows. The bounds asserted are the issue's
 liveness bounds (a probe answers within 2 s, a stop takes under 2 s), many times what the fixed
@@ -27,77 +27,12 @@ from kvwatch.sidecar.app import Sidecar
 from kvwatch.sidecar.config import load_settings
 from kvwatch.sidecar.netlimits import client_key
 
+ROOT = Path(__file__).resolve().parent.parent
 LOG_SAMPLES = Path(__file__).parent / "log_samples"
 VLLM_STARTUP = (LOG_SAMPLES / "vllm/001-llama31-8b-rtx3090-profiling-20k.log").read_text().splitlines()
 RENDER_SECONDS = 0.2  # about what 256 busy instances cost (issue 22: 211 ms)
 PROBE_TIMEOUT = 2.0  # the issue's bound; the kubelet's probe timeout is 1 s
 STOP_BOUND = 2.0
-
-# An attacker process: `MODE N PORT SECONDS SOURCES`; prints "ready" once its N connections are
-# open, and at the end the responses it completed and the reconnects it made.
-#   idle:      N sockets that never send; each one the server closes is opened again at once.
-#   keepalive: N clients that GET /metrics over and over on one connection each.
-_ATTACKER = r"""
-import resource, selectors, socket, sys, time
-mode, n, port, seconds, sources = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5].split(",")
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n + 256)), hard))
-REQ = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
-sel = selectors.DefaultSelector()
-answers = reconnects = 0
-def connect(i):
-    s = socket.socket()
-    try:
-        s.settimeout(5)
-        s.bind((sources[i % len(sources)], 0))
-        s.connect(("127.0.0.1", port))
-        s.setblocking(False)
-        if mode == "keepalive":
-            s.send(REQ)
-    except OSError:
-        s.close()
-        return False
-    sel.register(s, selectors.EVENT_READ, (i, bytearray()))
-    return True
-for i in range(n):
-    connect(i)
-print("ready", flush=True)
-end = time.monotonic() + seconds
-lost = []
-while time.monotonic() < end:
-    for i in lost[:]:
-        if connect(i):
-            lost.remove(i)
-    if len(lost) == n:
-        break  # the server is gone
-    for key, _ in sel.select(0.2):
-        s, (i, buf) = key.fileobj, key.data
-        try:
-            data = s.recv(1 << 20)
-        except BlockingIOError:
-            continue
-        except OSError:
-            data = b""
-        if not data:
-            sel.unregister(s)
-            s.close()
-            reconnects += 1
-            if not connect(i):
-                lost.append(i)
-            continue
-        if mode != "keepalive":
-            continue
-        buf += data
-        while (h := buf.find(b"\r\n\r\n")) >= 0:
-            head = bytes(buf[:h]).lower()
-            length = int(head.split(b"content-length:")[1].split(b"\r\n")[0]) if b"content-length:" in head else 0
-            if len(buf) < h + 4 + length:
-                break
-            del buf[: h + 4 + length]
-            answers += 1
-            s.send(REQ)
-print(answers, reconnects, flush=True)
-"""
 
 
 class _Car:
@@ -160,9 +95,10 @@ def _get(port: int, path: str, timeout: float) -> int:
 
 
 def _attack(mode: str, n: int, port: int, sources: list[str], seconds: float = 60.0) -> subprocess.Popen[str]:
+    """An attacker process (bench/flood.py), once its connections are open."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _ATTACKER, mode, str(n), str(port), str(seconds), ",".join(sources)],
-        stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "bench.flood", mode, str(n), str(port), str(seconds), ",".join(sources)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
