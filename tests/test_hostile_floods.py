@@ -11,10 +11,12 @@ server needs; p50s and p99s are in bench/bench_sidecar.py.
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from waiting import wait_until
 
 from kvwatch.sidecar.app import Sidecar
 from kvwatch.sidecar.config import load_settings
+from kvwatch.sidecar.http import SharedRender
 from kvwatch.sidecar.netlimits import client_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,6 +134,33 @@ def test_client_key_counts_an_address_or_an_ipv6_64() -> None:
     assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:bbbb::2") == "2001:db8:1:2::/64"
     assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
     assert client_key("fe80::1%eth0") == "fe80::/64"
+
+
+def test_a_shared_render_is_never_older_than_the_scrape_it_serves() -> None:
+    began = threading.Event()
+    release = threading.Event()
+    bodies = iter([b"first", b"second"])
+
+    def render(accept: str) -> tuple[bytes, str]:
+        began.set()
+        assert release.wait(10)
+        return next(bodies), "text/plain"
+
+    shared = SharedRender(render)
+    early = time.monotonic()  # arrived before the first render began: it may share it
+    out: dict[str, bytes] = {}
+    first = threading.Thread(target=lambda: out.update(a=shared("", time.monotonic(), False)[0]))
+    first.start()
+    assert began.wait(10)
+    late = time.monotonic()  # arrived while it ran: it may have missed this scrape's lines
+    second = threading.Thread(target=lambda: out.update(b=shared("", late, False)[0]))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert out == {"a": b"first", "b": b"second"}
+    assert shared("", early, False)[0] == b"second" and shared.renders == 2
+    assert gzip.decompress(shared("", early, True)[0]) == b"second" and shared.renders == 2
 
 
 def test_a_prometheus_scrape_is_rendered_from_the_cached_rows(tmp_path: Path) -> None:

@@ -1,14 +1,28 @@
-"""What the HTTP server's caps rest on: the process's fd limit, and the address a client is
-counted by (kvwatch.sidecar.server caps connections in all and per client address)."""
+"""What the HTTP server's caps rest on and what they count: the process's fd limit, the address a
+client is counted by, the connections per address (kvwatch.sidecar.server caps connections in all
+and per client address), and the server's counters."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import resource
 from typing import Generic, TypeVar
 
 C = TypeVar("C")
+
+
+@dataclasses.dataclass
+class ServerStats:
+    """Counters of the connections the server turned away (written by the selector thread only)."""
+
+    refused: int = 0
+    timed_out: int = 0
+    bad_requests: int = 0
+    open: int = 0
+    # Requests dropped unrun because their client hung up while they waited for a worker.
+    abandoned: int = 0
 
 
 def raise_fd_limit(wanted: int) -> int:

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvwatch.sidecar.netlimits import ClientSlots, client_key, raise_fd_limit
+from kvwatch.sidecar.netlimits import ClientSlots, ServerStats, client_key, raise_fd_limit
 from kvwatch.sidecar.wire import REASONS, Request, Response, drop_empty_lines, head_end, parse_head, serialize
 from kvwatch.sidecar.workers import WorkerPool
 
@@ -63,6 +63,9 @@ BACKLOG = 512
 # File descriptors kept free for everything but client connections (logs, state file, scrapes).
 FD_RESERVE = 64
 _RECV = 64 * 1024
+# Bytes one connection may send per turn of the loop: a big /metrics to many scrapers at once is
+# sent round-robin, so the loop comes back to new connections (probes) between slices.
+_WRITE_SLICE = 64 * 1024
 _ACCEPT_BATCH = 64
 _ACCEPT_PAUSE = 0.1
 _REFUSED = (
@@ -74,18 +77,6 @@ _REFUSED = (
 Handler = Callable[[Request], Response]
 # Answers in the selector thread (None: a worker's); only for answers that cost nothing.
 Immediate = Callable[[Request], Response | None]
-
-
-@dataclasses.dataclass
-class ServerStats:
-    """Counters of the connections the server turned away (written by the selector thread only)."""
-
-    refused: int = 0
-    timed_out: int = 0
-    bad_requests: int = 0
-    open: int = 0
-    # Requests dropped unrun because their client hung up while they waited for a worker.
-    abandoned: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -452,10 +443,13 @@ class BoundedHTTPServer:
         (then the connection waits to be writable) or when the connection failed (closed)."""
         import ssl
 
-        out = conn.out
+        out, budget = conn.out, _WRITE_SLICE
         while out is not None and len(out):
             try:
+                if budget <= 0:
+                    raise BlockingIOError  # this turn's slice is sent; the socket is asked again
                 sent = conn.sock.send(out[:_RECV])
+                budget -= sent
             except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
                 self._watch(conn, selectors.EVENT_WRITE)
                 conn.out = out
