@@ -586,3 +586,28 @@ def test_pipelined_requests_over_tls(served: Callable[..., _Served], tls_files: 
             while data.count(b"hello\n") < 3 and time.monotonic() < deadline:
                 data += s.recv(65536)
     assert data.count(b"HTTP/1.1 200 OK") == 3
+
+
+def test_pipelined_probes_over_tls_all_answered(
+    served: Callable[..., _Served], tls_files: tuple[Path, Path]
+) -> None:
+    # Answered by the selector thread while more requests wait decrypted inside the TLS layer, where
+    # select() cannot see them: none may be left waiting.
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*tls_files)
+    srv = served()
+    srv.server.tls = ctx
+    srv.server.immediate = lambda request: Response(200, b"ok\n") if request.path == "/healthz" else None
+    client = ssl.create_default_context(cafile=str(tls_files[0]))
+    client.check_hostname = False
+    n = 500
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as raw:
+        with client.wrap_socket(raw) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * n + b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            deadline = time.monotonic() + 10
+            while not data.endswith(b"hello\n") and time.monotonic() < deadline:
+                data += s.recv(65536)
+    assert data.count(b"HTTP/1.1 200 OK") == n + 1

@@ -412,7 +412,7 @@ class BoundedHTTPServer:
                 self._close(conn)
                 return False
             self._await_request(conn)
-            if not buf and self.tls is not None and conn.sock.pending():  # type: ignore[attr-defined]
+            if head_end(buf)[0] < 0 and self.tls is not None and conn.sock.pending():  # type: ignore[attr-defined]
                 return True
         conn.keep_alive = keep_alive
         conn.state = "busy"
