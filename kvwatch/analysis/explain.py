@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvwatch.analysis.attribution import (
     Attribution,
     apriori_inputs,
     attribute_gap,
+    engine_budget_pool,
     gap_ratio,
     observed_budget,
 )
-from kvwatch.analysis.levers import Lever, levers, tokens_from_budget
+from kvwatch.analysis.levers import Lever, levers
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.budget import Budget, predicted_budget
 from kvwatch.capacity.deployment import deployment_from_settings
@@ -240,17 +241,14 @@ def explain(
         )
     else:
         try:
-            a_priori = deployment_from_settings(
-                snap.engine,
-                settings,
-                apriori,
-                gpu_memory_bytes,
-                tp=extra.tp,
-                pp=extra.pp,
-                kv_cache_dtype=extra.kv_cache_dtype,
-                max_model_len=extra.max_model_len,
-                engine_version=extra.engine_version,
-            )
+            fill = {
+                "tp": extra.tp,
+                "pp": extra.pp,
+                "kv_cache_dtype": extra.kv_cache_dtype,
+                "max_model_len": extra.max_model_len,
+                "engine_version": extra.engine_version,
+            }
+            a_priori = deployment_from_settings(snap.engine, settings, apriori, gpu_memory_bytes, **fill)
             if a_priori.gpu_memory_bytes is None:
                 notes.append(
                     "the log does not print the card's memory: give --gpu or --gpu-memory to predict"
@@ -260,20 +258,26 @@ def explain(
                 predicted = predicted_budget(prediction)
                 predicted_tokens = prediction.kv_pool_tokens
                 max_model_len = prediction.max_model_len
-                observed_terms = engine.budget_terms_for_gap(observed.as_bytes(), settings)
+                # Both sides counted as the release counts them (vLLM up to 0.19 prints and
+                # estimates CUDA-graph memory but does not subtract it).
+                version = a_priori.engine_version
+                gap_settings = replace(settings, version=version)
                 attribution = attribute_gap(
                     snap.engine,
-                    observed_terms,
-                    predicted.as_bytes(),
+                    engine.budget_terms_for_gap(observed.as_bytes(), gap_settings),
+                    engine.budget_terms_for_gap(predicted.as_bytes(), gap_settings),
                     observed.fraction,
                     predicted.fraction,
                 )
             kv = observed.get("kv")
             if max_model_len is None:
                 max_model_len = model.max_position_embeddings
-            if kv is not None and kv > 0:
-                budget_tokens = tokens_from_budget(model, a_priori, kv)
-            elif kv is not None:
+            # The engine-budget pool: the sidecar's function on the sidecar's inputs.
+            full = deployment_from_settings(snap.engine, settings, snap.memory, gpu_memory_bytes, **fill)
+            own_pool = engine_budget_pool(model, full, snap.memory, snap.pool)
+            if own_pool is not None:
+                budget_tokens = own_pool.tokens
+            if kv is not None and kv <= 0:
                 notes.append(
                     "the KV budget is not positive: nothing is left for the cache after the terms above"
                 )

@@ -41,7 +41,7 @@ _CONTRIBUTION_LABELS: dict[str, str] = {
     "usable": "usable memory",
     "non_torch": "non-torch (context)",
     "weights": "weights",
-    "activation": "activation + non-torch + graphs",
+    "activation": "activation + non-torch",
     "unattributed": "not explained by a term",
 }
 
@@ -161,6 +161,13 @@ def _budget_rows(observed: Budget, predicted: Budget | None) -> list[list[str]]:
     return rows
 
 
+def _label(a: Attribution, term: str) -> str:
+    label = _CONTRIBUTION_LABELS.get(term, term)
+    if term == "activation" and "cuda_graphs" in a.counted:
+        label += " + graphs"  # the release subtracts CUDA-graph memory too
+    return label
+
+
 def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]:
     ratio = a.gap_ratio
     head = f"why the KV budget differs: observed - predicted = {_signed(a.gap_bytes)}"
@@ -175,7 +182,7 @@ def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]
         tokens = f"{c.bytes // bytes_per_token:+,}" if bytes_per_token else ""
         rows.append(
             [
-                _CONTRIBUTION_LABELS.get(c.term, c.term),
+                _label(a, c.term),
                 _signed(c.bytes),
                 f"{pct:+.1f}%" if pct is not None else "",
                 f"{share * 100:.0f}%" if share is not None else "",
@@ -188,7 +195,7 @@ def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]
     ]
     main = a.main_terms()
     if main:
-        lines.append("mainly: " + ", ".join(_CONTRIBUTION_LABELS.get(c.term, c.term) for c in main))
+        lines.append("mainly: " + ", ".join(_label(a, c.term) for c in main))
     return lines
 
 
