@@ -88,6 +88,8 @@ def _has_budget(e: Explanation) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.logs.count("-") > 1:
+        raise ConfigError("'-' (stdin) can be given once")
     model: ModelGeometry | None = (
         load_model(resolve_model_config(args.model_config)) if args.model_config else None
     )
