@@ -10,15 +10,14 @@ from kvwatch.analysis.attribution import Attribution
 from kvwatch.analysis.explain import Explanation, Overrides, explain
 from kvwatch.capacity import gpus
 from kvwatch.capacity.budget import Budget
-from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
-from kvwatch.commands.predict import _positive_int
+from kvwatch.commands.predict import _positive_int, gpu_memory_size
 from kvwatch.commands.render import pair_bars, table
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.events import Event
 from kvwatch.core.kinds import ENGINE_CHOICES, ENGINE_NAMES
-from kvwatch.core.units import GiB, format_bytes, parse_size
+from kvwatch.core.units import GiB, format_bytes
 from kvwatch.engines import registry
 from kvwatch.sources.hub import resolve_model_config
 from kvwatch.sources.pipeline import replay
@@ -97,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu:
         gpu_memory = gpus.lookup(args.gpu).total_bytes
     elif args.gpu_memory:
-        gpu_memory = parse_size(args.gpu_memory, maximum=MAX_GPU_MEMORY_BYTES)
+        gpu_memory = gpu_memory_size(args.gpu_memory)
     events: list[Event] = []
     try:
         result = replay(args.logs, engine=args.engine, on_events=events.extend)

@@ -10,14 +10,21 @@ from typing import cast
 
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity import gpus
-from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, Deployment, DeploymentValue, validate
+from kvwatch.capacity.deployment import (
+    MAX_GPU_MEMORY_BYTES,
+    MIN_GPU_MEMORY_BYTES,
+    MIN_TERM_BYTES,
+    Deployment,
+    DeploymentValue,
+    validate,
+)
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
-from kvwatch.commands.render import table
-from kvwatch.core.errors import KvwatchError
+from kvwatch.commands.render import stacked_bar, table
+from kvwatch.core.errors import ConfigError, KvwatchError
 from kvwatch.core.kinds import DEFAULT_ENGINE, ENGINE_NAMES
-from kvwatch.core.units import format_bytes, parse_size
+from kvwatch.core.units import MAX_SIZE, format_bytes, parse_size
 from kvwatch.engines import registry
 from kvwatch.engines.flags import FlagReading, read_flags
 from kvwatch.sources.hub import resolve_model_config
@@ -35,6 +42,26 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def _flag_size(flag: str, text: str, minimum: int, allow_zero: bool = False) -> int:
+    # (the upper bound of a term, 16 TiB per GPU, is Deployment's own check: validate)
+    maximum = MAX_GPU_MEMORY_BYTES if minimum == MIN_GPU_MEMORY_BYTES else MAX_SIZE
+    try:
+        return parse_size(text, allow_zero=allow_zero, minimum=minimum, maximum=maximum)
+    except ConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def gpu_memory_size(text: str) -> int:
+    """A --gpu-memory value: between 256 MiB (no smaller card serves a model) and 16 TiB."""
+    return _flag_size("--gpu-memory", text, MIN_GPU_MEMORY_BYTES)
+
+
+def term_size(flag: str, text: str, allow_zero: bool = False) -> int:
+    """A --weights-memory / --available-kv-memory / --activation-memory value: at least 1 MiB
+    (0 where allowed), at most the largest card (Deployment's check)."""
+    return _flag_size(flag, text, MIN_TERM_BYTES, allow_zero)
 
 
 def _fraction(text: str) -> float:
@@ -119,7 +146,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         spec = gpus.lookup(args.gpu)
         gpu_name, gpu_memory = spec.name, spec.total_bytes
     elif args.gpu_memory:
-        gpu_memory = parse_size(args.gpu_memory, maximum=MAX_GPU_MEMORY_BYTES)
+        gpu_memory = gpu_memory_size(args.gpu_memory)
     registry.check_version(args.engine, args.engine_version)
     fraction_flags = registry.get(args.engine).deployment_flags(
         args.gpu_memory_utilization, args.mem_fraction_static, args.block_size
@@ -135,11 +162,15 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=args.max_model_len,
         weights_dtype=args.weights_dtype,
-        weights_bytes=parse_size(args.weights_memory) if args.weights_memory else None,
+        weights_bytes=term_size("--weights-memory", args.weights_memory) if args.weights_memory else None,
         activation_bytes=(
-            parse_size(args.activation_memory, allow_zero=True) if args.activation_memory else None
+            term_size("--activation-memory", args.activation_memory, allow_zero=True)
+            if args.activation_memory
+            else None
         ),
-        available_kv_bytes=parse_size(args.available_kv_memory) if args.available_kv_memory else None,
+        available_kv_bytes=(
+            term_size("--available-kv-memory", args.available_kv_memory) if args.available_kv_memory else None
+        ),
         max_num_batched_tokens=args.max_num_batched_tokens,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
     ).with_(**{**fraction_flags, **engine_flags_fields(args)})
@@ -162,11 +193,9 @@ def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:
         (".", max(p.total_bytes - p.weights_bytes - overhead - kv, 0)),
         ("K", kv),
     ]
-    cells = []
-    for ch, size in parts:
-        cells.append(ch * max(0, round(size / p.total_bytes * width)))
-    bar = "".join(cells)[:width].ljust(width, " ")
-    return f"[{bar}]  W weights  A activations+graphs  . margin  K KV pool"
+    return (
+        f"[{stacked_bar(parts, p.total_bytes, width)}]  W weights  A activations+graphs  . margin  K KV pool"
+    )
 
 
 def render(p: Prediction) -> str:

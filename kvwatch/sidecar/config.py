@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, MIN_GPU_MEMORY_BYTES
 from kvwatch.core.errors import ConfigError, KvwatchError
 from kvwatch.core.kinds import EngineChoice
 from kvwatch.core.units import parse_size
@@ -191,9 +192,11 @@ class Settings(BaseModel):
     @field_validator("gpu_memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # a YAML number: bytes, bounded as the flag is
         if isinstance(value, str):
             try:
-                return parse_size(value)
+                return parse_size(value, minimum=MIN_GPU_MEMORY_BYTES, maximum=MAX_GPU_MEMORY_BYTES)
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
         return value
