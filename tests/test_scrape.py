@@ -164,7 +164,7 @@ def test_fixture_served_and_read(server: _Server, fixture: str) -> None:
     result = _scraper(server, f"/fixture/{fixture}").fetch()
     assert result.ok and result.error is None and result.status == 200
     assert result.text == (FIXTURES / fixture).read_text()
-    assert 0 < result.duration_seconds < 5.0
+    assert result.duration_seconds > 0
     assert MetricsReader().read(result.text)
 
 
