@@ -82,6 +82,12 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
+# Where the engine-budget pool is off because kvwatch's bytes per token are (explain says so).
+KNOWN_BYTES_PER_TOKEN_GAPS = {
+    "apriori/llmd-v0.19.0-meta-llama-llama-3--h100-80gb--tp1pp1dp1--8192-dtf32": (
+        "--dtype float32: vLLM's cache is fp32 (4 B), kvwatch divides by the config's bf16 (2 B)"
+    ),
+}
 
 
 def _plain(case: Case, tmp_path: Path) -> Path:
@@ -123,6 +129,13 @@ def test_explain_and_sidecar_give_one_answer(case: Case, tmp_path: Path) -> None
     assert snaps
     for snap in snaps:
         e = explain(snap, model, gpu)
+        # The config is the served model's (or its base model's): no mismatch is claimed where the
+        # log names its release, except where kvwatch's bytes per token are known to be off.
+        claimed = [n for n in e.notes if "mismatch" in n]
+        if case.name in KNOWN_BYTES_PER_TOKEN_GAPS:
+            assert claimed, KNOWN_BYTES_PER_TOKEN_GAPS[case.name]
+        elif snap.settings.version is not None:
+            assert not claimed
         sidecar = predictor.predict(snap)
         # The engine-budget pool and the a-priori pool: one figure each.
         assert e.budget_tokens == sidecar.tokens.get("engine_budget")

@@ -124,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     # Everything after `--` (cli.main splits it off): the engine's own flags as users type them.
-    parser.set_defaults(engine_flags=[])
+    parser.set_defaults(engine_flags=[], own_parser=parser)
     parser.epilog = (
         "After --, the engine's own flags as you type them (vllm serve: --tensor-parallel-size 4 "
         "--max-num-seqs 256 --enforce-eager ...; sglang.launch_server: --tp-size 8 --mem-fraction-static "
@@ -134,8 +134,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_flags(args: argparse.Namespace) -> FlagReading:
-    """The engine's own flags given after ``--``, read by the engine's flag table."""
-    return read_flags(getattr(args, "engine_flags", None) or [], registry.get(args.engine).flags)
+    """The engine's own flags given after ``--``, read by the engine's flag table.
+
+    One of kvwatch's own flags there that the engine does not take (``-- ... --json``) is refused:
+    read as an ignored engine flag it would do nothing, silently.
+    """
+    reading = read_flags(getattr(args, "engine_flags", None) or [], registry.get(args.engine).flags)
+    parser = getattr(args, "own_parser", None)
+    own = {o for a in parser._actions for o in a.option_strings} if parser is not None else set()
+    for token in reading.ignored:
+        name = token.split(" ", 1)[0].partition("=")[0]
+        if name in own:
+            raise ConfigError(
+                f"{name} after '--' is read as a {args.engine} flag, which {args.engine} does not take: "
+                f"put kvwatch's own flags before '--'"
+            )
+    return reading
 
 
 def build_deployment(args: argparse.Namespace) -> Deployment:
@@ -263,12 +277,17 @@ def render(p: Prediction) -> str:
     return "\n".join(lines)
 
 
-def _with_flag_notes(p: Prediction, reading: FlagReading, model_config: str) -> Prediction:
+def _flag_notes(reading: FlagReading, model_config: str) -> list[str]:
     notes = []
     if reading.ignored:
         notes.append(f"engine flags kvwatch does not model, ignored: {' '.join(reading.ignored)}")
     if reading.model is not None and reading.model != model_config:
         notes.append(f"the engine flags name the model {reading.model}; sized from {model_config}")
+    return notes
+
+
+def _with_flag_notes(p: Prediction, reading: FlagReading, model_config: str) -> Prediction:
+    notes = _flag_notes(reading, model_config)
     return dataclasses.replace(p, assumptions=(*p.assumptions, *notes)) if notes else p
 
 
@@ -332,6 +351,10 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             print(render_cards(model, preds))
+            # What --help promises: the engine flags kvwatch ignored, listed once for every card.
+            notes = _flag_notes(reading, args.model_config)
+            if notes:
+                print("\n".join(["", "assumptions:", *(f"  - {n}" for n in notes)]))
         return 0
     prediction = _with_flag_notes(predict(model, deployment), reading, args.model_config)
     if args.json:

@@ -50,6 +50,9 @@ log = logging.getLogger("kvwatch")
 # pages the host reclaims (measured in bench/bench_sidecar.py), several times the cost of parsing
 # a second's worth of lines.
 TAIL_INTERVAL = 10.0
+# A failing --metrics-url is logged at its first failure and then at most once per this many
+# seconds (with the count since), so a down engine neither fills the log nor goes unseen.
+SCRAPE_WARN_INTERVAL = 60.0
 
 
 class Sidecar:
@@ -294,7 +297,11 @@ class Sidecar:
             # Bounded label values: a reason the collector does not export is a connection failure.
             reason = result.error if result.error in names.SCRAPE_ERROR_REASONS else "connection"
             src.errors[reason] = src.errors.get(reason, 0) + 1
+            self._warn_scrape_failed(src, reason, result.detail)
             return
+        if src.warned_at is not None:
+            log.info("scrape recovered source=%s url=%s", src.name, src.scraper.url)
+            src.warned_at, src.unlogged = None, 0
         if item.unreadable is not None:
             src.up = False
             src.errors["parse"] = src.errors.get("parse", 0) + 1
@@ -311,6 +318,23 @@ class Sidecar:
             log.exception("metrics not applied source=%s", src.name)
             return
         src.up = True
+
+    @staticmethod
+    def _warn_scrape_failed(src: ScrapeSource, reason: str, detail: str | None) -> None:
+        now = time.monotonic()
+        if src.warned_at is not None and now - src.warned_at < SCRAPE_WARN_INTERVAL:
+            src.unlogged += 1
+            return
+        since = f" ({src.unlogged} more failures since the last warning)" if src.unlogged else ""
+        log.warning(
+            "scrape failed source=%s url=%s reason=%s err=%s%s",
+            src.name,
+            src.scraper.url,
+            reason,
+            detail or "-",
+            since,
+        )
+        src.warned_at, src.unlogged = now, 0
 
     # --- sources ---------------------------------------------------------------------------------
     def _scrape_loop(self, src: ScrapeSource) -> None:

@@ -72,6 +72,9 @@ class ScrapeSource:
     up: bool = False
     duration: float | None = None
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The consumer's rate limit of failure warnings: when it last wrote one, and the failures since.
+    warned_at: float | None = None
+    unlogged: int = 0
 
     def scrape(self) -> tuple[ScrapeResult, tuple[Event, ...], str | None]:
         """Fetch and read one body as it arrives (the scrape thread; only it uses ``reader``): the
