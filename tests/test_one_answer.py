@@ -187,3 +187,22 @@ def test_vllm_attribution_leaves_only_rounding_unexplained(
         assert sum(by_term.values()) == att["gap_bytes"]
         # Printed to two decimals of a GiB, each term is off by at most 5 MiB.
         assert abs(by_term["unattributed"]) <= 32 * 2**20, by_term
+
+
+def test_predict_plan_explain_and_the_sidecar_agree_on_the_demos_vllm_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`make demo`'s own prediction (the Makefile's flags) is the pool explain predicts for the demo's
+    log and the sidecar exports as basis=config: 0.19.0 on an H100 80GB, 8,192 tokens, 0.95."""
+    config = DEMO / "models" / "meta-llama--Meta-Llama-3.1-8B.json"
+    flags = ["--gpu", "H100-SXM-80GB", "--max-model-len", "8192", "--gpu-memory-utilization", "0.95"]
+    flags += ["--engine-version", "0.19.0", "--json"]
+    assert main(["predict", str(config), *flags]) == 0
+    predicted = json.loads(capsys.readouterr().out)["kv_pool_tokens"]
+    assert main(["plan", str(config), *flags, "--workload", "8192"]) == 0
+    planned = json.loads(capsys.readouterr().out)["plan"]["ranks"][0]["pool_tokens"]
+    assert main(["explain", str(DEMO / "vllm.log"), "--model-config", str(config), "--json"]) == 0
+    (explained,) = json.loads(capsys.readouterr().out)["instances"]
+    (snap,) = replay([str(DEMO / "vllm.log")]).snapshots()
+    sidecar = Predictor(model_config=lambda source: config).predict(snap)
+    assert predicted == planned == explained["pool_tokens"]["predicted"] == sidecar.tokens["config"]

@@ -118,7 +118,7 @@ class Attribution:
     observed_kv: int
     predicted_kv: int
     contributions: tuple[Contribution, ...]
-    # The terms known on both sides, i.e. the ones the attribution could count.
+    # The terms either side brings into the split (what the release subtracts and someone knows).
     counted: frozenset[str] = frozenset()
 
     @property
@@ -179,5 +179,7 @@ def attribute_gap(
     out = registry.get(engine).attribute(observed, predicted, observed_fraction, predicted_fraction)
     rest = (ok - pk) - sum(c.bytes for c in out)
     out.append(Contribution("unattributed", rest))
-    counted = frozenset(n for n, v in observed.items() if v is not None and predicted.get(n) is not None)
+    counted = frozenset(
+        n for n in (*observed, *predicted) if (observed.get(n), predicted.get(n)) != (None, None)
+    )
     return Attribution(ok, pk, tuple(out), counted)
