@@ -169,7 +169,18 @@ def _label(a: Attribution, term: str) -> str:
     return label
 
 
-def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]:
+# Engines print their memory terms to two decimals of a GiB ('58.11 GiB', SGLang's '54.52 GB'):
+# each printed figure is up to half of 0.01 GiB off.
+PRINTED_ROUNDING_BYTES = GiB // 200
+
+
+def _rounding(observed: Budget) -> int:
+    """How far the gap can be from 0 by the rounding of the printed terms alone."""
+    printed = sum(1 for t in observed.terms.values() if t.source == "printed")
+    return printed * PRINTED_ROUNDING_BYTES
+
+
+def _attribution_lines(a: Attribution, bytes_per_token: int | None, rounding: int = 0) -> list[str]:
     ratio = a.gap_ratio
     head = f"why the KV budget differs: observed - predicted = {_signed(a.gap_bytes)}"
     if ratio is not None:
@@ -195,7 +206,12 @@ def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]
         table(["term", "effect on KV", "% of predicted", "share of gap", "tokens"], rows, (1, 2, 3, 4)),
     ]
     main = a.main_terms()
-    if main:
+    if a.gap_bytes and abs(a.gap_bytes) <= rounding:
+        lines.append(
+            f"mainly: the rounding of the printed figures (0.01 GiB each, {format_bytes(rounding)} at most): "
+            "the budget is the predicted one"
+        )
+    elif main:
         lines.append("mainly: " + ", ".join(_label(a, c.term) for c in main))
     return lines
 
@@ -249,7 +265,7 @@ def render(e: Explanation) -> str:
             )
     if e.attribution is not None:
         bpt = e.prediction.bytes_per_token if e.prediction is not None else None
-        lines += [""] + _attribution_lines(e.attribution, bpt)
+        lines += [""] + _attribution_lines(e.attribution, bpt, _rounding(e.observed))
     if e.levers:
         rows = [
             [lv.change, _fmt(lv.kv_bytes), f"{lv.pool_tokens:,}", f"{lv.max_concurrency:.2f}x", lv.note]
