@@ -32,6 +32,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="[NAME=]PATH",
         help="model config.json, folder or Hub name ORG/NAME[@REV], for all sources or source NAME (default: found from the model the log names)",
     )
+    add(
+        "--node-logs",
+        metavar="DIR",
+        help="node mode: follow every engine container's log under the kubelet's log root, e.g. /var/log/pods",
+    )
+    add(
+        "--include",
+        action="append",
+        metavar="NS/POD/CONTAINER",
+        help="node mode: follow only containers matching this glob (repeatable; default */*/*)",
+    )
+    add(
+        "--exclude",
+        action="append",
+        metavar="NS/POD/CONTAINER",
+        help="node mode: never follow containers matching this glob (repeatable)",
+    )
+    add(
+        "--max-containers",
+        type=int,
+        metavar="N",
+        help="node mode: containers followed at most; more are counted as dropped (default 128)",
+    )
+    add(
+        "--pod-expiry",
+        type=float,
+        metavar="SECONDS",
+        help="node mode: a deleted pod's instances are exported this long, then forgotten (default 30)",
+    )
     add("--engine", choices=ENGINE_CHOICES, help="engine of every source (default: auto)")
     gpu = parser.add_mutually_exclusive_group()
     gpu.add_argument(

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 
 from kvwatch.core.events import Event, UsageSample
 from kvwatch.core.jsontypes import JsonObject
@@ -36,7 +36,7 @@ class SaveSchedule:
         self,
         store: StateStore | None,
         fleet: Fleet,
-        logs: Sequence[LogSource],
+        logs: Iterable[LogSource],
         wake: Callable[[], None],
     ) -> None:
         self.store = store
