@@ -90,6 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="fetch the config.json of a logged model missing from the Hugging Face cache from the Hub (default: cache only)",
     )
+    add(
+        "--release-read",
+        action="store_true",
+        default=None,
+        help="give back the disk blocks of log lines already read and saved (punch holes), so a log "
+        "nothing rotates never fills its volume; needs --state-dir",
+    )
     add("--log-level", choices=("debug", "info", "warning", "error"), help="kvwatch's own log level")
 
 

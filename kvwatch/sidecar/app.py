@@ -103,7 +103,13 @@ class Sidecar:
             )
             for s in settings.metrics_url
         ]
-        self.saves = SaveSchedule(self.store, self.fleet, self._logs, lambda: self._queue.put(msg.Dirty()))
+        self.saves = SaveSchedule(
+            self.store,
+            self.fleet,
+            self._logs,
+            lambda: self._queue.put(msg.Dirty()),
+            release=settings.release_read,
+        )
         self.collector = KvwatchCollector(
             self.fleet.snapshot,
             self.predictor,
@@ -178,8 +184,16 @@ class Sidecar:
         _release_startup_memory()
 
     def _tailer(self, src: LogSource, saved: JsonValue | None) -> LogTailer:
-        def on_line(path: str, line: str) -> None:
-            self.saves.mark(src.on_line(line))
+        if self.settings.release_read:
+
+            def on_line(path: str, line: str) -> None:
+                self.saves.mark(src.on_line(line))
+                self.saves.moved()
+
+        else:
+
+            def on_line(path: str, line: str) -> None:
+                self.saves.mark(src.on_line(line))
 
         def on_rotate(path: str) -> None:
             log.info("log rotated source=%s path=%s", src.name, path)

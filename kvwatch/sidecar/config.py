@@ -156,6 +156,9 @@ class Settings(BaseModel):
     # Let the sidecar fetch the config.json of a logged model that is not in the Hugging Face cache
     # from the Hub (HF_ENDPOINT, HF_TOKEN; never under HF_HUB_OFFLINE). Off: the cache only.
     fetch_model_configs: bool = False
+    # Give back the disk blocks of log lines read and saved (kvwatch/sources/release.py), so a log
+    # nothing rotates (the sidecar's tee'd file) never fills its volume; needs state_dir.
+    release_read: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("log", mode="before")
@@ -252,6 +255,10 @@ class Settings(BaseModel):
     def _check(self) -> Settings:
         if not self.log and not self.metrics_url and self.node_logs is None:
             raise ValueError("nothing to watch: give at least one --log, --metrics-url or --node-logs")
+        if self.release_read and self.state_dir is None:
+            raise ValueError(
+                "--release-read needs --state-dir: only bytes a saved state covers are given back"
+            )
         if self.node_logs is not None and not self.node_logs.is_dir():
             raise ValueError(f"--node-logs {self.node_logs} is not a directory")
         if self.gpu is not None and self.gpu_memory is not None:

@@ -76,6 +76,8 @@ class Reader:
     head: bytes = b""
     tail: bytes = b""
     last_growth: float = field(default_factory=time.monotonic)
+    # Bytes at the start of the file whose blocks kvwatch gave back (kvwatch/sources/release.py).
+    released: int = 0
 
 
 @dataclass(eq=False)

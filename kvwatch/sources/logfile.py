@@ -230,6 +230,34 @@ class LogTailer(RotationHandling, WatchHandling):
         finally:
             self._lock.release()
 
+    def release(self, saved: Mapping[str, FilePosition], timeout: float = 0.05) -> int:
+        """Give back the disk blocks read before ``saved`` (positions a state file holds) in the
+        files the paths name now, when they are the saved ones (sources/release.py); bytes freed."""
+        from kvwatch.sources.release import punch, release_end
+
+        if not self._lock.acquire(timeout=timeout):
+            return 0
+        freed = 0
+        try:
+            for path, pos in saved.items():
+                stream = self._streams.get(path)
+                reader = stream.reader if stream is not None else None
+                if reader is None or (reader.dev, reader.ino) != (pos.dev, pos.inode):
+                    continue
+                try:
+                    end = release_end(min(pos.offset, reader.offset), os.fstat(reader.fd).st_blksize)
+                    if end <= reader.released:
+                        continue
+                    punch(reader.fd, reader.released, end)
+                    freed, reader.released = freed + end - reader.released, end
+                    # The file's first bytes now read as zeros: the truncation check compares those.
+                    reader.head = os.pread(reader.fd, len(reader.head), 0)
+                except OSError as exc:
+                    self._report(path, exc)
+        finally:
+            self._lock.release()
+        return freed
+
     def delivery_paused(self) -> contextlib.AbstractContextManager[Any]:
         """Hold back ``on_line`` calls while the caller saves its state with ``positions()``.
 
