@@ -10,7 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from kvwatch.core.kinds import ENGINE_CHOICES
-from kvwatch.sidecar.config import DEFAULT_PORT, load_settings
+from kvwatch.sidecar.config import DEFAULT_PORT, Settings, load_settings
 
 HELP = "Run the sidecar: tail engine logs, scrape engine /metrics, export KV-cache metrics for Prometheus."
 
@@ -102,27 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate settings, start the sidecar, run until SIGTERM/SIGINT."""
-    flags = {
-        key: getattr(args, key)
-        for key in (
-            "log",
-            "metrics_url",
-            "model_config",
-            "engine",
-            "gpu",
-            "gpu_memory",
-            "listen",
-            "web_config",
-            "state_dir",
-            "scrape_interval",
-            "scrape_timeout",
-            "max_instances",
-            "fact_ttl",
-            "poll",
-            "fetch_model_configs",
-            "log_level",
-        )
-    }
+    # Every flag that names a setting (the settings' own field names: one list, Settings).
+    fields = {info.alias or name for name, info in Settings.model_fields.items()}
+    flags = {key: value for key, value in vars(args).items() if key in fields}
     settings = load_settings(flags, config_file=args.config)
     logging.basicConfig(
         level=settings.log_level.upper(),

@@ -184,16 +184,15 @@ class Sidecar:
         _release_startup_memory()
 
     def _tailer(self, src: LogSource, saved: JsonValue | None) -> LogTailer:
-        if self.settings.release_read:
+        release = self.settings.release_read
 
-            def on_line(path: str, line: str) -> None:
-                self.saves.mark(src.on_line(line))
+        def on_line(path: str, line: str) -> None:
+            self.saves.mark(src.on_line(line))
+
+        def on_lines(path: str, lines: list[str]) -> None:
+            self.saves.mark(src.on_lines(lines))
+            if release:
                 self.saves.moved()
-
-        else:
-
-            def on_line(path: str, line: str) -> None:
-                self.saves.mark(src.on_line(line))
 
         def on_rotate(path: str) -> None:
             log.info("log rotated source=%s path=%s", src.name, path)
@@ -204,6 +203,7 @@ class Sidecar:
         return LogTailer(
             src.pattern,
             on_line,
+            on_lines=on_lines,
             on_rotate=on_rotate,
             on_error=on_error,
             polling=self.settings.poll,

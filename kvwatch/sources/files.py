@@ -20,6 +20,11 @@ FINGERPRINT = 64
 CHUNK = 1 << 16
 
 
+def fingerprint_before(body: bytes, before: bytes, end: int) -> bytes:
+    """The FINGERPRINT bytes before offset ``end`` of ``body`` (``before``: the bytes ahead of it)."""
+    return body[end - FINGERPRINT : end] if end >= FINGERPRINT else (before + body[:end])[-FINGERPRINT:]
+
+
 @dataclass(frozen=True, slots=True)
 class FilePosition:
     """Where reading of one followed path stopped: the start of the first line not yet delivered.

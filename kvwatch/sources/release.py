@@ -20,10 +20,10 @@ import ctypes
 import ctypes.util
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import cast
 
-from kvwatch.sources.files import FINGERPRINT
+from kvwatch.sources.files import FINGERPRINT, FilePosition, Stream
 
 _PUNCH_HOLE = 0x02  # FALLOC_FL_PUNCH_HOLE (linux/falloc.h), which must come with KEEP_SIZE
 _KEEP_SIZE = 0x01  # FALLOC_FL_KEEP_SIZE
@@ -63,3 +63,29 @@ def punch(read_fd: int, start: int, end: int) -> None:
             raise OSError(errno, os.strerror(errno))
     finally:
         os.close(fd)
+
+
+def release_saved(
+    streams: Mapping[str, Stream],
+    saved: Mapping[str, FilePosition],
+    report: Callable[[str, BaseException], None],
+) -> int:
+    """A tailer's release (LogTailer.release, under its lock): per followed path whose open file is
+    the saved one, free what lies before the saved position; returns the bytes freed now."""
+    freed = 0
+    for path, pos in saved.items():
+        stream = streams.get(path)
+        reader = stream.reader if stream is not None else None
+        if reader is None or (reader.dev, reader.ino) != (pos.dev, pos.inode):
+            continue
+        try:
+            end = release_end(min(pos.offset, reader.offset), os.fstat(reader.fd).st_blksize)
+            if end <= reader.released:
+                continue
+            punch(reader.fd, reader.released, end)
+            freed, reader.released = freed + end - reader.released, end
+            # The file's first bytes now read as zeros: the tailer's truncation check compares those.
+            reader.head = os.pread(reader.fd, len(reader.head), 0)
+        except OSError as exc:
+            report(path, exc)
+    return freed
