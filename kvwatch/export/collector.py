@@ -125,6 +125,14 @@ class SelfStats:
     state_files_invalid: int = 0
 
 
+@dataclass(frozen=True)
+class NodeStats:
+    """Node mode's containers by state, and those left out past the cap."""
+
+    containers: Mapping[str, int]
+    dropped: int
+
+
 class KvwatchCollector(Collector):
     """Yields every kvwatch metric family from a fleet snapshot and the sources' self-metrics."""
 
@@ -136,8 +144,13 @@ class KvwatchCollector(Collector):
         dropped_events: Callable[[], int] = lambda: 0,
         self_stats: Callable[[], SelfStats] = SelfStats,
         runtime: bool = False,
+        workload: Callable[[str], tuple[str, ...] | None] = lambda source: None,
+        node_stats: Callable[[], NodeStats | None] = lambda: None,
     ) -> None:
         self._snapshot = snapshot
+        # Node mode: a source's engine pod (names.WORKLOAD_LABELS values), None for a plain source.
+        self._workload = workload
+        self._node_stats = node_stats
         # The sidecar's own process_* and python_* series (CPU, memory, fds, GC, version).
         self._runtime: CollectorRegistry | None = None
         if runtime:
@@ -224,7 +237,10 @@ class KvwatchCollector(Collector):
     ) -> tuple[tuple[str, ...], tuple[str, ...], int | None, int | None]:
         """Pool, prediction, memory budget, engine info: what changes only with a startup fact."""
         settings, pool = snap.settings, snap.pool
-        lab = (snap.source, snap.engine, model, snap.instance)
+        lab: tuple[str, ...] = (snap.source, snap.engine, model, snap.instance)
+        pod = self._workload(snap.source)
+        if pod is not None:
+            lab = (*lab, *(_label(v) for v in pod))
         # Escaped once per instance; the extra label values below are fixed words that need none.
         esc = tuple(_escape(v) for v in lab)
 
@@ -371,4 +387,9 @@ class KvwatchCollector(Collector):
         fam.add(names.HTTP_CONNECTION_TIMEOUTS, (), float(stats.http_connection_timeouts))
         fam.add(names.HTTP_AUTH_THROTTLED, (), float(stats.http_auth_throttled))
         fam.add(names.STATE_FILE_INVALID, (), float(stats.state_files_invalid))
+        node = self._node_stats()
+        if node is not None:
+            for state in names.NODE_CONTAINER_STATES:
+                fam.add(names.NODE_CONTAINERS, (state,), float(node.containers.get(state, 0)))
+            fam.add(names.NODE_CONTAINERS_DROPPED, (), float(node.dropped))
         fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)
