@@ -157,15 +157,15 @@ def _ticks(top: float) -> tuple[float, list[float]]:
     return step, [i * step * GiB for i in range(count + 1)]
 
 
-def _svg_budget(b: _Budget) -> str:
+def _svg_budget(b: _Budget, name: str) -> str:
     """Observed and predicted stacks on one GiB axis, with the usable/total markers and the band."""
     step, ticks = _ticks(b.scale_max())
     top = max(ticks[-1], b.scale_max())
     per_byte = _PLOT / top
     out = [
         f'<svg class="budget" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_HEIGHT}" '
-        f'viewBox="0 0 {_WIDTH} {_HEIGHT}" role="img" aria-label="memory budget per rank, GiB" '
-        f'data-bytes-per-px="{1 / per_byte:.6f}">',
+        f'viewBox="0 0 {_WIDTH} {_HEIGHT}" role="img" aria-label="memory budget per rank of {_e(name)}, GiB">',
+        f"<title>memory budget per rank of {_e(name)}</title>",
         '<text x="0" y="14" font-weight="600">memory budget of one rank (GiB)</text>',
     ]
     for (basis, side), y in zip((("observed", b.observed), ("predicted", b.predicted)), _ROWS_Y, strict=True):
@@ -287,7 +287,7 @@ def _pool_table(snap: InstanceSnapshot, pred: PredictionResult, fig: PoolFigures
         ("headroom", _tokens(use.headroom_tokens)),
         (
             "headroom in requests",
-            f"{_count(use.headroom_requests)} of {_count(fig.request_len)} tokens"
+            f"{_count(use.headroom_requests)} ({_count(fig.request_len)} tokens each)"
             if use.headroom_requests is not None
             else "-",
         ),
@@ -331,6 +331,8 @@ def _instance(snap: InstanceSnapshot, pred: PredictionResult) -> str:
     budget = _budget(snap, pred)
     meta = [f"engine {_e(snap.engine)}" + (f" {_e(settings.version)}" if settings.version else "")]
     meta.append(f"instance {_e(snap.instance)}")
+    if settings.model and settings.served_model_name and settings.model != settings.served_model_name:
+        meta.append(f"model {_e(settings.model)}")
     if settings.tensor_parallel_size:
         meta.append(f"TP {_e(settings.tensor_parallel_size)}")
     if settings.kv_cache_dtype:
@@ -338,10 +340,11 @@ def _instance(snap: InstanceSnapshot, pred: PredictionResult) -> str:
     if fig.max_len:
         meta.append(f"max_model_len {_count(fig.max_len)}")
     prediction = f"prediction {_e(pred.state)}" + (f": {_e(pred.reason)}" if pred.reason else "")
-    chart = _svg_budget(budget) if budget.observed or budget.predicted else ""
+    name = f"{snap.source} \u00b7 {model or 'model not printed'}"
+    chart = _svg_budget(budget, name) if budget.observed or budget.predicted else ""
     return (
         f'<section class="instance" data-source="{_e(snap.source)}" data-instance="{_e(snap.instance)}">'
-        f"<h2>{_e(snap.source)} \u00b7 {_e(model) if model else 'model not printed'}</h2>"
+        f"<h2>{_e(name)}</h2>"
         f'<p class="meta">{", ".join(meta)}; {prediction}</p>'
         f"{chart}{_legend() if chart else ''}{_budget_table(budget)}"
         f"{_svg_usage(fig, use)}{_pool_table(snap, pred, fig, use)}{_failure(snap)}</section>"
