@@ -162,7 +162,9 @@ class Sidecar:
         addr = self.settings.listen
         try:
             self._server = BoundedHTTPServer(
-                (addr.host, addr.port), Endpoints(self.render_metrics, self.auth), self._tls
+                (addr.host, addr.port),
+                Endpoints(self.render_metrics, self.auth, self.render_status),
+                self._tls,
             )
         except (OSError, ValueError, OverflowError) as exc:  # ValueError: e.g. a host IDNA cannot encode
             reason = getattr(exc, "strerror", None) or exc
@@ -423,6 +425,17 @@ class Sidecar:
         if content_type == CONTENT_TYPE_LATEST:
             return self.collector.render(), content_type
         return encoder(self.registry), content_type
+
+    def render_status(self) -> bytes:
+        """The status page (/), current to the last line; its module is imported on the first
+        request, so a sidecar nobody looks at never loads it (the idle memory budget)."""
+        from kvwatch.export import status
+
+        self.refresh()
+        page = status.render(
+            self.fleet.snapshot(), self.predictor.predict, dropped_events=self.fleet.dropped_events
+        )
+        return page.encode("utf-8")
 
     def self_stats(self) -> SelfStats:
         """The HTTP server's, the authentication's and the state file's counters, for the collector."""
