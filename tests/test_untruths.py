@@ -4,14 +4,16 @@ line and exit 2, never silence; a failing scrape is in the log; another model's 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from kvwatch.cli import main
-from kvwatch.sidecar import app as app_module
-from kvwatch.sidecar.app import Sidecar
-from kvwatch.sidecar.sources import ScrapeSource
+from kvwatch.sidecar.sources import SCRAPE_WARN_INTERVAL, ScrapeSource
 from kvwatch.sources.metrics_reader import MetricsReader
 from kvwatch.sources.scrape import Scraper
 
@@ -79,22 +81,40 @@ def test_urls_users_give_are_kept(capsys: pytest.CaptureFixture[str]) -> None:
         assert Settings.model_validate({"metrics_url": [url]}).metrics_url
 
 
-def test_scrape_failures_are_logged_at_a_bounded_pace(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    now = [1000.0]
-    monkeypatch.setattr(app_module.time, "monotonic", lambda: now[0])
+def test_scrape_failures_are_logged_at_a_bounded_pace(caplog: pytest.LogCaptureFixture) -> None:
     src = ScrapeSource("engine", Scraper("http://127.0.0.1:9/metrics"), MetricsReader())
-    with caplog.at_level(logging.WARNING, logger="kvwatch"):
+    now = 1000.0
+    with caplog.at_level(logging.INFO, logger="kvwatch"):
         for _ in range(10):  # one failure per second
-            Sidecar._warn_scrape_failed(src, "connection", "ConnectionRefusedError")
-            now[0] += 1.0
-        now[0] += app_module.SCRAPE_WARN_INTERVAL
-        Sidecar._warn_scrape_failed(src, "connection", "ConnectionRefusedError")
+            src.log_failure("connection", "ConnectionRefusedError", now)
+            now += 1.0
+        now += SCRAPE_WARN_INTERVAL
+        src.log_failure("connection", "ConnectionRefusedError", now)
+        src.log_recovery()
+        src.log_recovery()  # (said once)
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2, lines
+    assert len(lines) == 3, lines
     assert lines[0].startswith("scrape failed source=engine url=http://127.0.0.1:9/metrics reason=connection")
     assert lines[1].endswith("(9 more failures since the last warning)")
+    assert lines[2] == "scrape recovered source=engine url=http://127.0.0.1:9/metrics"
+
+
+def test_the_sidecar_logs_a_failing_scrape() -> None:
+    """Through the consumer: a --metrics-url that refuses connections is in the log at once."""
+    cmd = [sys.executable, "-m", "kvwatch", "run", "--metrics-url", "127.0.0.1:9", "--listen", "127.0.0.1:0"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: seen.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    want = "scrape failed source=127.0.0.1:9 url=http://127.0.0.1:9/metrics reason=connection"
+    try:
+        wait_until(lambda: any(want in line for line in seen), timeout=30)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        reader.join(10)
+        proc.stderr.close()
 
 
 @pytest.mark.parametrize(
