@@ -357,7 +357,9 @@ class Sidecar:
             # Bounded label values: a reason the collector does not export is a connection failure.
             reason = result.error if result.error in names.SCRAPE_ERROR_REASONS else "connection"
             src.errors[reason] = src.errors.get(reason, 0) + 1
+            src.log_failure(reason, result.detail, time.monotonic())
             return
+        src.log_recovery()
         if item.unreadable is not None:
             src.up = False
             src.errors["parse"] = src.errors.get("parse", 0) + 1
