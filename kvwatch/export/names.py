@@ -264,7 +264,8 @@ HTTP_CONNECTIONS_OPEN = _m(
 HTTP_CONNECTIONS_REFUSED = _m(
     "kvwatch_http_connections_refused",
     "counter",
-    "Connections to kvwatch's HTTP port refused because the cap on open connections was reached.",
+    "Connections to kvwatch's HTTP port refused, or closed to make room, at a cap on open connections "
+    "(in all, or per client address).",
     base=(),
 )
 HTTP_CONNECTION_TIMEOUTS = _m(
