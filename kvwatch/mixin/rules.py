@@ -340,7 +340,10 @@ def alerts() -> list[Alert]:
         ),
         Alert(
             "KVRankBelowSiblings",
-            f"{named(POOL)}\n/ {on(replica)} group_left()\n({REPLICA_POOL_MAX} > 0)\n< {1 - config.SIBLING_RATIO:g}",
+            # The largest rank inline, not the recorded replica max: that lags one evaluation, so a
+            # restart to another pool size would compare the new pool with the old one.
+            f"{named(POOL)}\n/ {on(replica)} group_left()\n(max {by(replica)} ({named(POOL)}) > 0)\n"
+            f"< {1 - config.SIBLING_RATIO:g}",
             "warning",
             f"A rank of {_WHO} has a much smaller KV pool than the others.",
             f"Rank {_label('dp_rank')} of {_WHERE} has "
@@ -399,7 +402,9 @@ def alerts() -> list[Alert]:
         ),
         Alert(
             "KVPredictionUnavailable",
-            f'{PREDICTION}{{state!="ok"}} == 1',
+            # Only where no basis predicts: an SGLang log prints no card memory, so without --gpu the
+            # state is no_gpu_memory, yet the engine_budget basis still predicts and is checked.
+            f'({PREDICTION}{{state!="ok"}}\nunless {on(_SERIES)} {PREDICTED})\n== 1',
             "info",
             f"kvwatch cannot predict the KV pool of {_WHO}.",
             f"kvwatch has no prediction for {_WHERE}: {_label('state')}. Gap and drift alerts cannot "
