@@ -304,3 +304,18 @@ def test_only_watched_periodic_facts_are_flagged_and_startup_groups_have_none() 
     from kvwatch.state.fleet import STALE_FACTS
 
     assert STALE_FACTS == ("kv_usage_ratio", "used_tokens", "running", "waiting")
+
+
+def test_a_pool_timed_by_an_older_kvwatch_is_never_flagged_after_a_restore(tmp_path: Path) -> None:
+    """State files of earlier releases timed the pool as 'log:pool_tokens': restored, it is a
+    startup fact like any other and never stale, however old."""
+    from kvwatch.state.persist import STATE_FILE, StateStore, restore
+
+    old = (TESTS / "state_files" / "format1-main-8bd9b45.json").read_text()
+    assert '"log:pool_tokens"' in old
+    (tmp_path / STATE_FILE).write_text(old)
+    late = Fleet(clock=lambda: 5000.0)
+    restore(late, StateStore(tmp_path).load())
+    snap = {(s.source, s.instance): s for s in late.snapshot()}[("v", "0")]
+    assert snap.stale and all(fact != "pool_tokens" for _, fact in snap.stale)
+    assert snap.pool.tokens == 428560
