@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine-version", help="engine version whose defaults apply, if the log has no banner"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the budget as a picture: the sidecar's status page, one file",
+    )
 
 
 def _check_version(engine: str, version: str) -> None:
@@ -88,9 +93,8 @@ def _has_budget(e: Explanation) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    model: ModelGeometry | None = (
-        load_model(resolve_model_config(args.model_config)) if args.model_config else None
-    )
+    config = resolve_model_config(args.model_config) if args.model_config else None
+    model: ModelGeometry | None = load_model(config) if config is not None else None
     gpu_memory = None
     if args.gpu:
         gpu_memory = gpus.lookup(args.gpu).total_bytes
@@ -116,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"no KV-cache memory or pool lines in {', '.join(args.logs)} "
             "(explain needs an engine's startup log: 'Available KV cache memory', 'KV Cache is allocated', ...)"
+        )
+    if args.html:
+        from kvwatch.commands import explain_html
+
+        explain_html.write(
+            args.html, result.snapshots(), explanations, config, gpu_memory, overrides, args.logs
         )
     if args.json:
         json.dump({"instances": [e.to_json_dict() for e in explanations]}, sys.stdout, indent=2)

@@ -38,6 +38,17 @@ class LogSource:
         """
         return self.pipeline.feed(line)
 
+    def on_lines(self, lines: list[str]) -> tuple[Event, ...]:
+        """``on_line`` for a read chunk's lines, in order (the tailer's call per chunk): one
+        callback for a busy log's thousands of lines."""
+        feed = self.pipeline.feed
+        out: list[Event] = []
+        for line in lines:
+            events = feed(line)
+            if events:
+                out.extend(events)
+        return tuple(out)
+
     def _split_truncated(self) -> int:
         if self.tailer is not None:
             return self.tailer.truncated_lines
