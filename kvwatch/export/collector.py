@@ -94,12 +94,13 @@ _StaticKey = tuple[
     tuple[tuple[str, PoolFacts], ...],
     tuple[tuple[str, int], ...],
 ]
-# One state of an instance: epoch, events applied, and which tracked facts are stale.
-_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...]]
+# One state of an instance: epoch, events applied, which watched facts are stale, which pools are
+# exported (a pool only /metrics reported leaves when /metrics goes silent, without an event).
+_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...], tuple[str, ...]]
 
 
 def _version(snap: InstanceSnapshot) -> _Version:
-    return (snap.epoch, snap.events, tuple(snap.stale.items()))
+    return (snap.epoch, snap.events, tuple(snap.stale.items()), tuple(snap.pools))
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ class KvwatchCollector(Collector):
         if cached is None or cached.static_key != static_key:
             static = _Rows()
             derived = self._static(static, snap, model)
-            cached = _Cached((0, 0, ()), static_key, static.rows(), [], *derived)
+            cached = _Cached((0, 0, (), ()), static_key, static.rows(), [], *derived)
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
         return _Cached(

@@ -184,7 +184,7 @@ LAST_UPDATE = _m(
 FACTS_STALE = _m(
     "kvwatch_source_facts_stale",
     "gauge",
-    "1 when a fact that arrived from this origin (log or metrics) stopped arriving for longer than the fact TTL; its value is no longer exported.",
+    "1 when a periodic fact (KV usage, used tokens, running or waiting requests: what stats lines and every scrape carry) that arrived from this origin (log or metrics) stopped arriving for longer than the fact TTL; its value is no longer exported. Facts printed once per start (pool, memory budget, settings) are never stale while their source is alive, and have no series here.",
     "origin",
     "fact",
 )

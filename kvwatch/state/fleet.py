@@ -9,6 +9,14 @@ Epochs: an engine prints its settings, memory budget and pool once per start. A 
 log (an event with ``starts_engine``) or a counter reset on /metrics opens a new epoch: the facts of
 the old epoch are dropped (the pool is replaced, never summed), ``restarts`` goes up, and the
 preemption counter keeps counting so it stays monotonic for Prometheus.
+
+Staleness follows the kind of fact (``CADENCE`` in kvwatch/state/facts.py). Periodic facts (usage)
+that no origin delivered within the fact TTL are left out of snapshots. Startup facts hold for their
+epoch while their source is alive: a pool the log printed stays (a log has no heartbeat: an idle
+engine prints nothing, and a restart prints a new start, which opens a new epoch); a pool only
+/metrics reported stays while /metrics keeps delivering anything for the instance (every scrape is
+a heartbeat), and is left out once it delivered nothing for the TTL (the engine or its endpoint is
+gone).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from kvwatch.core.events import (
     Event,
     MemoryBudget,
     Origin,
+    PoolKind,
     PoolSized,
     Preemption,
     StartupFailure,
@@ -39,12 +48,15 @@ from kvwatch.state.facts import (
     EMPTY_USAGE,
     Failure,
     LastDisagreement,
+    PoolFacts,
     SettingsFacts,
     UsageFacts,
     changes,
     fact_names,
     merged,
+    periodic_facts,
     updated,
+    watched_facts,
     without,
 )
 from kvwatch.state.instance import InstanceSnapshot, InstanceState
@@ -62,15 +74,15 @@ DEFAULT_MAX_INSTANCES = 256
 
 __all__ = ["DISAGREEMENT_FACTS", "STALE_FACTS", "Fleet", "InstanceSnapshot", "InstanceState"]
 
-# Seconds after which a fact that stopped arriving is stale: no longer in snapshots (so no longer
-# exported) and flagged in InstanceSnapshot.stale. vLLM logs stats every 10 s while busy, and the
-# sidecar scrapes /metrics every 5 s, so a minute is six missed log intervals and twelve scrapes.
+# Seconds after which a periodic fact that stopped arriving is stale: no longer in snapshots (so no
+# longer exported) and, when watched, flagged in InstanceSnapshot.stale. vLLM logs stats every 10 s
+# while busy, and the sidecar scrapes /metrics every 5 s, so a minute is six missed log intervals and
+# twelve scrapes.
 DEFAULT_FACT_TTL = 60.0
 
-# The facts whose staleness is exported (kvwatch_source_facts_stale): levels an engine reports on
-# every stats line and every scrape. Rate-derived facts (a prefix hit rate computed from counter
-# deltas) are absent while the engine is idle, so they are dropped after the TTL but never flagged.
-STALE_FACTS: tuple[str, ...] = ("kv_usage_ratio", "used_tokens", "running", "waiting", "pool_tokens")
+# The facts whose staleness is exported (kvwatch_source_facts_stale): the watched periodic facts of
+# kvwatch/state/facts.py. Startup facts (pool, budget, settings) are never among them.
+STALE_FACTS: tuple[str, ...] = watched_facts(UsageFacts)
 # Facts the log and /metrics are cross-checked on (names of InstanceState.disagreements).
 DISAGREEMENT_FACTS: tuple[str, ...] = ("pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio")
 if not set(BAD_VALUE_FACTS) <= {f.name for f in fields(UsageFacts)}:
@@ -87,6 +99,10 @@ _SEEN_KEYS: dict[str, dict[str, str]] = {
 
 # The usage facts in field order, and a getter of their values from a UsageSample's __dict__.
 _USAGE_FACTS = fact_names(UsageFacts)
+# Only periodic facts are timed for staleness (fact_seen); the usage group is the periodic one.
+if set(periodic_facts(UsageFacts)) != set(_USAGE_FACTS):
+    raise TypeError("state: usage facts are timed for staleness but UsageFacts is not periodic")
+_PERIODIC = frozenset(_USAGE_FACTS)
 _USAGE_VALUES = itemgetter(*_USAGE_FACTS)
 if any(UsageSample.model_fields[f].default is not None for f in _USAGE_FACTS):
     raise TypeError("state: a usage fact whose UsageSample default is not None (unset must read as None)")
@@ -223,8 +239,6 @@ class Fleet:
             self._record_disagreement(state, event.fact, event.log_value, event.metrics_value)
 
     def _apply_pool(self, state: InstanceState, event: PoolSized, now: float) -> None:
-        if event.pool == "full" and (event.tokens is not None or event.blocks is not None):
-            state.fact_seen[f"{event.origin}:pool_tokens"] = now
         state.pools[event.pool] = merged(state.pools.get(event.pool, EMPTY_POOL), event, now)
         key = (event.origin, event.pool)
         own = state.pools_by_origin[key] = merged(state.pools_by_origin.get(key, EMPTY_POOL), event, now)
@@ -304,13 +318,15 @@ class Fleet:
         state.preemptions_total += max(state.preemption_epoch.values()) - before
 
     def _stale(self, st: InstanceState, now: float) -> tuple[dict[tuple[str, str], bool], set[str]]:
-        """Per (origin, tracked fact): stale or not; and the facts no origin keeps fresh."""
+        """Per (origin, watched fact): stale or not; and the periodic facts no origin keeps fresh."""
         stale: dict[tuple[str, str], bool] = {}
         fresh: set[str] = set()
         seen_facts: set[str] = set()
         limit = now - self.fact_ttl
         for key, ts in st.fact_seen.items():
             origin, _, fact = key.partition(":")
+            if fact not in _PERIODIC:
+                continue  # a startup fact timed by an older kvwatch (state file): never stale
             seen_facts.add(fact)
             if ts >= limit:
                 fresh.add(fact)
@@ -318,12 +334,24 @@ class Fleet:
                 stale[(origin, fact)] = ts < limit
         return dict(sorted(stale.items())), seen_facts - fresh
 
+    def _pools(self, st: InstanceState, now: float) -> dict[PoolKind, PoolFacts]:
+        """The pools whose source is alive: any the log printed; one only /metrics reported while
+        /metrics delivered something for the instance within the TTL."""
+        pools = dict(st.pools)
+        metrics_seen = st.last_update.get("metrics")
+        if metrics_seen is not None and metrics_seen >= now - self.fact_ttl:
+            return pools
+        for kind in list(pools):
+            printed = st.pools_by_origin.get(("log", kind))
+            if printed is None or printed.empty():
+                del pools[kind]
+        return pools
+
     def snapshot(self) -> list[InstanceSnapshot]:
         """Frozen copies of every instance, sorted by (source, instance).
 
-        Usage facts that no origin delivered within ``fact_ttl`` are left out (a frozen value must
-        not be exported as if current), and so is a pool only /metrics reported when /metrics
-        stopped reporting it; a pool the log printed at startup is a once-printed fact and stays.
+        Periodic facts that no origin delivered within ``fact_ttl`` are left out (a frozen value must
+        not be exported as if current); startup facts stay while their source is alive (``_pools``).
         """
         with self._lock:
             out = []
@@ -332,11 +360,7 @@ class Fleet:
                 settings = self._source_settings.get(source, EMPTY_SETTINGS).overlaid(st.settings)
                 stale, gone = self._stale(st, now) if st.fact_seen else ({}, set())
                 usage = without(st.usage, gone) if gone else st.usage
-                pools = dict(st.pools)
-                if "pool_tokens" in gone:
-                    printed = st.pools_by_origin.get(("log", "full"))
-                    if printed is None or printed.empty():
-                        pools.pop("full", None)
+                pools = self._pools(st, now)
                 out.append(
                     InstanceSnapshot(
                         source=st.source,
