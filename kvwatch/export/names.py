@@ -191,7 +191,8 @@ DISAGREEMENTS = _m(
 BAD_VALUES = _m(
     "kvwatch_bad_values",
     "counter",
-    "Values the engine reported outside the fact's meaning (a ratio outside 0-1, a negative count), rejected.",
+    "Values the engine reported outside the fact's meaning or plausibility (a ratio outside 0-1, a negative "
+    "count, a pool past 2^40 tokens), rejected.",
     "fact",
 )
 # --- Self-metrics --------------------------------------------------------------------------------
@@ -251,6 +252,12 @@ UNUSABLE_VALUES = _m(
 INSTANCES = _m("kvwatch_instances", "gauge", "Engine instances tracked.", base=())
 INSTANCES_DROPPED = _m(
     "kvwatch_dropped_events", "counter", "Events dropped because the instance cap was reached.", base=()
+)
+VALUES_UNEXPORTED = _m(
+    "kvwatch_values_unexported",
+    "counter",
+    "State values left out of a /metrics answer because no sample can hold them (never a failed scrape).",
+    base=(),
 )
 HTTP_CONNECTIONS_OPEN = _m(
     "kvwatch_http_open_connections", "gauge", "Client connections open to kvwatch's HTTP port.", base=()
