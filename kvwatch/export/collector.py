@@ -72,6 +72,8 @@ class SourceStatus:
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
     series_dropped: int = 0
     unusable_values: int = 0
+    # '--log -' only: lines read from stdin and not yet parsed.
+    stdin_backlog: int | None = None
 
 
 def _number(value: float | None) -> float | None:
@@ -153,6 +155,7 @@ class SelfStats:
     http_connection_timeouts: int = 0
     http_auth_throttled: int = 0
     state_files_invalid: int = 0
+    state_save_errors: int = 0
 
 
 class KvwatchCollector(Collector):
@@ -399,6 +402,9 @@ class KvwatchCollector(Collector):
                 fam.add(names.LINES_TRUNCATED, lab, float(sum(p.lines_truncated for p in logs)))
                 fam.add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
                 fam.add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
+                backlog = [p.stdin_backlog for p in logs if p.stdin_backlog is not None]
+                if backlog:
+                    fam.add(names.STDIN_BACKLOG, lab, float(sum(backlog)))
             for part in scrapes:
                 if part.scrape_duration_seconds is not None:
                     fam.add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
@@ -415,4 +421,5 @@ class KvwatchCollector(Collector):
         fam.add(names.HTTP_CONNECTION_TIMEOUTS, (), float(stats.http_connection_timeouts))
         fam.add(names.HTTP_AUTH_THROTTLED, (), float(stats.http_auth_throttled))
         fam.add(names.STATE_FILE_INVALID, (), float(stats.state_files_invalid))
+        fam.add(names.STATE_SAVE_ERRORS, (), float(stats.state_save_errors))
         fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)

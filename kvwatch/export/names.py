@@ -215,6 +215,12 @@ LOG_READ_ERRORS = _m(
     "Failed attempts to open or read a log (missing, unreadable).",
     base=SOURCE_LABELS,
 )
+STDIN_BACKLOG = _m(
+    "kvwatch_stdin_backlog_lines",
+    "gauge",
+    "'--log -' only: lines read from standard input and not yet parsed (reading pauses at 10,000).",
+    base=SOURCE_LABELS,
+)
 LINES_TRUNCATED = _m(
     "kvwatch_log_lines_truncated",
     "counter",
@@ -278,6 +284,12 @@ HTTP_AUTH_THROTTLED = _m(
     "kvwatch_http_auth_throttled",
     "counter",
     "Requests answered 429 without a password check: too many failed logins from that client just now.",
+    base=(),
+)
+STATE_SAVE_ERRORS = _m(
+    "kvwatch_state_save_errors",
+    "counter",
+    "Saves of the state file that failed (disk full, dir gone, read-only); the next save retries.",
     base=(),
 )
 STATE_FILE_INVALID = _m(

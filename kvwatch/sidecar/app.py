@@ -31,7 +31,7 @@ from kvwatch.sidecar.config import Settings, WebConfig, load_web_config
 from kvwatch.sidecar.http import Endpoints, tls_context
 from kvwatch.sidecar.saving import SaveSchedule
 from kvwatch.sidecar.server import BoundedHTTPServer
-from kvwatch.sidecar.sources import LogSource, ScrapeSource
+from kvwatch.sidecar.sources import LogSource, ScrapeSource, StdinBacklog
 from kvwatch.sources.hub import discover_model_config
 from kvwatch.sources.logfile import FilePosition, LogTailer
 from kvwatch.sources.metrics_reader import MetricsReader
@@ -124,7 +124,12 @@ class Sidecar:
         """Restore the state file, bind the listen address, start consumer, tailers and scrapers."""
         positions: JsonObject = {}
         if self.store is not None:
-            saved = self.store.load()
+            self.store.own()
+            try:
+                saved = self.store.load()
+            except ConfigError:
+                self.store.release()
+                raise
             # Instances of sources no longer configured would be exported forever: leave them out.
             configured = {s.name for s in self.settings.log} | {s.name for s in self.settings.metrics_url}
             saved.instances = [st for st in saved.instances if st.source in configured]
@@ -147,6 +152,8 @@ class Sidecar:
                 (addr.host, addr.port), Endpoints(self.render_metrics, self.auth), self._tls
             )
         except (OSError, ValueError, OverflowError) as exc:  # ValueError: e.g. a host IDNA cannot encode
+            if self.store is not None:
+                self.store.release()
             reason = getattr(exc, "strerror", None) or exc
             raise ConfigError(f"cannot listen on {addr}: {reason}") from None
         self._spawn("kvwatch-http", self._server.serve)
@@ -235,6 +242,8 @@ class Sidecar:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
             elif thread.name != "kvwatch-stdin":
                 thread.join(timeout=5)
+        if self.store is not None:
+            self.store.release()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until stop is requested (True) or timeout passes (False)."""
@@ -243,6 +252,10 @@ class Sidecar:
     def request_stop(self) -> None:
         """Ask the main loop to stop (signal handlers call this)."""
         self._stop.set()
+
+    def request_save(self) -> None:
+        """Save the state now and go on (SIGHUP: a terminal hang-up must not lose what was read)."""
+        self._queue.put(msg.FinalSave(threading.Event()))
 
     # --- consumer --------------------------------------------------------------------------------
     def _consume(self) -> None:
@@ -278,7 +291,11 @@ class Sidecar:
     def _handle(self, item: msg.Message) -> None:
         match item:
             case msg.StdinLine(source=src, line=line):
-                self.saves.mark(src.on_line(line))
+                try:
+                    self.saves.mark(src.on_line(line))
+                finally:
+                    if src.stdin_backlog is not None:
+                        src.stdin_backlog.done(len(line))
             case msg.Scraped():
                 self._handle_scrape(item)
             case msg.StdinClosed(source=src):
@@ -333,11 +350,14 @@ class Sidecar:
         from kvwatch.sources.stdin import read_lines
 
         src.stdin_splitter = LineSplitter()
-        read_lines(
-            lambda line: self._queue.put(msg.StdinLine(src, line)),
-            stop=self._stop,
-            splitter=src.stdin_splitter,
-        )
+        backlog = src.stdin_backlog = StdinBacklog()
+
+        def on_line(line: str) -> None:
+            # Blocks while the consumer is behind: stdin is read at the pace the pipeline digests.
+            if backlog.admit(len(line), self._stop):
+                self._queue.put(msg.StdinLine(src, line))
+
+        read_lines(on_line, stop=self._stop, splitter=src.stdin_splitter)
         self._queue.put(msg.StdinClosed(src))
 
     def refresh(self) -> None:
@@ -372,6 +392,7 @@ class Sidecar:
             http_connection_timeouts=server.stats.timed_out if server is not None else 0,
             http_auth_throttled=self.auth.throttled,
             state_files_invalid=self.store.invalid_files if self.store is not None else 0,
+            state_save_errors=self.store.write_errors if self.store is not None else 0,
         )
 
 
