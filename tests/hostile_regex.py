@@ -121,8 +121,7 @@ class _Writer:
         low, high, body = av
         unbounded = high == _UNBOUNDED
         if self.target is None and unbounded:
-            for _ in range(max(low, self.grow_all)):
-                yield from self.seq(body)
+            yield "".join(self.seq(body)) * max(low, self.grow_all)
         elif self.target is not None and id(body) == self.target:
             yield self._grown(body, low, high)
             raise _Grown
@@ -152,7 +151,7 @@ class _Writer:
         yield from self.seq(body)
 
     def _holds_target(self, items: Any) -> bool:
-        return self.target is not None and self.target in _repeat_ids(items)
+        return self.target is not None and self.target in _repeat_id_set(items)
 
 
 class _Grown(Exception):
@@ -192,6 +191,17 @@ def _repeat_ids(items: Any) -> list[int]:
         elif op in (c.ASSERT, c.ASSERT_NOT):
             out.extend(_repeat_ids(av[1]))
     return out
+
+
+_ID_SETS: dict[int, tuple[Any, frozenset[int]]] = {}
+
+
+def _repeat_id_set(items: Any) -> frozenset[int]:
+    """``_repeat_ids`` as a set, kept per parsed sub-pattern (the items are kept alive with it)."""
+    found = _ID_SETS.get(id(items))
+    if found is None or found[0] is not items:
+        found = _ID_SETS[id(items)] = (items, frozenset(_repeat_ids(items)))
+    return found[1]
 
 
 def _write(parsed: Any, target: int | None, length: int, choice: int) -> str:

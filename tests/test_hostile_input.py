@@ -54,6 +54,8 @@ def _check_linear(apply: Callable[[Any], object], small: Any, large: Any, what: 
     if t_small > BUDGET_S / 4:
         t_small = _best(apply, small, t_small)
     assert t_small <= BUDGET_S / 4, f"{what}: {SMALL} characters took {t_small:.2f} s"
+    if t_small * 16 <= FLOOR_S:
+        return  # even a quadratic cost stays under both bounds at LARGE (a quartic one would not)
     t_large = _seconds(apply, large)
     if t_large > min(BUDGET_S, GROWTH * t_small + FLOOR_S):
         t_large = _best(apply, large, t_large)
