@@ -230,12 +230,20 @@ def _write_all(parsed: Any, count: int) -> str:
     return "".join(writer.seq(parsed))
 
 
+def _parsed(pattern: re.Pattern[Any]) -> Any:
+    """The parse tree of a str or bytes pattern (a bytes one read as Latin-1 text, byte for byte)."""
+    source = pattern.pattern
+    return p.parse(source if isinstance(source, str) else source.decode("latin-1"), pattern.flags)
+
+
+def has_long_repeat(pattern: re.Pattern[Any]) -> bool:
+    """True when the pattern repeats something without bound (or more than 64 times)."""
+    return bool(_repeat_ids(_parsed(pattern).data))
+
+
 def worst_cases(pattern: re.Pattern[Any], length: int) -> Iterator[tuple[str, str]]:
     """(name, text) pairs of about ``length`` characters that ``pattern`` nearly matches."""
-    parsed = p.parse(
-        pattern.pattern if isinstance(pattern.pattern, str) else pattern.pattern.decode("latin-1"),
-        pattern.flags & ~re.ASCII if isinstance(pattern.pattern, str) else pattern.flags,
-    )
+    parsed = _parsed(pattern)
     seen: set[str] = set()
     for n, target in enumerate(_repeat_ids(parsed.data)):
         for choice in (-1, 0, 1, 2, 3):
