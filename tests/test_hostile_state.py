@@ -21,6 +21,7 @@ from kvwatch.analysis.predictor import Predictor
 from kvwatch.core import events as ev
 from kvwatch.export import names
 from kvwatch.export.collector import KvwatchCollector
+from kvwatch.sources.metrics_reader import MetricsReader
 from kvwatch.sources.pipeline import LinePipeline
 from kvwatch.state.facts import PoolFacts
 from kvwatch.state.fleet import Fleet, InstanceState
@@ -53,6 +54,25 @@ def test_a_pool_of_a_309_digit_log_line_is_refused_counted_and_metrics_still_ans
     assert _sample(text, names.BAD_VALUES.sample_name, fact="tokens") == 2.0
     pipeline.feed("GPU KV cache size: 434,448 tokens")  # a real pool still enters
     assert _sample(_render(fleet), names.KV_POOL_TOKENS.sample_name) == 434448.0
+
+
+def test_implausible_numbers_on_an_engines_metrics_are_refused_counted_and_metrics_still_answers() -> None:
+    body = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="1e300",engine="0"} 1.0\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 1e300\n'
+        "# TYPE vllm:num_preemptions_total counter\n"
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 1e300\n'
+    )
+    fleet = Fleet(clock=lambda: 1000.0)
+    fleet.apply_all("m", MetricsReader("vllm").read(body))
+    (snap,) = fleet.snapshot()
+    assert dict(snap.bad_values) == {"blocks": 1, "running": 1, "total": 1}  # was: running only
+    text = _render(fleet)  # was: a pool of 1e300 blocks exported, and saved into an unloadable file
+    assert _sample(text, names.KV_POOL_BLOCKS.sample_name) is None
+    assert _sample(text, names.PREEMPTIONS.sample_name) == 0.0
+    StateStore._decode(StateStore.encode(fleet, {}).encode())
 
 
 def test_a_refused_fact_leaves_the_rest_of_its_event() -> None:
