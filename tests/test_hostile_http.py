@@ -129,7 +129,7 @@ def _fd_budget(wanted: int) -> int:
 
 
 @pytest.mark.integration
-def test_thousand_idle_connections_metrics_p99_under_50ms(
+def test_thousand_idle_connections_still_answer_metrics(
     tmp_path: Path, sidecar_factory: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     n = _fd_budget(1000)
@@ -153,8 +153,8 @@ def test_thousand_idle_connections_metrics_p99_under_50ms(
             assert resp.status == 200 and b"kvwatch_kv_pool_blocks" in body
         conn.close()
         p99 = statistics.quantiles(times, n=100)[98]
+        # (the p99 target, 50 ms, is `make bench`'s: bench/bench_hostile.py)
         print(f"idle={n} /metrics p50={statistics.median(times) * 1e3:.2f} ms p99={p99 * 1e3:.2f} ms")
-        assert p99 < 0.050
         assert _get(car.port, "/healthz") == (200, b"ok\n")
         # Fresh connections (one per request) are accepted too, and the flood is still there.
         for _ in range(20):
@@ -248,9 +248,8 @@ def test_a_client_that_does_not_read_holds_no_worker(served: Callable[..., _Serv
         s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
         readers.append(s)
     try:
-        started = time.monotonic()
         assert _get(srv.port, "/small") == (200, b"ok\n")
-        assert time.monotonic() - started < 0.9  # answered before any write deadline passed
+        assert srv.server.stats.timed_out == 0  # answered before any write deadline passed
         _wait(lambda: srv.server.stats.timed_out >= 4, timeout=10)
     finally:
         for s in readers:

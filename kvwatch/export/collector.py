@@ -32,6 +32,7 @@ from kvwatch.export import names
 from kvwatch.export.exposition import Row as _Row
 from kvwatch.export.exposition import Rows as _Rows
 from kvwatch.export.exposition import escape as _escape
+from kvwatch.export.figures import observed_terms, pool_figures, predicted_terms, usage_figures
 from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.state.fleet import DISAGREEMENT_FACTS, InstanceSnapshot
 from kvwatch.state.usage_values import BAD_VALUE_FACTS
@@ -40,19 +41,6 @@ log = logging.getLogger(__name__)
 
 # Longest label value kvwatch exports (model paths can be long; labels must stay small).
 _MAX_LABEL = 128
-
-
-def _observed_terms(m: MemoryFacts) -> tuple[tuple[str, int | None], ...]:
-    """The printed memory budget as names.MEMORY_TERMS terms (basis 'observed')."""
-    return (
-        ("total", m.total_bytes),
-        ("usable", m.requested_bytes),
-        ("weights", m.weights_bytes),
-        ("activation", m.activation_bytes),
-        ("non_torch", m.non_torch_bytes),
-        ("cuda_graphs", m.cuda_graph_bytes),
-        ("kv", m.available_kv_bytes),
-    )
 
 
 @dataclass(frozen=True)
@@ -158,6 +146,14 @@ class SelfStats:
     state_save_errors: int = 0
 
 
+@dataclass(frozen=True)
+class NodeStats:
+    """Node mode's containers by state, and those left out past the cap."""
+
+    containers: Mapping[str, int]
+    dropped: int
+
+
 class KvwatchCollector(Collector):
     """Yields every kvwatch metric family from a fleet snapshot and the sources' self-metrics."""
 
@@ -169,8 +165,13 @@ class KvwatchCollector(Collector):
         dropped_events: Callable[[], int] = lambda: 0,
         self_stats: Callable[[], SelfStats] = SelfStats,
         runtime: bool = False,
+        workload: Callable[[str], tuple[str, ...] | None] = lambda source: None,
+        node_stats: Callable[[], NodeStats | None] = lambda: None,
     ) -> None:
         self._snapshot = snapshot
+        # Node mode: a source's engine pod (names.WORKLOAD_LABELS values), None for a plain source.
+        self._workload = workload
+        self._node_stats = node_stats
         # The sidecar's own process_* and python_* series (CPU, memory, fds, GC, version).
         self._runtime: CollectorRegistry | None = None
         if runtime:
@@ -264,7 +265,10 @@ class KvwatchCollector(Collector):
     ) -> tuple[tuple[str, ...], tuple[str, ...], int | None, int | None]:
         """Pool, prediction, memory budget, engine info: what changes only with a startup fact."""
         settings, pool = snap.settings, snap.pool
-        lab = (snap.source, snap.engine, model, snap.instance)
+        lab: tuple[str, ...] = (snap.source, snap.engine, model, snap.instance)
+        pod = self._workload(snap.source)
+        if pod is not None:
+            lab = (*lab, *(_label(v) for v in pod))
         # Escaped once per instance; the extra label values below are fixed words that need none.
         esc = tuple(_escape(v) for v in lab)
 
@@ -274,14 +278,8 @@ class KvwatchCollector(Collector):
                 fam.add(metric, (*lab, *extra), number, (*esc, *extra))
 
         pred = self._predictor.predict(snap)
-        block_size = pool.block_size or settings.block_size or settings.page_size or pred.block_size
-        pool_tokens = pool.tokens
-        blocks = pool.blocks
-        # Known only in blocks (V0 logs, /metrics before 0.28): the gap compares blocks, as the
-        # engine's own token count is not blocks x block size for hybrid or sliding-window models.
-        in_blocks = pool_tokens is None and blocks is not None
-        if pool_tokens is None and blocks is not None and block_size:
-            pool_tokens = blocks * block_size
+        fig = pool_figures(snap, pred)
+        block_size, pool_tokens, blocks, in_blocks = fig.block_size, fig.tokens, fig.blocks, fig.in_blocks
         gauge(names.KV_POOL_TOKENS, pool_tokens)
         gauge(names.KV_POOL_BLOCKS, blocks)
         gauge(names.KV_POOL_BYTES, pool.bytes)
@@ -304,7 +302,7 @@ class KvwatchCollector(Collector):
             bpt = pool.bytes // pool_tokens
         gauge(names.KV_BYTES_PER_TOKEN, bpt)
 
-        max_len = settings.max_model_len or pool.max_concurrency_tokens
+        max_len = fig.max_len
         observed_conc = pool.max_concurrency
         if observed_conc is None and pool_tokens is not None and max_len:
             observed_conc = pool_tokens / max_len
@@ -312,10 +310,10 @@ class KvwatchCollector(Collector):
         for concurrency_basis, conc in pred.max_concurrency.items():
             gauge(names.MAX_CONCURRENCY, conc, concurrency_basis)
 
-        for term, value in _observed_terms(snap.memory):
+        for term, value in observed_terms(snap.memory):
             gauge(names.MEMORY_BYTES, value, term, "observed")
-        for term in names.MEMORY_TERMS:
-            gauge(names.MEMORY_BYTES, pred.memory.get(term), term, "predicted")
+        for term, value in predicted_terms(pred):
+            gauge(names.MEMORY_BYTES, value, term, "predicted")
 
         utilisation = settings.gpu_memory_utilization
         if utilisation is None:
@@ -336,9 +334,7 @@ class KvwatchCollector(Collector):
         gauge(names.RESTARTS, snap.restarts)
         for reason in names.FAILURE_REASONS:
             gauge(names.STARTUP_FAILURES, snap.startup_failures.get(reason, 0), reason)
-        # Headroom in requests needs a request length: the engine's, else the model's default
-        # (a metrics-only vLLM source reports no max_model_len; the model config gives it).
-        return lab, esc, pool_tokens, max_len or pred.max_model_len
+        return lab, esc, pool_tokens, fig.request_len
 
     @staticmethod
     def _dynamic(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
@@ -351,19 +347,11 @@ class KvwatchCollector(Collector):
             if number is not None:
                 fam.add(metric, (*lab, *extra), number, (*esc, *extra))
 
-        ratio = usage.kv_usage_ratio
-        used = usage.used_tokens
-        if used is None and ratio is not None and pool_tokens is not None:
-            used = round(ratio * pool_tokens)
-        if ratio is None and used is not None and pool_tokens:
-            ratio = used / pool_tokens
-        gauge(names.KV_USAGE_RATIO, ratio)
-        gauge(names.KV_USED_TOKENS, used)
-        if pool_tokens is not None and used is not None:
-            free = max(pool_tokens - used, 0)
-            gauge(names.KV_HEADROOM_TOKENS, free)
-            if max_len:
-                gauge(names.KV_HEADROOM_REQUESTS, float(free // max_len))
+        fig = usage_figures(usage, pool_tokens, max_len)
+        gauge(names.KV_USAGE_RATIO, fig.ratio)
+        gauge(names.KV_USED_TOKENS, fig.used)
+        gauge(names.KV_HEADROOM_TOKENS, fig.headroom_tokens)
+        gauge(names.KV_HEADROOM_REQUESTS, fig.headroom_requests)
         gauge(names.PREFIX_CACHE_HIT_RATIO, usage.prefix_cache_hit_ratio)
         gauge(names.REQUESTS_RUNNING, usage.running)
         gauge(names.REQUESTS_WAITING, usage.waiting)
@@ -422,4 +410,9 @@ class KvwatchCollector(Collector):
         fam.add(names.HTTP_AUTH_THROTTLED, (), float(stats.http_auth_throttled))
         fam.add(names.STATE_FILE_INVALID, (), float(stats.state_files_invalid))
         fam.add(names.STATE_SAVE_ERRORS, (), float(stats.state_save_errors))
+        node = self._node_stats()
+        if node is not None:
+            for state in names.NODE_CONTAINER_STATES:
+                fam.add(names.NODE_CONTAINERS, (state,), float(node.containers.get(state, 0)))
+            fam.add(names.NODE_CONTAINERS_DROPPED, (), float(node.dropped))
         fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)

@@ -25,6 +25,11 @@ ENGINE_KIND_LABEL = "engine_kind"
 MODEL_LABEL = "model_name"
 INSTANCE_LABELS: tuple[str, ...] = ("source", ENGINE_KIND_LABEL, MODEL_LABEL, "dp_rank")
 SOURCE_LABELS: tuple[str, ...] = ("source",)
+# Node mode (`kvwatch run --node-logs`): the engine's own pod, read from its log's path in the
+# kubelet's tree, on every per-instance series. They carry the names of the target labels
+# Prometheus gives a sidecar's pod, so the rules and dashboards read both modes alike; the node
+# agent's PodMonitor keeps kvwatch's values with honorLabels (deploy/kubernetes/node/).
+WORKLOAD_LABELS: tuple[str, ...] = ("namespace", "pod", "container")
 
 # Bounded label values: one Literal each, in kvwatch.core.labels.
 PREDICTION_BASES = labels.PREDICTION_BASES
@@ -34,6 +39,7 @@ MEMORY_BASES = labels.MEMORY_BASES
 FAILURE_REASONS = labels.FAILURE_REASONS
 PREDICTION_STATES = labels.PREDICTION_STATES
 SCRAPE_ERROR_REASONS = labels.SCRAPE_ERROR_REASONS
+NODE_CONTAINER_STATES = labels.NODE_CONTAINER_STATES
 ENGINE_INFO_LABELS: tuple[str, ...] = (
     "version",
     "tp",
@@ -302,7 +308,33 @@ BUILD_INFO = _m(
     "kvwatch_build", "info", "kvwatch version and Python version.", "version", "python_version", base=()
 )
 
+NODE_CONTAINERS = _m(
+    "kvwatch_node_containers",
+    "gauge",
+    "Containers node mode found under the log root, by state: followed (an engine's log), probing "
+    "(no engine line yet), ignored (none in its first lines), gone (pod deleted, instances expiring).",
+    "state",
+    base=(),
+)
+NODE_CONTAINERS_DROPPED = _m(
+    "kvwatch_node_containers_dropped",
+    "counter",
+    "Containers node mode found but did not follow because --max-containers were already followed.",
+    base=(),
+)
+
 METRICS: tuple[Metric, ...] = tuple(v for v in globals().copy().values() if isinstance(v, Metric))
+
+
+def with_workload(metric: Metric) -> Metric:
+    """A per-instance metric with the engine pod's WORKLOAD_LABELS after its instance labels
+    (node mode); any other metric as it is."""
+    n = len(INSTANCE_LABELS)
+    if metric.labels[:n] != INSTANCE_LABELS:
+        return metric
+    return Metric(
+        metric.name, metric.type, metric.help, INSTANCE_LABELS + WORKLOAD_LABELS + metric.labels[n:]
+    )
 
 
 def by_sample_name() -> dict[str, Metric]:

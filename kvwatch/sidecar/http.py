@@ -1,5 +1,6 @@
 """The sidecar's endpoints on one port: /metrics (behind basic auth), /healthz (never behind auth,
-so probes need no credentials; over TLS when TLS is on), and / (a link to /metrics).
+so probes need no credentials; over TLS when TLS is on), and / (the status page, behind the same
+auth as /metrics; a link to /metrics when no page renderer is given).
 
 The sockets, timeouts and connection cap are kvwatch.sidecar.server's; this module only decides
 what each request gets, in a worker thread.
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 
 # Renders /metrics for an Accept header: (body, content type).
 RenderMetrics = Callable[[str], tuple[bytes, str]]
+# Renders the status page (HTML).
+RenderStatus = Callable[[], bytes]
 
 _TEXT = ("Content-Type", "text/plain; charset=utf-8")
 _INDEX = b"<html><body><h1>kvwatch</h1><p><a href='/metrics'>/metrics</a></p></body></html>\n"
@@ -29,9 +32,12 @@ _INDEX = b"<html><body><h1>kvwatch</h1><p><a href='/metrics'>/metrics</a></p></b
 class Endpoints:
     """The request handler of kvwatch's HTTP server (called from its worker threads)."""
 
-    def __init__(self, render_metrics: RenderMetrics, auth: BasicAuth) -> None:
+    def __init__(
+        self, render_metrics: RenderMetrics, auth: BasicAuth, render_status: RenderStatus | None = None
+    ) -> None:
         self.render_metrics = render_metrics
         self.auth = auth
+        self.render_status = render_status
 
     def __call__(self, request: Request) -> Response:
         """The response to one request; HEAD gets GET's headers (the server drops the body)."""
@@ -54,7 +60,8 @@ class Endpoints:
                 headers.append(("Content-Encoding", "gzip"))
             return Response(200, body, headers)
         if path == "/":
-            return Response(200, _INDEX, [("Content-Type", "text/html; charset=utf-8")])
+            page = _INDEX if self.render_status is None else self.render_status()
+            return Response(200, page, [("Content-Type", "text/html; charset=utf-8")])
         return Response(404, b"not found\n", [_TEXT])
 
 

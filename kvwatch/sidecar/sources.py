@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 from kvwatch.core.events import Event
@@ -51,6 +52,12 @@ class StdinBacklog:
             self._changed.notify()
 
 
+log = logging.getLogger("kvwatch")
+# A failing --metrics-url is logged at its first failure and then at most once per this many
+# seconds (with the count since).
+SCRAPE_WARN_INTERVAL = 60.0
+
+
 @dataclasses.dataclass
 class LogSource:
     """One --log: its tailer and line pipeline. Counters are written by one thread each."""
@@ -76,6 +83,17 @@ class LogSource:
         positions.
         """
         return self.pipeline.feed(line)
+
+    def on_lines(self, lines: list[str]) -> tuple[Event, ...]:
+        """``on_line`` for a read chunk's lines, in order (the tailer's call per chunk): one
+        callback for a busy log's thousands of lines."""
+        feed = self.pipeline.feed
+        out: list[Event] = []
+        for line in lines:
+            events = feed(line)
+            if events:
+                out.extend(events)
+        return tuple(out)
 
     def _split_truncated(self) -> int:
         if self.tailer is not None:
@@ -112,6 +130,32 @@ class ScrapeSource:
     up: bool = False
     duration: float | None = None
     errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The consumer's rate limit of failure warnings: when it last wrote one, and the failures since.
+    warned_at: float | None = None
+    unlogged: int = 0
+
+    def log_failure(self, reason: str, detail: str | None, now: float) -> None:
+        """Log a failed scrape: the first at once, then at most one per SCRAPE_WARN_INTERVAL with
+        the count since, so a down engine neither fills the log nor goes unseen."""
+        if self.warned_at is not None and now - self.warned_at < SCRAPE_WARN_INTERVAL:
+            self.unlogged += 1
+            return
+        since = f" ({self.unlogged} more failures since the last warning)" if self.unlogged else ""
+        log.warning(
+            "scrape failed source=%s url=%s reason=%s err=%s%s",
+            self.name,
+            self.scraper.url,
+            reason,
+            detail or "-",
+            since,
+        )
+        self.warned_at, self.unlogged = now, 0
+
+    def log_recovery(self) -> None:
+        """A scrape that works again after failures says so once."""
+        if self.warned_at is not None:
+            log.info("scrape recovered source=%s url=%s", self.name, self.scraper.url)
+            self.warned_at, self.unlogged = None, 0
 
     def scrape(self) -> tuple[ScrapeResult, tuple[Event, ...], str | None]:
         """Fetch and read one body as it arrives (the scrape thread; only it uses ``reader``): the

@@ -414,3 +414,13 @@ class Fleet:
         """Settings printed by a source's non-instance processes, for persistence."""
         with self._lock:
             return dict(self._source_settings)
+
+    def forget(self, source: str) -> int:
+        """Drop every instance of a source and its settings (node mode: a deleted pod's container,
+        once its instances expired); returns how many instances went."""
+        with self._lock:
+            gone = [key for key in self._instances if key[0] == source]
+            for key in gone:
+                del self._instances[key]
+            self._source_settings.pop(source, None)
+        return len(gone)

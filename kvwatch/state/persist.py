@@ -291,6 +291,15 @@ class StateStore:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
+    def own_and_load(self) -> SavedState:
+        """``own`` the dir, then ``load``; the dir is given up again when the load refuses the file."""
+        self.own()
+        try:
+            return self.load()
+        except ConfigError:
+            self.release()
+            raise
+
     def release(self) -> None:
         """Give the state dir up (the lock file stays: removing it would race the next owner)."""
         if self._lock_fd is not None:
