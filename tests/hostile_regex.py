@@ -236,9 +236,23 @@ def _parsed(pattern: re.Pattern[Any]) -> Any:
     return p.parse(source if isinstance(source, str) else source.decode("latin-1"), pattern.flags)
 
 
-def has_long_repeat(pattern: re.Pattern[Any]) -> bool:
-    """True when the pattern repeats something without bound (or more than 64 times)."""
-    return bool(_repeat_ids(_parsed(pattern).data))
+def has_unbounded_repeat(pattern: re.Pattern[Any]) -> bool:
+    """True when the pattern repeats something without bound (a bounded repeat may write less than
+    half the wanted length, and then has no case of its own)."""
+    return _unbounded(_parsed(pattern).data)
+
+
+def _unbounded(items: Any) -> bool:
+    for op, av in items:
+        if op in _REPEATS and (av[1] == _UNBOUNDED or _unbounded(av[2])):
+            return True
+        if op is c.BRANCH and any(_unbounded(alt) for alt in av[1]):
+            return True
+        if op is c.SUBPATTERN and _unbounded(av[3]):
+            return True
+        if op is c.ATOMIC_GROUP and _unbounded(av):
+            return True
+    return False
 
 
 def worst_cases(pattern: re.Pattern[Any], length: int) -> Iterator[tuple[str, str]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_regex import has_long_repeat, package_patterns, worst_cases
+from hostile_regex import has_unbounded_repeat, package_patterns, worst_cases
 
 import kvwatch
 from kvwatch.core.kinds import EngineName
@@ -86,9 +86,9 @@ def test_the_corpus_reaches_every_pattern_of_the_package() -> None:
         "kvwatch.core.units",
     ):
         assert module in found
-    # Every pattern with a long repeat gets worst cases (the generator never silently writes none).
+    # Every pattern with an unbounded repeat gets worst cases (the generator never silently writes none).
     for where, pattern, _ in PATTERNS:
-        if has_long_repeat(pattern):
+        if has_unbounded_repeat(pattern):
             assert next(worst_cases(pattern, SMALL), None) is not None, where
 
 
