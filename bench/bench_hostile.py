@@ -6,6 +6,8 @@
 3. ``Scraper.abort`` ends a stalled fetch within 0.5 s.
 4. /metrics p99 at most 50 ms with 200 idle connections held open
    (tests/test_hostile_http.py keeps that every request is answered).
+5. ``--log -`` flooded as fast as a pipe takes it: SIGTERM -> exit within 2.0 s (issue 22: 20 s)
+   (tests/test_hostile_sidecar.py keeps the RSS bound and the bounded backlog).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ SIGTERM_EXIT_S = 1.0
 ABORT_S = 0.5
 IDLE_P99_MS = 50.0
 IDLE_CONNECTIONS = 200
+FLOODED_STDIN_EXIT_S = 2.0
 STARTUP = (ROOT / "tests/log_samples/vllm/001-llama31-8b-rtx3090-profiling-20k.log").read_text()
 
 
@@ -201,12 +204,49 @@ def bench_idle_connections() -> bool:
     return _report(f"/metrics p99, {IDLE_CONNECTIONS} idle connections", p99, IDLE_P99_MS, "ms")
 
 
+def bench_flooded_stdin() -> bool:
+    line = (ROOT / "tests/log_samples/vllm/001-llama31-8b-rtx3090-profiling-20k.log").read_bytes()
+    cmd = [sys.executable, "-m", "kvwatch", "run", "--listen", "127.0.0.1:0", "--log", "-"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stderr.readline()
+    pipe, done = proc.stdin, threading.Event()
+
+    def flood() -> None:
+        try:
+            while not done.is_set():
+                pipe.write(line)
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        time.sleep(3.0)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stderr.close()
+    return _report("SIGTERM with a flooded --log - -> exit", took, FLOODED_STDIN_EXIT_S, "s")
+
+
 def main() -> int:
     """Run every hostile-input speed benchmark; non-zero when a target is missed."""
     if not Path("/proc/self/stat").exists():
         print("  (reads /proc: skipped on this system)")
         return 0
-    results = [bench_scrape_cpu(), bench_sigterm(), bench_abort(), bench_idle_connections()]
+    results = [
+        bench_scrape_cpu(),
+        bench_sigterm(),
+        bench_abort(),
+        bench_idle_connections(),
+        bench_flooded_stdin(),
+    ]
     return 0 if all(results) else 1
 
 

@@ -25,7 +25,8 @@ from kvwatch.core.units import parse_size
 # sequences should still be refused rather than planned.
 MAX_SEQUENCES = 10_000_000
 
-_ITEM = re.compile(r"^\s*(?:(?P<count>\d+)\s*[x*]\s*)?(?P<len>\d+)\s*(?P<k>[kK])?\s*$")
+# (Possessive blanks: a long run of them is refused in one pass.)
+_ITEM = re.compile(r"^\s*(?:(?P<count>\d+)\s*[x*]\s*)?(?P<len>\d+)\s*+(?P<k>[kK])?\s*+$")
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ _UNITS: dict[str, int] = {
     "tib": 1024**4,
 }
 
+# (Possessive blanks and unit: a long run of blanks is refused in one pass.)
 _SIZE = re.compile(
-    r"^\s*(?P<sign>[-+]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)\s*$"
+    r"^\s*(?P<sign>[-+]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?\s*+(?P<unit>[A-Za-z]*+)\s*+$"
 )
 
 

@@ -60,7 +60,7 @@ from kvwatch.state.facts import (
     without,
 )
 from kvwatch.state.instance import InstanceSnapshot, InstanceState
-from kvwatch.state.usage_values import BAD_VALUE_FACTS, fold_columns, is_refused, refused_facts
+from kvwatch.state.usage_values import BAD_VALUE_FACTS, fold_columns, implausible, is_refused, refused_facts
 
 # Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
 _POOL_TOLERANCE = 0.0
@@ -69,6 +69,10 @@ _USAGE_TOLERANCE = 0.02
 # recent: three of vLLM's 10 s stats intervals. vLLM V1 stops logging stats when idle, and a
 # stale log figure against every later scrape would count a disagreement per scrape.
 _USAGE_PAIR_SECONDS = 30.0
+# Counters stop here, the largest the state file holds (a signed 64-bit integer): a hostile log's
+# millions of 'Preemptions: 2^40' lines must not make a state kvwatch itself cannot load again.
+_MAX_COUNT = 2**63 - 1
+_MAX_INSTANCE_CHARS = 256
 
 DEFAULT_MAX_INSTANCES = 256
 
@@ -186,7 +190,8 @@ class Fleet:
         key = (source, event.instance)
         state = self._instances.get(key)
         if state is None:
-            if len(self._instances) >= self._max:
+            # (An instance name longer than a state file holds is no engine's: dropped, as past the cap.)
+            if len(self._instances) >= self._max or len(event.instance) > _MAX_INSTANCE_CHARS:
                 self.dropped_events += 1
                 return None
             state = InstanceState(source=source, engine=event.engine, instance=event.instance)
@@ -214,7 +219,14 @@ class Fleet:
             # Only a sample the other origin has matched recently is compared (log-only: never).
             if "kv_usage_ratio" in changed and state.usage_seen.get(_other(origin)) is not None:
                 self._cross_check_usage(state, event, now)
-        elif isinstance(event, EngineSettings):
+            return
+        implausible_facts = implausible(event)
+        if implausible_facts:
+            # Refused and counted; the rest of the event is kept (kvwatch.core.events.PLAUSIBLE).
+            for fact in implausible_facts:
+                state.bad_values[fact] = state.bad_values.get(fact, 0) + 1
+            event = event.model_copy(update=dict.fromkeys(implausible_facts))
+        if isinstance(event, EngineSettings):
             if event.starts_engine and state.has_epoch_facts(event.origin):
                 state.new_epoch(now)
             state.settings = merged(state.settings, event, now)
@@ -314,8 +326,10 @@ class Fleet:
         else:
             return
         before = max(state.preemption_epoch.values(), default=0)
-        state.preemption_epoch[event.origin] = state.preemption_epoch.get(event.origin, 0) + delta
-        state.preemptions_total += max(state.preemption_epoch.values()) - before
+        epoch = state.preemption_epoch[event.origin] = min(
+            state.preemption_epoch.get(event.origin, 0) + delta, _MAX_COUNT
+        )
+        state.preemptions_total = min(state.preemptions_total + max(epoch, before) - before, _MAX_COUNT)
 
     def _stale(self, st: InstanceState, now: float) -> tuple[dict[tuple[str, str], bool], set[str]]:
         """Per (origin, watched fact): stale or not; and the periodic facts no origin keeps fresh."""
