@@ -15,20 +15,22 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # promtool and the Prometheus server come from Debian's `prometheus` package, amtool and the
-# Alertmanager server (/usr/bin/prometheus-alertmanager) from `prometheus-alertmanager`.
+# Alertmanager server (/usr/bin/prometheus-alertmanager) from `prometheus-alertmanager`, and the
+# browser the status page's tests drive with Playwright from `chromium` (never a browser that
+# Playwright downloads: `playwright install` is not used).
 # With CI=true a tool that is still missing afterwards fails the build; elsewhere it warns and the
 # tests that need it skip (tests/conftest.py).
-TOOLS := promtool prometheus amtool prometheus-alertmanager
+TOOLS := promtool prometheus amtool prometheus-alertmanager chromium
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
-	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus prometheus-alertmanager) >/dev/null 2>&1 || \
-	    echo "warning: could not install Debian packages 'prometheus' and 'prometheus-alertmanager'"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus prometheus-alertmanager chromium) >/dev/null 2>&1 || \
+	    echo "warning: could not install Debian packages 'prometheus', 'prometheus-alertmanager' and 'chromium'"; \
 	  missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	fi; \
 	if [ -n "$$missing" ]; then \
-	  if [ "$${CI:-}" = true ]; then echo "error: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager)" >&2; exit 1; fi; \
-	  echo "warning: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager)"; \
+	  if [ "$${CI:-}" = true ]; then echo "error: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager chromium)" >&2; exit 1; fi; \
+	  echo "warning: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager chromium)"; \
 	fi
 
 lint: $(STAMP)
