@@ -40,10 +40,13 @@ AXES: tuple[Axis, ...] = (
 _FORM = re.compile(r"-(?:SXM|PCIE|NVL|HBM3|ECC-OFF)\b.*|-\d+GB.*", re.IGNORECASE)
 
 
-def card_family(gpu_name: str | None) -> str:
-    """'H100-SXM-80GB' -> 'H100', 'RTX-4090-24GB' -> 'RTX-4090'; a card outside the catalogue is
-    'unlisted card' (its memory given as a size)."""
+def card_family(gpu_name: str | None, total_bytes: int | None = None) -> str:
+    """'H100-SXM-80GB' -> 'H100', 'RTX-4090-24GB' -> 'RTX-4090'. A card given only by its memory
+    is the catalogue card whose measured total it is exactly (a log's 79.19 GiB is an H100), else
+    'unlisted card'."""
     card = gpus.find(gpu_name)
+    if card is None and total_bytes is not None:
+        card = next((c for c in gpus.CATALOGUE if c.total_measured and c.total_bytes == total_bytes), None)
     if card is None:
         return "unlisted card"
     return _FORM.sub("", card.name).upper()
@@ -94,7 +97,7 @@ def conditions(model: ModelGeometry, d: Deployment, newest_read: str) -> dict[Ax
     else:
         parallel = "tp 1"
     return {
-        "card": card_family(d.gpu_name),
+        "card": card_family(d.gpu_name, d.gpu_memory_bytes),
         "release": release_bucket(d.engine_version, newest_read),
         "architecture": architecture_class(model),
         "modality": "vision tower" if dims is not None and dims.has_vision_tower else "text",
