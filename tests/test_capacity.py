@@ -996,3 +996,16 @@ def test_sglang_default_fraction_before_053_per_release(
         dp_attention=dp_attention,
     )
     assert default_mem_fraction_static(d).value == pytest.approx(value)
+
+
+@pytest.mark.parametrize(("version", "fixed"), [("0.5.6", True), ("0.5.9", False)])
+def test_sglang_mamba2_models_keep_fixed_slots_while_the_radix_cache_is_off(
+    version: str, fixed: bool
+) -> None:
+    """Nemotron-H (Mamba2): radix cache off and 512 state slots up to 0.5.6 (0.5.4 model_runner.py:402-405)."""
+    m = model("nvidia--Nemotron-H-56B-Base-8K")
+    d = Deployment(engine="sglang", engine_version=version, tp=4, max_model_len=8192)
+    per_req = budget.state_bytes_per_request(m, d)
+    available = 40 * GiB
+    tokens = budget.pool(m, d, 2, available).tokens
+    assert (tokens == (available - 512 * per_req) // budget.cell_size(m, d, 2)) is fixed

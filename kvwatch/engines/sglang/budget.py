@@ -383,10 +383,14 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
         state_budget = available * ratio / (1 + ratio)
         per_req = state_bytes_per_request(model, d)
         v = version_tuple(d.engine_version)
-        if per_req and v is not None and v < (0, 5, 4):
-            # Up to 0.5.3 a GDN model runs without the radix cache and keeps a fixed
-            # max_mamba_cache_size of state slots: max_running_requests, else 512, / dp under DP
-            # attention (0.5.2 model_executor/model_runner.py:308-325, :1125-1131; 0.5.3 :360-372).
+        mamba2 = any(layer.kind == "mamba" for layer in model.layers)
+        fixed = v is not None and (v < (0, 5, 4) or (mamba2 and v < (0, 5, 9)))
+        if per_req and fixed:
+            # Without the radix cache the state is a fixed max_mamba_cache_size of slots:
+            # max_running_requests, else 512, / dp under DP attention. A GDN model runs so up to
+            # 0.5.3 (0.5.2 model_executor/model_runner.py:308-325, :1125-1131; 0.5.3 :360-372); a
+            # Mamba2 model (Nemotron-H, Falcon-H1) up to 0.5.6 as read (0.5.4 model_runner.py:402-405,
+            # :1443-1452; 0.5.6 :450), 0.5.7-0.5.8 taken as 0.5.6.
             slots = FIXED_MAMBA_SLOTS // (d.dp if d.dp_attention and d.dp > 1 else 1)
             kv_bytes = available - slots * per_req
             notes.append(
