@@ -420,7 +420,7 @@ def test_model_config_discovered_from_the_logged_model(tmp_path: Path) -> None:
     shutil.copy(MODEL_CONFIGS / "Qwen--Qwen3-30B-A3B.json", repo / "snapshots" / "cf3058e4" / "config.json")
     log = tmp_path / "vllm.log"
     _append(log, *lines)
-    results = {}
+    results: dict[str, object] = {}
     for name, env in (("found", {"HF_HOME": str(tmp_path / "hf")}), ("missing", {"HOME": str(tmp_path)})):
         settings = load_settings(
             {"log": [f"v={log}"], "listen": "127.0.0.1:0", "gpu_memory": "24GiB"}, environ={}
@@ -428,9 +428,11 @@ def test_model_config_discovered_from_the_logged_model(tmp_path: Path) -> None:
         car = Sidecar(settings, environ=env)
         car.start()
         try:
-            _wait(
-                lambda car=car: _value(_scrape(car.url), "kvwatch_lines_read_total", source="v") == len(lines)
-            )
+
+            def all_read(car: Sidecar = car) -> bool:
+                return _value(_scrape(car.url), "kvwatch_lines_read_total", source="v") == len(lines)
+
+            _wait(all_read)
             page = _scrape(car.url)
             results[name] = [
                 state

@@ -205,7 +205,11 @@ def test_ctrl_c_stops_everything_the_demo_started() -> None:
         assert proc.returncode == 0, "".join(seen) + rest
         assert rest.rstrip().endswith("kvwatch demo: stopped")
         for pid in children:
-            _wait(lambda pid=pid: not _alive(pid), timeout=10)
+
+            def gone(pid: int = pid) -> bool:
+                return not _alive(pid)
+
+            _wait(gone, timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
