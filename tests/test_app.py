@@ -399,6 +399,7 @@ def test_stdin_source(tmp_path: Path) -> None:
         assert proc.wait(timeout=15) == 0
 
 
+@pytest.mark.integration
 def test_demo_runs_for_a_bounded_time(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["demo", "--listen", "127.0.0.1:0", "--duration", "4", "--interval", "0.05", "--no-prometheus"]
     assert main(argv) == 0
@@ -630,6 +631,7 @@ def test_gzip_and_openmetrics_negotiation(tmp_path: Path, sidecar_factory: Calla
     assert 'kvwatch_kv_pool_blocks{dp_rank="0",engine_kind="vllm",model_name="",source="v"} 1952.0' in body
 
 
+@pytest.mark.integration
 def test_state_file_pace_facts_soon_usage_later(
     tmp_path: Path, sidecar_factory: Callable[..., Sidecar]
 ) -> None:

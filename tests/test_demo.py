@@ -141,6 +141,7 @@ def test_the_alert_is_one_of_the_shipped_rules() -> None:
     assert "- alert: KVPoolShrankSinceLastStart" in text
 
 
+@pytest.mark.integration
 def test_run_demo_without_prometheus_prints_the_story() -> None:
     out = io.StringIO()
     assert run_demo(6.5, "127.0.0.1:0", 0.05, out, every=1.0, fault_after=3.0, prometheus=False) == 0
