@@ -748,13 +748,11 @@ def test_refresh_gives_up_while_the_tailer_thread_holds_the_files(
     sink.wait_lines(["a"])
     append(log, "b\n")
     with tailer._lock:  # what the tailer's thread holds while it reads
-        started = time.monotonic()
         got: list[bool] = []
         other = threading.Thread(target=lambda: got.append(tailer.refresh(timeout=0.05)))
         other.start()
         other.join(5)
-        assert got == [False]
-        assert time.monotonic() - started < 2
+        assert got == [False]  # it gave up while the lock was still held
     assert sink.texts() == ["a"]
     assert tailer.refresh()
     assert sink.texts() == ["a", "b"]

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvwatch.analysis.attribution import apriori_inputs
-from kvwatch.analysis.predict import pool_from_available, predict, tokens_of_pool_bytes
+from kvwatch.analysis.attribution import apriori_inputs, engine_budget_pool
+from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import deployment_from_settings
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
@@ -162,19 +162,13 @@ class Predictor:
                 memory = {k: int(v) for k, v in pred.memory_terms().items() if v is not None}
             # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
             # vLLM prints its budget ('Available KV cache memory'); SGLang prints the pool's bytes.
-            available = snap.memory.available_kv_bytes
-            printed_pool = available is None and snap.pool.bytes is not None
-            if available is None:
-                available = snap.pool.bytes
-            if available is not None and available > 0:
-                full = deployment_from_settings(snap.engine, settings, snap.memory, gpu)
-                budget_tokens, budget_blocks = pool_from_available(model, full, available)
-                if printed_pool:
-                    # The printed pool's own bytes per token, not the budget's cell.
-                    budget_tokens = tokens_of_pool_bytes(model, full, available) or budget_tokens
-                tokens["engine_budget"] = budget_tokens
-                if budget_blocks is not None:
-                    blocks["engine_budget"] = budget_blocks
+            full = deployment_from_settings(snap.engine, settings, snap.memory, gpu)
+            own_pool = engine_budget_pool(model, full, snap.memory, snap.pool)
+            if own_pool is not None:
+                available = own_pool.bytes
+                tokens["engine_budget"] = own_pool.tokens
+                if own_pool.blocks is not None:
+                    blocks["engine_budget"] = own_pool.blocks
                 pool_bytes["engine_budget"] = available
                 # The engine's own concurrency (blocks over the blocks one request takes), not
                 # tokens / max_model_len: the two differ for sliding-window layers up to vLLM 0.20.0.

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 # Plausibility bounds, far above any real deployment: a value past one is a typo or an attack, refused
 # with the bound named (and the arithmetic stays finite). Sizes are per GPU.
 MAX_GPU_MEMORY_BYTES = 16 * 2**40  # 16 TiB
+# The smallest card memory a --gpu-memory may give: no GPU that serves an LLM has less than 256 MiB.
+MIN_GPU_MEMORY_BYTES = 256 * 2**20
+# The smallest weights or KV budget per GPU a size flag may give (a typo, not a model, below it).
+MIN_TERM_BYTES = 2**20  # 1 MiB
 MAX_RANKS = 4096  # tp, pp, dcp
 MAX_BLOCK_TOKENS = 1 << 16  # block_size / page_size: 65,536
 MAX_TOKENS = 1 << 30  # context lengths, batched tokens, workload lengths: 1,073,741,824

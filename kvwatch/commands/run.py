@@ -118,8 +118,14 @@ def run(args: argparse.Namespace) -> int:
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         sidecar.request_stop()
 
+    def _on_hangup(signum: int, frame: FrameType | None) -> None:
+        sidecar.request_save()
+
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    # SIGHUP (the terminal or tmux pane closed, or a habit of daemons' 'reload'): save the state and
+    # keep running. kvwatch logs to stderr, so there is no log file to reopen.
+    signal.signal(signal.SIGHUP, _on_hangup)
     sidecar.start()
     print(f"kvwatch: serving {sidecar.url}", file=sys.stderr, flush=True)
     try:

@@ -62,6 +62,38 @@ class SourceStatus:
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
     series_dropped: int = 0
     unusable_values: int = 0
+    # '--log -' only: lines read from stdin and not yet parsed.
+    stdin_backlog: int | None = None
+
+
+def _number(value: float | None) -> float | None:
+    """A state value as a sample value, or None: unset, NaN, infinite, or an int past any float
+    (the state bounds every fact, kvwatch.core.events.PLAUSIBLE; this is the second guard, so a
+    value that slipped past them is one missing sample, never a failed scrape)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        _unexported.add(1)
+        return None
+    return number if math.isfinite(number) else None
+
+
+class _Tally:
+    """A thread-safe running count (scrapes render on several threads)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n
+
+
+# State values the collector could not turn into a sample (kvwatch_values_unexported_total).
+_unexported = _Tally()
 
 
 def _label(value: str | float | None) -> str:
@@ -96,12 +128,13 @@ _StaticKey = tuple[
     tuple[tuple[str, PoolFacts], ...],
     tuple[tuple[str, int], ...],
 ]
-# One state of an instance: epoch, events applied, and which tracked facts are stale.
-_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...]]
+# One state of an instance: epoch, events applied, which watched facts are stale, which pools are
+# exported (a pool only /metrics reported leaves when /metrics goes silent, without an event).
+_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...], tuple[str, ...]]
 
 
 def _version(snap: InstanceSnapshot) -> _Version:
-    return (snap.epoch, snap.events, tuple(snap.stale.items()))
+    return (snap.epoch, snap.events, tuple(snap.stale.items()), tuple(snap.pools))
 
 
 @dataclass(frozen=True)
@@ -113,6 +146,7 @@ class SelfStats:
     http_connection_timeouts: int = 0
     http_auth_throttled: int = 0
     state_files_invalid: int = 0
+    state_save_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -182,7 +216,14 @@ class KvwatchCollector(Collector):
             # Every applied event bumps `events`, so (epoch, events) names one state of an instance;
             # a fact going stale changes what is exported without an event, so it is part of it.
             if cached is None or cached.version != _version(snap):
-                cached = self._instance(snap, cached)
+                try:
+                    cached = self._instance(snap, cached)
+                except (ArithmeticError, ValueError):
+                    # A state value no arithmetic can use (past the bounds): this instance's rows
+                    # are left out of this scrape, counted; the others and the scrape go on.
+                    log.warning("instance left out of /metrics: a value cannot be exported source=%s", key[0])
+                    _unexported.add(1)
+                    continue
             seen[key] = cached
             rows.extend(cached.static)
             rows.extend(cached.dynamic)
@@ -208,7 +249,7 @@ class KvwatchCollector(Collector):
         if cached is None or cached.static_key != static_key:
             static = _Rows()
             derived = self._static(static, snap, model)
-            cached = _Cached((0, 0, ()), static_key, static.rows(), [], *derived)
+            cached = _Cached((0, 0, (), ()), static_key, static.rows(), [], *derived)
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
         return _Cached(
@@ -235,8 +276,9 @@ class KvwatchCollector(Collector):
         esc = tuple(_escape(v) for v in lab)
 
         def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
-            if value is not None and math.isfinite(value):
-                fam.add(metric, (*lab, *extra), float(value), (*esc, *extra))
+            number = _number(value)
+            if number is not None:
+                fam.add(metric, (*lab, *extra), number, (*esc, *extra))
 
         pred = self._predictor.predict(snap)
         fig = pool_figures(snap, pred)
@@ -310,8 +352,9 @@ class KvwatchCollector(Collector):
         usage = snap.usage
 
         def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
-            if value is not None and math.isfinite(value):
-                fam.add(metric, (*lab, *extra), float(value), (*esc, *extra))
+            number = _number(value)
+            if number is not None:
+                fam.add(metric, (*lab, *extra), number, (*esc, *extra))
 
         fig = usage_figures(usage, pool_tokens, max_len)
         gauge(names.KV_USAGE_RATIO, fig.ratio)
@@ -332,6 +375,10 @@ class KvwatchCollector(Collector):
                 gauge(names.DISAGREEMENTS, count, fact)
         for fact in BAD_VALUE_FACTS:
             gauge(names.BAD_VALUES, snap.bad_values.get(fact, 0), fact)
+        # The startup facts' refusals (rare: a broken or hostile line) only once there is one.
+        for fact, count in sorted(snap.bad_values.items()):
+            if fact not in BAD_VALUE_FACTS:
+                gauge(names.BAD_VALUES, count, fact)
         for (origin, fact), stale in snap.stale.items():
             gauge(names.FACTS_STALE, 1.0 if stale else 0.0, origin, fact)
 
@@ -352,6 +399,9 @@ class KvwatchCollector(Collector):
                 fam.add(names.LINES_TRUNCATED, lab, float(sum(p.lines_truncated for p in logs)))
                 fam.add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
                 fam.add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
+                backlog = [p.stdin_backlog for p in logs if p.stdin_backlog is not None]
+                if backlog:
+                    fam.add(names.STDIN_BACKLOG, lab, float(sum(backlog)))
             for part in scrapes:
                 if part.scrape_duration_seconds is not None:
                     fam.add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
@@ -361,12 +411,14 @@ class KvwatchCollector(Collector):
                 fam.add(names.UNUSABLE_VALUES, lab, float(part.unusable_values))
         fam.add(names.INSTANCES, (), float(instances))
         fam.add(names.INSTANCES_DROPPED, (), float(self._dropped()))
+        fam.add(names.VALUES_UNEXPORTED, (), float(_unexported.value))
         stats = self._self_stats()
         fam.add(names.HTTP_CONNECTIONS_OPEN, (), float(stats.http_connections_open))
         fam.add(names.HTTP_CONNECTIONS_REFUSED, (), float(stats.http_connections_refused))
         fam.add(names.HTTP_CONNECTION_TIMEOUTS, (), float(stats.http_connection_timeouts))
         fam.add(names.HTTP_AUTH_THROTTLED, (), float(stats.http_auth_throttled))
         fam.add(names.STATE_FILE_INVALID, (), float(stats.state_files_invalid))
+        fam.add(names.STATE_SAVE_ERRORS, (), float(stats.state_save_errors))
         node = self._node_stats()
         if node is not None:
             for state in names.NODE_CONTAINER_STATES:

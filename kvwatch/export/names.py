@@ -184,7 +184,7 @@ LAST_UPDATE = _m(
 FACTS_STALE = _m(
     "kvwatch_source_facts_stale",
     "gauge",
-    "1 when a fact that arrived from this origin (log or metrics) stopped arriving for longer than the fact TTL; its value is no longer exported.",
+    "1 when a periodic fact (KV usage, used tokens, running or waiting requests: what stats lines and every scrape carry) that arrived from this origin (log or metrics) stopped arriving for longer than the fact TTL; its value is no longer exported. Facts printed once per start (pool, memory budget, settings) are never stale while their source is alive, and have no series here.",
     "origin",
     "fact",
 )
@@ -197,7 +197,8 @@ DISAGREEMENTS = _m(
 BAD_VALUES = _m(
     "kvwatch_bad_values",
     "counter",
-    "Values the engine reported outside the fact's meaning (a ratio outside 0-1, a negative count), rejected.",
+    "Values the engine reported outside the fact's meaning or plausibility (a ratio outside 0-1, a negative "
+    "count, a pool past 2^40 tokens), rejected.",
     "fact",
 )
 # --- Self-metrics --------------------------------------------------------------------------------
@@ -218,6 +219,12 @@ LOG_READ_ERRORS = _m(
     "kvwatch_log_read_errors",
     "counter",
     "Failed attempts to open or read a log (missing, unreadable).",
+    base=SOURCE_LABELS,
+)
+STDIN_BACKLOG = _m(
+    "kvwatch_stdin_backlog_lines",
+    "gauge",
+    "'--log -' only: lines read from standard input and not yet parsed (reading pauses at 10,000).",
     base=SOURCE_LABELS,
 )
 LINES_TRUNCATED = _m(
@@ -258,13 +265,20 @@ INSTANCES = _m("kvwatch_instances", "gauge", "Engine instances tracked.", base=(
 INSTANCES_DROPPED = _m(
     "kvwatch_dropped_events", "counter", "Events dropped because the instance cap was reached.", base=()
 )
+VALUES_UNEXPORTED = _m(
+    "kvwatch_values_unexported",
+    "counter",
+    "State values left out of a /metrics answer because no sample can hold them (never a failed scrape).",
+    base=(),
+)
 HTTP_CONNECTIONS_OPEN = _m(
     "kvwatch_http_open_connections", "gauge", "Client connections open to kvwatch's HTTP port.", base=()
 )
 HTTP_CONNECTIONS_REFUSED = _m(
     "kvwatch_http_connections_refused",
     "counter",
-    "Connections to kvwatch's HTTP port refused because the cap on open connections was reached.",
+    "Connections to kvwatch's HTTP port refused, or closed to make room, at a cap on open connections "
+    "(in all, or per client address).",
     base=(),
 )
 HTTP_CONNECTION_TIMEOUTS = _m(
@@ -277,6 +291,12 @@ HTTP_AUTH_THROTTLED = _m(
     "kvwatch_http_auth_throttled",
     "counter",
     "Requests answered 429 without a password check: too many failed logins from that client just now.",
+    base=(),
+)
+STATE_SAVE_ERRORS = _m(
+    "kvwatch_state_save_errors",
+    "counter",
+    "Saves of the state file that failed (disk full, dir gone, read-only); the next save retries.",
     base=(),
 )
 STATE_FILE_INVALID = _m(

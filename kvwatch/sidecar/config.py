@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, MIN_GPU_MEMORY_BYTES
 from kvwatch.core.errors import ConfigError, KvwatchError
 from kvwatch.core.kinds import EngineChoice
 from kvwatch.core.units import parse_size
@@ -89,6 +91,25 @@ def _default_log_name(path: str) -> str:
         part = p.parent.name
     name = _SANITIZE.sub("_", part).strip("_.:-")
     return name[:63] or "log"
+
+
+def _check_url(given: str, url: str) -> None:
+    """Refuse at start what no scrape can reach: no host, a port that is no port, or a bare word
+    ('notaurl': no port, no dot, not localhost), which is a typo far more often than a host."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {given!r} ({exc})") from None
+    host = parts.hostname or ""
+    if not host:
+        raise ValueError(f"no host in {given!r} (give HOST:PORT or http://HOST:PORT/metrics)")
+    bare = "." not in host and ":" not in host and host != "localhost"
+    if port is None and bare:
+        raise ValueError(
+            f"{given!r} names no port and its host {host!r} no domain: give HOST:PORT "
+            "(vllm:8000) or a full URL (http://vllm.ns.svc:8000/metrics)"
+        )
 
 
 def _default_url_name(url: str) -> str:
@@ -185,6 +206,7 @@ class Settings(BaseModel):
                     url = f"http://{url}"
                 if not url.startswith(("http://", "https://")):
                     raise ValueError(f"not an http(s) URL: {url!r}")
+                _check_url(item, url)
                 if url.count("/") == 2:
                     url = f"{url}/metrics"
                 out.append({"name": name or _default_url_name(url), "url": url})
@@ -218,9 +240,11 @@ class Settings(BaseModel):
     @field_validator("gpu_memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # a YAML number: bytes, bounded as the flag is
         if isinstance(value, str):
             try:
-                return parse_size(value)
+                return parse_size(value, minimum=MIN_GPU_MEMORY_BYTES, maximum=MAX_GPU_MEMORY_BYTES)
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
         return value

@@ -97,4 +97,7 @@ class Stream:
     # unreadable, not a regular file), or reading the open file fails.
     failing: bool = False
     read_failing: bool = False
+    # The path names no file while the file it named is still open (deleted, or mid-rotation):
+    # that file is still read to its end, but the source is not up (kvwatch_source_up 0).
+    missing: bool = False
     resume: FilePosition | None = None

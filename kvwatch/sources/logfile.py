@@ -269,7 +269,7 @@ class LogTailer(RotationHandling, WatchHandling):
             self._running
             and not self._stop.is_set()
             and any(s.reader is not None for s in streams)
-            and not any(s.failing or s.read_failing for s in streams)
+            and not any(s.failing or s.read_failing or s.missing for s in streams)
         )
 
     @property

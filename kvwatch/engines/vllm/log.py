@@ -65,7 +65,7 @@ _AVAILABLE = re.compile(r"^Available KV cache memory: (?P<v>" + NUM + r") ?(?P<u
 # 0.6.4: 'Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB
 # peak_torch_memory=17.06GiB memory_usage_post_profile=15.35GiB non_torch_memory=0.35GiB
 # kv_cache_size=3.81GiB gpu_memory_utilization=0.90'
-_PROFILE_RESULTS = re.compile(r"(?P<key>[a-z_]+)=(?P<v>" + NUM + r")(?P<u>GiB|GB)?")
+_PROFILE_RESULTS = re.compile(r"(?<![a-z_])(?P<key>[a-z_]++)=(?P<v>" + NUM + r")(?P<u>GiB|GB)?")
 
 # 0.6.5-0.10.2 V0, 2nd physical line of the breakdown: 'the current vLLM instance can use
 # total_gpu_memory (79.11GiB) x gpu_memory_utilization (0.90) = 71.20GiB'
