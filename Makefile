@@ -40,7 +40,7 @@ lint: $(STAMP)
 
 # Two lanes: `make unit` is the quick one: the tests not marked `integration` (which run kvwatch
 # or Prometheus as a process, a live socket scenario or an external binary), on two workers
-# (pytest-xdist), under a minute on two idle cores. `make test` (what CI runs) is lint and every
+# (pytest-xdist), about a minute on two cores. `make test` (what CI runs) is lint and every
 # test, one at a time.
 unit: $(STAMP)
 	$(BIN)/pytest -q -n 2 -m "not integration"
