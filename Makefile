@@ -38,10 +38,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check kvwatch tests bench
 	$(BIN)/mypy
 
+# Two lanes: `make unit` is the quick one: the tests not marked `integration` (which run kvwatch
+# or Prometheus as a process, a live socket scenario or an external binary), on two workers
+# (pytest-xdist), about a minute on two cores. `make test` (what CI runs) is lint and every
+# test, one at a time.
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 -m "not integration"
 
-test: $(STAMP) tools lint unit
+test: $(STAMP) tools lint
+	$(BIN)/pytest -q
 
 # The prediction of the demo's vLLM run, then the sidecar (and Prometheus, when installed) on the
 # bundled vLLM and SGLang logs written live, with one deliberate fault (Ctrl-C stops everything;

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -79,7 +80,8 @@ def test_log_is_startup_then_access_and_stats_lines(busy_log: tuple[Path, dict[s
 def test_replay_finds_what_the_generator_put_in(busy_log: tuple[Path, dict[str, object]]) -> None:
     path, facts = busy_log
     result = replay([str(path)])
-    (inst,) = summarize(result.snapshots(), result.engine)["instances"]
+    summary: Any = summarize(result.snapshots(), result.engine)
+    (inst,) = summary["instances"]
     last = facts["last_stats"]
     assert isinstance(last, dict)
     last = last["0"]
@@ -95,7 +97,7 @@ def test_every_shape_replays_to_what_the_generator_put_in(tmp_path: Path, shape:
     path = tmp_path / f"{shape}.log"
     facts = gen.generate(path, LINES, seed=7, shape=shape)
     result = replay([str(path)])
-    summary = summarize(result.snapshots(), result.engine)
+    summary: Any = summarize(result.snapshots(), result.engine)
     assert summary["engine"] == ("sglang" if shape == "sglang" else "vllm")
     instances = {inst["instance"]: inst for inst in summary["instances"]}
     assert instances["0"]["kv_pool_tokens"] == facts["kv_pool_tokens"]
