@@ -20,17 +20,17 @@ venv: $(STAMP)
 # Playwright downloads: `playwright install` is not used).
 # With CI=true a tool that is still missing afterwards fails the build; elsewhere it warns and the
 # tests that need it skip (tests/conftest.py).
-TOOLS := promtool prometheus amtool prometheus-alertmanager chromium
+TOOLS := promtool prometheus amtool prometheus-alertmanager chromium mtail
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
-	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus prometheus-alertmanager chromium) >/dev/null 2>&1 || \
-	    echo "warning: could not install Debian packages 'prometheus', 'prometheus-alertmanager' and 'chromium'"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus prometheus-alertmanager chromium mtail) >/dev/null 2>&1 || \
+	    echo "warning: could not install Debian packages 'prometheus', 'prometheus-alertmanager', 'chromium' and 'mtail'"; \
 	  missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	fi; \
 	if [ -n "$$missing" ]; then \
-	  if [ "$${CI:-}" = true ]; then echo "error: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager chromium)" >&2; exit 1; fi; \
-	  echo "warning: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager chromium)"; \
+	  if [ "$${CI:-}" = true ]; then echo "error: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager chromium mtail)" >&2; exit 1; fi; \
+	  echo "warning: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager chromium mtail)"; \
 	fi
 
 lint: $(STAMP)

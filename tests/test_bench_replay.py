@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
@@ -22,7 +21,6 @@ from kvwatch.engines.vllm import fastpath
 from kvwatch.sources.pipeline import replay
 
 ROOT = Path(__file__).resolve().parent.parent
-MTAIL = "/usr/bin/mtail"
 LINES = 6000
 
 
@@ -134,13 +132,11 @@ def test_ensure_reuses_a_matching_file_and_rebuilds_a_changed_one(tmp_path: Path
 
 
 @pytest.mark.integration
-def test_mtail_program_extracts_the_same_facts(busy_log: tuple[Path, dict[str, object]]) -> None:
-    if shutil.which(MTAIL) is None:
-        pytest.skip("Debian's mtail is not installed")
+def test_mtail_program_extracts_the_same_facts(busy_log: tuple[Path, dict[str, object]], mtail: str) -> None:
     path, facts = busy_log
     out = subprocess.run(
         # -port 0: mtail serves HTTP even in one-shot mode; never collide with another mtail on :3903.
-        [MTAIL, "-one_shot", "-one_shot_format", "json", "-logtostderr", "-port", "0"]
+        [mtail, "-one_shot", "-one_shot_format", "json", "-logtostderr", "-port", "0"]
         + ["-progs", str(ROOT / "bench" / "kvwatch.mtail"), "-logs", str(path)],
         capture_output=True,
         text=True,
