@@ -17,7 +17,8 @@ venv: $(STAMP)
 # promtool and the Prometheus server come from Debian's `prometheus` package, amtool and the
 # Alertmanager server (/usr/bin/prometheus-alertmanager) from `prometheus-alertmanager`, and the
 # browser the status page's tests drive with Playwright from `chromium` (never a browser that
-# Playwright downloads: `playwright install` is not used).
+# Playwright downloads: `playwright install` is not used); mtail (Debian's `mtail`) is the replay
+# benchmark's peer, and a test checks bench/kvwatch.mtail with it.
 # With CI=true a tool that is still missing afterwards fails the build; elsewhere it warns and the
 # tests that need it skip (tests/conftest.py).
 TOOLS := promtool prometheus amtool prometheus-alertmanager chromium mtail
