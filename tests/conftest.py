@@ -47,6 +47,12 @@ def _tool(name: str, package: str = "prometheus") -> str:
 
 
 @pytest.fixture(scope="session")
+def mtail() -> str:
+    """Debian's mtail, the replay benchmark's peer (bench/kvwatch.mtail)."""
+    return _tool("mtail", "mtail")
+
+
+@pytest.fixture(scope="session")
 def promtool() -> str:
     """Path to promtool."""
     return _tool("promtool")

@@ -23,6 +23,7 @@ from kvwatch.capacity.dims import ATTENTION, EMBED
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
+from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.units import GiB, KiB, MiB, parse_size
 from kvwatch.engines.sglang import budget
 from kvwatch.engines.sglang import budget as sglang_budget
@@ -163,7 +164,7 @@ def test_qwen3_8b_with_hidden_size_is_576_kib() -> None:
 
 def test_opt_13b_800_kb_per_token() -> None:
     # vLLM paper: 2 (K, V) x 5120 hidden x 40 layers x 2 bytes
-    opt = {
+    opt: JsonObject = {
         "model_type": "opt",
         "architectures": ["OPTForCausalLM"],
         "num_hidden_layers": 40,
@@ -451,7 +452,7 @@ def test_vllm_gpt_oss_hybrid_groups_match_reported_tokens() -> None:
     assert pool_from_available(m, d, int(5.38 * GiB))[1] == int(5.38 * GiB) // (16 * 8 * 128 * 2) // 18
 
 
-GEMMA3_4B = {
+GEMMA3_4B: JsonObject = {
     "model_type": "gemma3",
     "architectures": ["Gemma3ForConditionalGeneration"],
     "text_config": {
@@ -486,7 +487,7 @@ def test_vllm_gemma3_4b_groups_padding_and_concurrency() -> None:
 
 def test_sglang_qwen3_235b_cell_matches_logged_k_size() -> None:
     """sglang/001: Qwen3-235B-A22B-FP8 at TP=4: 367,404 tokens, K size 8.23 GB (GiB) per rank."""
-    cfg = {
+    cfg: JsonObject = {
         "model_type": "qwen3_moe",
         "num_hidden_layers": 94,
         "hidden_size": 4096,
@@ -633,6 +634,7 @@ def test_safetensors_index_total_size_wins(tmp_path: Path) -> None:
     # vLLM's is its loader's: the same bytes plus the rotary cache both ranks build (tests/apriori:
     # 'Model loading took 7.51 GiB' for this model at TP=2).
     v = predict(m, Deployment(gpu_memory_bytes=H100, tp=2, max_model_len=8192))
+    assert v.weights_bytes is not None
     assert round(v.weights_bytes / GiB, 2) == 7.51
 
 
@@ -856,6 +858,7 @@ def test_deployment_from_a_parsed_v0_log_reproduces_its_budget() -> None:
     d = deployment_from_settings("vllm", snap.settings, memory, engine_version="0.7.3", max_model_len=4096)
     p = predict(model("Qwen--Qwen2.5-7B"), d)
     # requested - weights - non-torch - activation peak, each as the log printed it
+    assert snap.memory.available_kv_bytes is not None
     assert abs(p.available_kv_bytes - snap.memory.available_kv_bytes) <= 1
     assert round(p.available_kv_bytes / GiB, 2) == -1.05
     assert (p.kv_pool_blocks, f"{p.max_concurrency:.2f}") == (snap.pools["full"].blocks, "0.00")
@@ -877,7 +880,7 @@ def test_any_mangled_field_is_a_one_line_error_or_a_prediction(
     try:
         m = geometry_from_config(cfg)
         for engine in ("vllm", "sglang"):
-            predict(m, Deployment(engine=engine, gpu_memory_bytes=H100, max_model_len=4096))  # type: ignore[arg-type]
+            predict(m, Deployment(engine=engine, gpu_memory_bytes=H100, max_model_len=4096))
     except (ModelConfigError, ConfigError) as exc:
         assert "\n" not in str(exc)
 

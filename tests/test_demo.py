@@ -142,6 +142,7 @@ def test_the_alert_is_one_of_the_shipped_rules() -> None:
     assert "- alert: KVPoolShrankSinceLastStart" in text
 
 
+@pytest.mark.integration
 def test_run_demo_without_prometheus_prints_the_story() -> None:
     out = io.StringIO()
     assert run_demo(6.5, "127.0.0.1:0", 0.05, out, every=1.0, fault_after=3.0, prometheus=False) == 0
@@ -206,7 +207,11 @@ def test_ctrl_c_stops_everything_the_demo_started() -> None:
         assert proc.returncode == 0, "".join(seen) + rest
         assert rest.rstrip().endswith("kvwatch demo: stopped")
         for pid in children:
-            _wait(lambda pid=pid: not _alive(pid), timeout=10)
+
+            def gone(pid: int = pid) -> bool:
+                return not _alive(pid)
+
+            _wait(gone, timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()

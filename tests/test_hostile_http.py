@@ -540,6 +540,7 @@ def test_privileged_port_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
     _one_line_exit_2(["run", "--log", str(tmp_path / "a.log"), "--listen", "127.0.0.1:1"], capsys)
 
 
+@pytest.mark.integration
 def test_bind_failure_as_a_process_prints_no_traceback(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -138,6 +138,7 @@ def _serving_url(proc: subprocess.Popen[str]) -> str:
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
 
 
+@pytest.mark.integration
 def test_100k_series_keep_rss_bounded(
     sidecar: Callable[[str, str], subprocess.Popen[str]],
 ) -> None:
@@ -158,6 +159,7 @@ def test_100k_series_keep_rss_bounded(
     assert re.search(r"kvwatch_kv_pool_blocks\{[^}]*\} 27153\.0\n", exported), exported[:2000]
 
 
+@pytest.mark.integration
 def test_sigterm_during_a_stalled_scrape_ends_it(
     sidecar: Callable[..., subprocess.Popen[str]],
 ) -> None:
@@ -272,6 +274,7 @@ def test_any_split_of_the_body_reads_the_same(cuts: list[int]) -> None:
     assert [event_to_json(e) for e in body.finish()] == expected
 
 
+@pytest.mark.integration
 def test_dropped_series_and_unusable_values_are_exported(
     sidecar: Callable[[str, str], subprocess.Popen[str]],
 ) -> None:

@@ -106,6 +106,8 @@ def test_the_collector_skips_and_counts_a_value_past_every_float() -> None:
     fleet = Fleet(clock=lambda: 1000.0)
     state = InstanceState(source="v", engine="vllm", instance="0")
     state.pools["full"] = PoolFacts(tokens=10**400, blocks=7)
+    # Printed by the log: a startup fact, exported for the whole epoch.
+    state.pools_by_origin[("log", "full")] = state.pools["full"]
     fleet.restore([state], {})
     before = _sample(_render(Fleet()), names.VALUES_UNEXPORTED.sample_name) or 0.0
     text = _render(fleet)  # was: OverflowError

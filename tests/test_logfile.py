@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from watchdog.events import FileSystemEvent
 
 from kvwatch.sources.logfile import FilePosition, LogTailer
 from kvwatch.sources.stdin import read_lines
@@ -702,9 +703,12 @@ def test_appends_are_read_without_asking_watchdog_for_modify_events(
     log.write_text("")
     tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK)
     original = tailer._on_fs_event
-    monkeypatch.setattr(
-        tailer, "_on_fs_event", lambda event: (rung.append(event.event_type), original(event))
-    )
+
+    def ringing(event: FileSystemEvent) -> None:
+        rung.append(event.event_type)
+        original(event)
+
+    monkeypatch.setattr(tailer, "_on_fs_event", ringing)
     for i in range(5):
         append(log, f"line {i}\n")
     sink.wait_lines([f"line {i}" for i in range(5)])

@@ -20,6 +20,7 @@ from typing import Any
 import promql_parser
 import pytest
 import yaml
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from kvwatch import __version__
 from kvwatch.export import names
@@ -148,7 +149,7 @@ def test_cli_dashboards_without_the_sdk_is_a_one_line_error(
 def test_dashboard_json_loads_back_into_the_sdk_models(name: str) -> None:
     text = _read(DASHBOARDS / name)
     board = dashboards.load(text)
-    assert json.loads(dashboards.JSONEncoder(sort_keys=True, indent=2).encode(board)) == json.loads(text)
+    assert json.loads(JSONEncoder(sort_keys=True, indent=2).encode(board)) == json.loads(text)
 
 
 def _panels(board: dict[str, Any]) -> list[dict[str, Any]]:
@@ -562,7 +563,8 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def _kvwatch_container(pod: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod.get("initContainers", []) + pod["containers"] if c["name"] == "kvwatch"]
+    containers: list[dict[str, Any]] = pod.get("initContainers", []) + pod["containers"]
+    (container,) = [c for c in containers if c["name"] == "kvwatch"]
     return container
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until
 
 from kvwatch.sidecar.app import Sidecar
 from kvwatch.sources.files import FilePosition
 from kvwatch.sources.logfile import LogTailer
-from tests.waiting import wait_until
 
 DEMO = Path(__file__).resolve().parent.parent / "kvwatch" / "data" / "demo"
 VLLM_STARTUP = (DEMO / "vllm.log").read_text(encoding="utf-8").splitlines()[:745]

@@ -8,6 +8,7 @@ instance; the page sits behind /metrics' basic auth; strings from a hostile log 
 from __future__ import annotations
 
 import base64
+import functools
 import subprocess
 import sys
 import urllib.error
@@ -29,11 +30,22 @@ from kvwatch.export.status import STACK
 from kvwatch.sources.pipeline import replay
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, Dialog, Page, Response
 
     from kvwatch.sidecar.app import Sidecar
 
 pytestmark = pytest.mark.integration
+
+
+def _record_status(seen: list[int], response: Response) -> None:
+    seen.append(response.status)
+
+
+def _dismiss(seen: list[str], dialog: Dialog) -> None:
+    """Keep an alert's text and close it (an open dialog would block the page)."""
+    seen.append(dialog.message)
+    dialog.dismiss()
+
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "kvwatch" / "data" / "demo"
@@ -234,7 +246,7 @@ def test_status_page_is_behind_basic_auth(
         context = browser.new_context(http_credentials=credentials)  # type: ignore[arg-type]
         refused = context.new_page()
         statuses: list[int] = []
-        refused.on("response", lambda r, seen=statuses: seen.append(r.status))
+        refused.on("response", functools.partial(_record_status, statuses))
         with pytest.raises(
             PlaywrightError, match="ERR_INVALID_AUTH_CREDENTIALS|ERR_HTTP_RESPONSE_CODE_FAILURE"
         ):
@@ -279,7 +291,7 @@ def test_hostile_strings_stay_text(
     car = sidecar_factory(log=[f"v={log}"], model_config=[str(LLAMA)], gpu=GPU)
     wait_until(lambda: "kvwatch_kv_pool_tokens{" in _get(car.url)[1])
     dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("dialog", functools.partial(_dismiss, dialogs))
     response = page.goto(car.url.removesuffix("metrics"))
     assert response is not None and response.status == 200
     _assert_inert(page, dialogs)
@@ -325,7 +337,7 @@ def test_explain_html_startup_failure_and_hostile_model(tmp_path: Path, page: Pa
     hostile = _write(tmp_path / "hostile.log", [line.replace(MODEL, "".join(HOSTILE)) for line in STARTUP])
     cfg = Path(__file__).parent / "model_configs" / "meta-llama--Meta-Llama-3.1-8B.json"
     dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("dialog", functools.partial(_dismiss, dialogs))
     for log, expect in ((failed, "max_model_len_too_large"), (hostile, "".join(HOSTILE))):
         out = tmp_path / f"{log.stem}.html"
         assert main(["explain", str(log), "--model-config", str(cfg), "--html", str(out)]) == 0

@@ -70,10 +70,10 @@ def test_parse_from_a_pipe_equals_parse_of_the_file(
         assert got.err == want.err.replace(str(path), "stdin")
 
 
-def _run(command: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def _run(command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, check=False, **kwargs
-    )  # type: ignore[call-overload,no-any-return]
+        command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
 
 
 def test_cat_into_parse_and_explain_through_a_shell_pipe() -> None:

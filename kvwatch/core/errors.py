@@ -15,11 +15,15 @@ the sidecar reports why it has no prediction without reading messages. The CLI p
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from kvwatch.core.labels import PredictionState
+
 
 class KvwatchError(Exception):
     """A user-facing error: one line, exit code 2."""
 
-    prediction_state = "bad_model_config"
+    prediction_state: ClassVar[PredictionState] = "bad_model_config"
 
 
 class ConfigError(KvwatchError):

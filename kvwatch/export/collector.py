@@ -28,6 +28,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from kvwatch import __version__
 from kvwatch.analysis.attribution import gap_ratio
 from kvwatch.analysis.predictor import Predictor
+from kvwatch.core.events import Origin
+from kvwatch.core.labels import ConcurrencyBasis, MemoryBasis, MemoryTerm
 from kvwatch.export import names
 from kvwatch.export.exposition import Row as _Row
 from kvwatch.export.exposition import Rows as _Rows
@@ -48,7 +50,7 @@ class SourceStatus:
     """Self-metrics of one configured source (a log or a /metrics URL), read at scrape time."""
 
     name: str
-    kind: str  # 'log' or 'metrics'
+    kind: Origin  # the origin of the events the source feeds: a log or a /metrics URL
     up: bool
     lines_read: int = 0
     lines_matched: int = 0
@@ -307,14 +309,20 @@ class KvwatchCollector(Collector):
         observed_conc = pool.max_concurrency
         if observed_conc is None and pool_tokens is not None and max_len:
             observed_conc = pool_tokens / max_len
-        gauge(names.MAX_CONCURRENCY, observed_conc, "observed")
-        for concurrency_basis, conc in pred.max_concurrency.items():
-            gauge(names.MAX_CONCURRENCY, conc, concurrency_basis)
+        concurrency: dict[ConcurrencyBasis, float | None] = {
+            "observed": observed_conc,
+            **pred.max_concurrency,
+        }
+        for concurrency_basis in names.CONCURRENCY_BASES:
+            gauge(names.MAX_CONCURRENCY, concurrency.get(concurrency_basis), concurrency_basis)
 
-        for term, value in observed_terms(snap.memory):
-            gauge(names.MEMORY_BYTES, value, term, "observed")
-        for term, value in predicted_terms(pred):
-            gauge(names.MEMORY_BYTES, value, term, "predicted")
+        terms: dict[MemoryBasis, tuple[tuple[MemoryTerm, int | None], ...]] = {
+            "observed": observed_terms(snap.memory),
+            "predicted": predicted_terms(pred),
+        }
+        for memory_basis in names.MEMORY_BASES:
+            for term, value in terms[memory_basis]:
+                gauge(names.MEMORY_BYTES, value, term, memory_basis)
 
         utilisation = settings.gpu_memory_utilization
         if utilisation is None:

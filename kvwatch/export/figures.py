@@ -16,7 +16,7 @@ from kvwatch.state.facts import MemoryFacts, UsageFacts
 from kvwatch.state.instance import InstanceSnapshot
 
 
-def observed_terms(m: MemoryFacts) -> tuple[tuple[str, int | None], ...]:
+def observed_terms(m: MemoryFacts) -> tuple[tuple[labels.MemoryTerm, int | None], ...]:
     """The printed memory budget as names.MEMORY_TERMS terms (basis 'observed')."""
     return (
         ("total", m.total_bytes),
@@ -29,7 +29,7 @@ def observed_terms(m: MemoryFacts) -> tuple[tuple[str, int | None], ...]:
     )
 
 
-def predicted_terms(pred: PredictionResult) -> tuple[tuple[str, int | None], ...]:
+def predicted_terms(pred: PredictionResult) -> tuple[tuple[labels.MemoryTerm, int | None], ...]:
     """The predicted memory budget as names.MEMORY_TERMS terms (basis 'predicted')."""
     return tuple((term, pred.memory.get(term)) for term in labels.MEMORY_TERMS)
 

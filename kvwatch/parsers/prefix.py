@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
 from typing import Any
 
 from kvwatch.parsers.base import LineMeta
@@ -221,15 +220,6 @@ def _process_name(name: str, meta: _Meta) -> None:
         meta.instance = instance
     if rank is not None:
         meta.rank = rank
-
-
-@lru_cache(maxsize=256)
-def process_identity(name: str) -> tuple[str, int | None]:
-    """(instance, rank) that a process prefix named ``name`` gives a line with no other prefix."""
-    meta = _Meta()
-    _process_name(name, meta)
-    frozen = meta.freeze()
-    return frozen.instance, frozen.rank
 
 
 def _sglang_tags(tags: str, meta: _Meta) -> None:

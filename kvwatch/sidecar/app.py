@@ -29,7 +29,7 @@ from kvwatch.sidecar import messages as msg
 from kvwatch.sidecar.auth import BasicAuth
 from kvwatch.sidecar.config import Settings, WebConfig, load_web_config
 from kvwatch.sidecar.http import Endpoints, tls_context
-from kvwatch.sidecar.node import Container, LogSources, NodeWatcher
+from kvwatch.sidecar.node import LogSources, node_watcher
 from kvwatch.sidecar.saving import SaveSchedule
 from kvwatch.sidecar.server import BoundedHTTPServer
 from kvwatch.sidecar.sources import LogSource, ScrapeSource, StdinBacklog
@@ -87,7 +87,11 @@ class Sidecar:
         self._queue: queue.Queue[msg.Message] = queue.Queue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.node = self._node_watcher() if settings.node_logs is not None else None
+        self.node = (
+            node_watcher(settings, self.fleet, self._tailer, lambda name: self._positions.get(name))
+            if settings.node_logs is not None
+            else None
+        )
         self._logs = LogSources(
             [
                 LogSource(s.name, s.path, LinePipeline(s.name, self.fleet, settings.engine))
@@ -221,36 +225,6 @@ class Sidecar:
             append_interval=TAIL_INTERVAL,
             recheck_interval=TAIL_INTERVAL,
             resume=_load_positions(saved),
-        )
-
-    def _node_watcher(self) -> NodeWatcher:
-        """Node mode's watcher: each container found becomes a LogSource tailed like a --log glob."""
-        settings = self.settings
-        assert settings.node_logs is not None
-
-        def start_source(container: Container, name: str) -> LogSource:
-            src = LogSource(
-                name,
-                os.path.join(container.directory, "*.log"),
-                LinePipeline(name, self.fleet, settings.engine),
-            )
-            src.tailer = self._tailer(src, self._positions.get(name))
-            src.tailer.start()
-            return src
-
-        def stop_source(src: LogSource) -> None:
-            if src.tailer is not None:
-                src.tailer.stop()
-
-        return NodeWatcher(
-            str(settings.node_logs),
-            start_source=start_source,
-            stop_source=stop_source,
-            forget=self.fleet.forget,
-            include=settings.include,
-            exclude=settings.exclude,
-            max_containers=settings.max_containers,
-            grace=settings.pod_expiry,
         )
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:

@@ -34,7 +34,6 @@ from kvwatch.sources.hub import parse_repo_spec, resolve_model_config
 # 9477: not 9400 (DCGM exporter), not in the Prometheus default-port allocation list's busy range
 # near 9100 (node), 9090 (Prometheus) or 9093/9094 (Alertmanager); deployment files use it too.
 DEFAULT_PORT = 9477
-DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 ENV_PREFIX = "KVWATCH_"
 
 # Source names become the `source` label: short, bounded, no free text.

@@ -31,9 +31,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from kvwatch.core.jsontypes import JsonValue
 from kvwatch.core.labels import NodeContainerState
 from kvwatch.export.collector import NodeStats
+from kvwatch.sidecar.config import Settings
 from kvwatch.sidecar.sources import LogSource
+from kvwatch.sources.logfile import LogTailer
+from kvwatch.sources.pipeline import LinePipeline
+from kvwatch.state.fleet import Fleet
 
 log = logging.getLogger("kvwatch.node")
 
@@ -283,3 +288,36 @@ class LogSources:
         yield from self.configured
         if self.node is not None:
             yield from self.node.sources()
+
+
+def node_watcher(
+    settings: Settings,
+    fleet: Fleet,
+    tailer: Callable[[LogSource, JsonValue | None], LogTailer],
+    saved_position: Callable[[str], JsonValue | None],
+) -> NodeWatcher:
+    """The sidecar's watcher for ``--node-logs``: each container found becomes a LogSource whose
+    tailer (the sidecar's own, resumed from the state file's position) follows ``<dir>/*.log``."""
+    assert settings.node_logs is not None
+
+    def start_source(container: Container, name: str) -> LogSource:
+        pattern = os.path.join(container.directory, "*.log")
+        src = LogSource(name, pattern, LinePipeline(name, fleet, settings.engine))
+        src.tailer = tailer(src, saved_position(name))
+        src.tailer.start()
+        return src
+
+    def stop_source(src: LogSource) -> None:
+        if src.tailer is not None:
+            src.tailer.stop()
+
+    return NodeWatcher(
+        str(settings.node_logs),
+        start_source=start_source,
+        stop_source=stop_source,
+        forget=fleet.forget,
+        include=settings.include,
+        exclude=settings.exclude,
+        max_containers=settings.max_containers,
+        grace=settings.pod_expiry,
+    )

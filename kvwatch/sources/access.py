@@ -120,7 +120,7 @@ def usable_cpus() -> int:
 
 def filtered_blocks(
     path: str, stream: io.BufferedIOBase, max_line_chars: int, parallel: bool | None = None
-) -> Iterator[Filtered]:
+) -> Generator[Filtered, None, None]:
     """``stream`` (``path`` opened for binary reading) read to EOF from where it stands, as
     filtered blocks.
 
