@@ -18,7 +18,7 @@ import pytest
 from bench import accuracy_fit
 from bench import bench_accuracy as acc
 from bench.accuracy_cases import load_cases, load_config, predictable
-from bench.accuracy_loso import Models, run
+from bench.accuracy_loso import Models, Row, run
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.units import GiB
 from kvwatch.engines.sglang import calibration as sglang_calibration
@@ -48,7 +48,7 @@ MEASURED = {
 }
 
 
-def _h100(rows: list[acc.Row]) -> list[acc.Row]:
+def _h100(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.case.source in CALIBRATION_SOURCES]
 
 

@@ -43,7 +43,7 @@ class ModelConfigError(KvwatchError):
 class UnsupportedModelError(ModelConfigError):
     """A config.json whose layer kinds or dtype kvwatch does not model."""
 
-    prediction_state = "unsupported_model"
+    prediction_state: ClassVar[PredictionState] = "unsupported_model"
 
 
 class UnmodelledError(UnsupportedModelError):
@@ -54,4 +54,4 @@ class UnmodelledError(UnsupportedModelError):
     exports ``kvwatch_prediction_available{state="unmodelled"}`` (no prediction, so no drift page).
     """
 
-    prediction_state = "unmodelled"
+    prediction_state: ClassVar[PredictionState] = "unmodelled"
