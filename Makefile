@@ -15,20 +15,23 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # promtool and the Prometheus server come from Debian's `prometheus` package, amtool and the
-# Alertmanager server (/usr/bin/prometheus-alertmanager) from `prometheus-alertmanager`.
+# Alertmanager server (/usr/bin/prometheus-alertmanager) from `prometheus-alertmanager`, and the
+# browser the status page's tests drive with Playwright from `chromium` (never a browser that
+# Playwright downloads: `playwright install` is not used); mtail (Debian's `mtail`) is the replay
+# benchmark's peer, and a test checks bench/kvwatch.mtail with it.
 # With CI=true a tool that is still missing afterwards fails the build; elsewhere it warns and the
 # tests that need it skip (tests/conftest.py).
-TOOLS := promtool prometheus amtool prometheus-alertmanager
+TOOLS := promtool prometheus amtool prometheus-alertmanager chromium mtail
 tools:
 	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ]; then \
-	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus prometheus-alertmanager) >/dev/null 2>&1 || \
-	    echo "warning: could not install Debian packages 'prometheus' and 'prometheus-alertmanager'"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus prometheus-alertmanager chromium mtail) >/dev/null 2>&1 || \
+	    echo "warning: could not install Debian packages 'prometheus', 'prometheus-alertmanager', 'chromium' and 'mtail'"; \
 	  missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
 	fi; \
 	if [ -n "$$missing" ]; then \
-	  if [ "$${CI:-}" = true ]; then echo "error: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager)" >&2; exit 1; fi; \
-	  echo "warning: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager)"; \
+	  if [ "$${CI:-}" = true ]; then echo "error: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager chromium mtail)" >&2; exit 1; fi; \
+	  echo "warning: missing tools:$$missing (apt-get install prometheus prometheus-alertmanager chromium mtail)"; \
 	fi
 
 lint: $(STAMP)
@@ -36,10 +39,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check kvwatch tests bench
 	$(BIN)/mypy
 
+# Two lanes: `make unit` is the quick one: the tests not marked `integration` (which run kvwatch
+# or Prometheus as a process, a live socket scenario or an external binary), on two workers
+# (pytest-xdist), about a minute on two cores. `make test` (what CI runs) is lint and every
+# test, one at a time.
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 -m "not integration"
 
-test: $(STAMP) tools lint unit
+test: $(STAMP) tools lint
+	$(BIN)/pytest -q
 
 # The prediction of the demo's vLLM run, then the sidecar (and Prometheus, when installed) on the
 # bundled vLLM and SGLang logs written live, with one deliberate fault (Ctrl-C stops everything;

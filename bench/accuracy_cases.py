@@ -63,7 +63,7 @@ class Case:
     dp: int
     dp_attention: bool
     settings: dict[str, Any]
-    # GiB (vLLM: weights, activation, non_torch, cuda_graphs, kv; SGLang: weights) and tokens.
+    # GiB (vLLM: weights, activation, non_torch, cuda_graphs, kv; SGLang: weights, pre_load) and tokens.
     observed: dict[str, float]
     started: bool
     kv_connector: str | None = None
@@ -234,6 +234,7 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
         observed = {
             "weights": o.get("weight_mem_usage_gib"),
             "kv_tokens": tokens,
+            "pre_load": o.get("load_weight_begin_avail_gib"),
         }
         if s.get("max_total_tokens"):
             skip = skip or "pool capped by --max-total-tokens"

@@ -22,6 +22,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.core.units import GiB
 from kvwatch.core.versions import version_tuple
+from kvwatch.engines.sglang import calibration as sglang_calibration
 from kvwatch.engines.vllm import calibration, memory, weights
 from kvwatch.engines.vllm.calibration import Calibration
 
@@ -163,6 +164,30 @@ def fit_with_cases(
             value = _implied(act_cases, cal, name, used[name])
             cal = replace(cal, **{name: value if value is not None else 0.0})
     return cal, used
+
+
+def fit_sglang(cases: Sequence[Case]) -> tuple[sglang_calibration.Calibration, dict[str, list[str]]]:
+    """SGLang's context before weights: the median of card total - 'Load weight begin. avail mem'
+    over the cases that print it on a catalogued card, with or without a config.json at hand (it
+    needs none), for 0.4.x and from 0.5 apart; a release family no case prints takes the median
+    of all (none at all: zero)."""
+    used = [
+        c
+        for c in cases
+        if c.engine == "sglang" and "pre_load" in c.observed and c.gpu_total_bytes and gpus.find(c.gpu_name)
+    ]
+
+    def median(group: list[Case]) -> float | None:
+        values = [c.gpu_total_bytes / GiB - c.observed["pre_load"] for c in group if c.gpu_total_bytes]
+        return float(f"{statistics.median(values):.4g}") if values else None
+
+    old = [c for c in used if (v := version_tuple(c.engine_version)) is not None and v < (0, 5)]
+    new = [c for c in used if c not in old]
+    every = median(used) or 0.0
+    fitted = sglang_calibration.Calibration(
+        context_gib=median(new) or every, context_gib_04=median(old) or every
+    )
+    return fitted, {"context_gib": [c.id for c in new or used], "context_gib_04": [c.id for c in old or used]}
 
 
 def rounded(cal: Calibration) -> Calibration:

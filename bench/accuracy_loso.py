@@ -24,6 +24,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.units import GiB
+from kvwatch.engines.sglang import calibration as sglang_calibration
 from kvwatch.engines.sglang import envelope as sglang_envelope
 from kvwatch.engines.sglang.predict import BAND, BandTerms, band_terms
 from kvwatch.engines.vllm import calibration
@@ -276,13 +277,17 @@ def run(cases: Sequence[Case]) -> Report:
         for s, cs in by_source.items()
         if any(c.engine == "vllm" and set(c.observed) - {"kv"} for c in cs if predictable(c))
     }
+    # The context before weights needs no model config: every case that prints it counts.
+    sglang_all = accuracy_fit.fit_sglang(cases)[0]
     # Pass 1: each source predicted with the coefficients fitted without it (bands not yet).
     cals: dict[str, Calibration] = {}
+    sglang_cals: dict[str, sglang_calibration.Calibration] = {}
     loso: dict[str, Row] = {}
     for source, group in by_source.items():
         rest = [c for c in usable if c.source != source]
         cals[source] = accuracy_fit.fit(rest, models) if source in has_terms else fitted_all
-        with calibration.using(cals[source]):
+        sglang_cals[source] = accuracy_fit.fit_sglang([c for c in cases if c.source != source])[0]
+        with calibration.using(cals[source]), sglang_calibration.using(sglang_cals[source]):
             for c in group:
                 if c.skip is None:
                     with _sglang_band(c, folds):
@@ -320,6 +325,7 @@ def run(cases: Sequence[Case]) -> Report:
             CURRENT[r.case.engine].using(term_envs[r.case.engine]),
             calibration.using(cals[r.case.source]),
             _sglang_band(r.case, folds),
+            sglang_calibration.using(sglang_cals[r.case.source]),
         ):
             again = evaluate(r.case, models)
         if again.prediction is not None and again.prediction.available_kv_band_bytes is not None:
@@ -340,7 +346,12 @@ def run(cases: Sequence[Case]) -> Report:
                 [x for x in usable if x.source != source],
                 models,
             )
-            with CURRENT[c.engine].using(env), calibration.using(cals[source]), _sglang_band(c, folds):
+            with (
+                CURRENT[c.engine].using(env),
+                calibration.using(cals[source]),
+                sglang_calibration.using(sglang_cals[source]),
+                _sglang_band(c, folds),
+            ):
                 banded = evaluate(c, models)
             banded.uncovered, banded.unmeasured = row.uncovered, row.unmeasured
             out.append(banded)
@@ -351,7 +362,11 @@ def run(cases: Sequence[Case]) -> Report:
     for c in cases:
         if c.skip is not None:
             continue
-        with calibration.using(fitted_all), CURRENT[c.engine].using(envelopes[c.engine]):
+        with (
+            calibration.using(fitted_all),
+            sglang_calibration.using(sglang_all),
+            CURRENT[c.engine].using(envelopes[c.engine]),
+        ):
             row = evaluate(c, models)
         if row.prediction is not None:
             row.uncovered = tuple(

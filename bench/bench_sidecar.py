@@ -5,6 +5,11 @@
 2. Idle RSS of that process at most 40 MiB.
 3. At most 1% of one core while the log grows by 100 lines/s.
 4. Rendering /metrics with 64 engine instances in at most 5 ms (in-process, predictions cached).
+5. Under floods (issue 22; kvwatch run with 256 instances, a ~1 MB exposition; attackers from
+   127.0.0.2 and up, bench/flood.py in its own process; probes from 127.0.0.1): /healthz p99 at
+   most 1 s (the kubelet's probe timeout) and no probe lost, /metrics never 500, SIGTERM to exit
+   at most 2 s. Floods: 1,100 idle sockets from one address that reconnect as they are closed;
+   200 then 1,000 GET /metrics whose clients hang up at once; 200 keep-alive scrapers.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +36,8 @@ LATENCY_P99_MS = 50.0
 IDLE_RSS_MIB = 40.0
 CPU_PERCENT = 1.0
 RENDER_MS = 5.0
+HEALTHZ_UNDER_FLOOD_P99_MS = 1000.0
+SIGTERM_TO_EXIT_MS = 2000.0
 
 
 def _free_port() -> int:
@@ -255,9 +264,138 @@ def bench_render() -> bool:
     return _report("render /metrics, 64 busy instances (median)", statistics.median(changed), RENDER_MS, "ms")
 
 
+def _fleet_log(path: Path, instances: int = 256) -> None:
+    """A vLLM V1 log with ``instances`` data-parallel engines ("Engine NNN:" stats lines)."""
+    v1 = (SAMPLES / "vllm/007-v1-apiserver-loggers259-waiting-2026.log").read_text().splitlines()
+    stats = next(line for line in v1 if "Engine 000:" in line)
+    lines = list(STARTUP)
+    for n in range(3):
+        lines += [
+            stats.replace("Engine 000:", f"Engine {e:03d}:").replace("Running: 10", f"Running: {e + n}")
+            for e in range(instances)
+        ]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def _get_ms(port: int, path: str, timeout: float = 5.0) -> tuple[float, int]:
+    """(milliseconds, status) of one GET from 127.0.0.1 on a fresh connection; (inf, 0) if none came."""
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
+            resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except OSError:
+        return float("inf"), 0
+    return (time.perf_counter() - t0) * 1000, status
+
+
+def _flood(mode: str, n: int, port: int, sources: int, seconds: float = 60.0) -> subprocess.Popen[str]:
+    addresses = ",".join(f"127.0.0.{2 + i}" for i in range(sources))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.flood", mode, str(n), str(port), str(seconds), addresses],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.readline()  # "ready"
+    return proc
+
+
+def _sidecar(log: Path, state: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvwatch", "run", "--log", f"b={log}", "--listen", f"127.0.0.1:{port}",
+         "--state-dir", str(state)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while _get_ms(port, "/metrics", timeout=30)[1] != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError("kvwatch run did not come up")
+        time.sleep(0.1)
+    return proc, port
+
+
+def _probes(port: int, n: int = 30, every: float = 0.1) -> list[float]:
+    """Milliseconds of n /healthz probes; inf for one that did not answer 200 within 5 s."""
+    out = []
+    for _ in range(n):
+        ms, status = _get_ms(port, "/healthz")
+        out.append(ms if status == 200 else float("inf"))
+        time.sleep(every)
+    return out
+
+
+def _sigterm_ms(proc: subprocess.Popen[bytes]) -> float:
+    t0 = time.perf_counter()
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+        return float("inf")
+    return (time.perf_counter() - t0) * 1000
+
+
+def _end(flood: subprocess.Popen[str]) -> str:
+    if flood.poll() is None:
+        flood.terminate()
+    out, _ = flood.communicate(timeout=30)
+    return out.strip()
+
+
+def bench_floods() -> list[bool]:
+    """/healthz, /metrics and SIGTERM of kvwatch run (256 instances) under each flood."""
+    results: list[bool] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "fleet.log"
+        _fleet_log(log)
+        floods: list[tuple[str, Callable[[int], subprocess.Popen[str]]]] = [
+            ("1,100 idle reconnecting sockets, one address", lambda port: _flood("idle", 1100, port, 1)),
+            ("200 fire-and-forget scrapes", lambda port: _flood("fire", 200, port, 4)),
+            ("1,000 fire-and-forget scrapes", lambda port: _flood("fire", 1000, port, 16)),
+            ("200 keep-alive scrapers", lambda port: _flood("keepalive", 200, port, 8)),
+        ]
+        for n, (name, start) in enumerate(floods):
+            proc, port = _sidecar(log, Path(tmp) / f"state-{n}")
+            try:
+                if name.startswith("200 fire"):
+                    quiet = _probes(port)
+                    print(
+                        f"  /healthz, no flood: p50 {statistics.median(quiet):.1f} ms, max {max(quiet):.1f} ms"
+                    )
+                render_ms = statistics.median([_get_ms(port, "/metrics", timeout=30)[0] for _ in range(5)])
+                flood = start(port)
+                probes = _probes(port)
+                scrapes = [_get_ms(port, "/metrics", timeout=30) for _ in range(3)]
+                lost = sum(1 for p in probes if p == float("inf"))
+                finite = sorted(p for p in probes if p != float("inf")) or [float("inf")]
+                p99 = finite[-1] if lost == 0 else float("inf")
+                print(
+                    f"  {name}: /healthz p50 {statistics.median(finite):.1f} ms, max {finite[-1]:.1f} ms, "
+                    f"{lost} of {len(probes)} failed; /metrics (alone {render_ms:.0f} ms) during it: "
+                    + ", ".join(f"{status} in {ms:.0f} ms" for ms, status in scrapes)
+                )
+                results.append(_report(f"/healthz p99, {name}", p99, HEALTHZ_UNDER_FLOOD_P99_MS, "ms"))
+                results.append(all(status == 200 for _, status in scrapes))
+                results.append(
+                    _report(f"SIGTERM to exit, {name}", _sigterm_ms(proc), SIGTERM_TO_EXIT_MS, "ms")
+                )
+                answers = _end(flood).split()
+                if name.startswith("200 keep"):
+                    print(f"  the keep-alive scrapers completed {answers[0] if answers else '?'} scrapes")
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=5)
+    return results
+
+
 def main() -> int:
     """Run every sidecar benchmark; non-zero when a target is missed."""
-    results = [bench_render(), *bench_process()]
+    results = [bench_render(), *bench_process(), *bench_floods()]
     return 0 if all(results) else 1
 
 

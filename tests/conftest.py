@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
     from kvwatch.sidecar.app import Sidecar
 
 TESTS = Path(__file__).parent
@@ -45,6 +47,12 @@ def _tool(name: str, package: str = "prometheus") -> str:
 
 
 @pytest.fixture(scope="session")
+def mtail() -> str:
+    """Debian's mtail, the replay benchmark's peer (bench/kvwatch.mtail)."""
+    return _tool("mtail", "mtail")
+
+
+@pytest.fixture(scope="session")
 def promtool() -> str:
     """Path to promtool."""
     return _tool("promtool")
@@ -70,6 +78,31 @@ def alertmanager_server() -> str:
     if shutil.which("alertmanager"):
         return _tool("alertmanager", "prometheus-alertmanager")
     return _tool("prometheus-alertmanager", "prometheus-alertmanager")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Path to Debian's chromium (for the status page's browser tests)."""
+    return _tool("chromium", "chromium")
+
+
+@pytest.fixture(scope="session")
+def browser(chromium: str) -> Iterator[Browser]:
+    """Debian's chromium driven by Playwright (never a browser Playwright downloads); in CI a
+    missing Playwright fails like a missing tool, elsewhere it skips."""
+    import os
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        message = "playwright not installed (pip install -e '.[test]')"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=chromium)
+        yield launched
+        launched.close()
 
 
 @pytest.fixture

@@ -18,9 +18,10 @@ import pytest
 from bench import accuracy_fit
 from bench import bench_accuracy as acc
 from bench.accuracy_cases import load_cases, load_config, predictable
-from bench.accuracy_loso import Models, run
+from bench.accuracy_loso import Models, Row, run
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.units import GiB
+from kvwatch.engines.sglang import calibration as sglang_calibration
 from kvwatch.engines.sglang import envelope as sglang_envelope
 from kvwatch.engines.vllm import calibration
 from kvwatch.engines.vllm import envelope as vllm_envelope
@@ -39,15 +40,15 @@ MEASURED = {
     "h100_in_band": 0.97,
     "loso_cases": 62,
     "loso_median": 0.16,
-    "loso_mean": 3.19,
-    "loso_within_5": 0.88,
-    "loso_band": 0.95,
+    "loso_mean": 2.35,
+    "loso_within_5": 0.91,
+    "loso_band": 0.96,
     "loso_failed_predicted": 2,
-    "loso_off_band": 0.88,
+    "loso_off_band": 0.94,
 }
 
 
-def _h100(rows: list[acc.Row]) -> list[acc.Row]:
+def _h100(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.case.source in CALIBRATION_SOURCES]
 
 
@@ -69,6 +70,10 @@ def test_the_shipped_coefficients_are_the_fit_on_every_case() -> None:
     fitted = accuracy_fit.rounded(accuracy_fit.fit([c for c in CASES if predictable(c)], REPORT_MODELS))
     assert fitted == calibration.FITTED
     assert set(calibration.CASES) == set(calibration.FITTED.__dict__)
+    sglang_fitted, used = accuracy_fit.fit_sglang(CASES)
+    assert sglang_fitted == sglang_calibration.FITTED
+    assert used["context_gib"] and used["context_gib_04"]
+    assert set(sglang_calibration.CASES) == set(sglang_calibration.FITTED.__dict__)
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -21,7 +21,6 @@ from kvwatch.engines.vllm import fastpath
 from kvwatch.sources.pipeline import replay
 
 ROOT = Path(__file__).resolve().parent.parent
-MTAIL = "/usr/bin/mtail"
 LINES = 6000
 
 
@@ -79,7 +78,8 @@ def test_log_is_startup_then_access_and_stats_lines(busy_log: tuple[Path, dict[s
 def test_replay_finds_what_the_generator_put_in(busy_log: tuple[Path, dict[str, object]]) -> None:
     path, facts = busy_log
     result = replay([str(path)])
-    (inst,) = summarize(result.snapshots(), result.engine)["instances"]
+    summary: Any = summarize(result.snapshots(), result.engine)
+    (inst,) = summary["instances"]
     last = facts["last_stats"]
     assert isinstance(last, dict)
     last = last["0"]
@@ -95,7 +95,7 @@ def test_every_shape_replays_to_what_the_generator_put_in(tmp_path: Path, shape:
     path = tmp_path / f"{shape}.log"
     facts = gen.generate(path, LINES, seed=7, shape=shape)
     result = replay([str(path)])
-    summary = summarize(result.snapshots(), result.engine)
+    summary: Any = summarize(result.snapshots(), result.engine)
     assert summary["engine"] == ("sglang" if shape == "sglang" else "vllm")
     instances = {inst["instance"]: inst for inst in summary["instances"]}
     assert instances["0"]["kv_pool_tokens"] == facts["kv_pool_tokens"]
@@ -132,13 +132,11 @@ def test_ensure_reuses_a_matching_file_and_rebuilds_a_changed_one(tmp_path: Path
 
 
 @pytest.mark.integration
-def test_mtail_program_extracts_the_same_facts(busy_log: tuple[Path, dict[str, object]]) -> None:
-    if shutil.which(MTAIL) is None:
-        pytest.skip("Debian's mtail is not installed")
+def test_mtail_program_extracts_the_same_facts(busy_log: tuple[Path, dict[str, object]], mtail: str) -> None:
     path, facts = busy_log
     out = subprocess.run(
         # -port 0: mtail serves HTTP even in one-shot mode; never collide with another mtail on :3903.
-        [MTAIL, "-one_shot", "-one_shot_format", "json", "-logtostderr", "-port", "0"]
+        [mtail, "-one_shot", "-one_shot_format", "json", "-logtostderr", "-port", "0"]
         + ["-progs", str(ROOT / "bench" / "kvwatch.mtail"), "-logs", str(path)],
         capture_output=True,
         text=True,

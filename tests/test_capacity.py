@@ -19,11 +19,13 @@ from hypothesis import strategies as st
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
+from kvwatch.capacity.dims import ATTENTION, EMBED
 from kvwatch.capacity.geometry import geometry_from_config, load_model
-from kvwatch.capacity.weights import weights_per_rank
+from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
+from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.units import GiB, KiB, MiB, parse_size
-from kvwatch.engines.sglang import budget
+from kvwatch.engines.sglang import budget, states
 from kvwatch.engines.sglang import budget as sglang_budget
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
 from kvwatch.state.facts import MemoryFacts, SettingsFacts
@@ -162,7 +164,7 @@ def test_qwen3_8b_with_hidden_size_is_576_kib() -> None:
 
 def test_opt_13b_800_kb_per_token() -> None:
     # vLLM paper: 2 (K, V) x 5120 hidden x 40 layers x 2 bytes
-    opt = {
+    opt: JsonObject = {
         "model_type": "opt",
         "architectures": ["OPTForCausalLM"],
         "num_hidden_layers": 40,
@@ -451,7 +453,7 @@ def test_vllm_gpt_oss_hybrid_groups_match_reported_tokens() -> None:
     assert pool_from_available(m, d, int(5.38 * GiB))[1] == int(5.38 * GiB) // (16 * 8 * 128 * 2) // 18
 
 
-GEMMA3_4B = {
+GEMMA3_4B: JsonObject = {
     "model_type": "gemma3",
     "architectures": ["Gemma3ForConditionalGeneration"],
     "text_config": {
@@ -486,7 +488,7 @@ def test_vllm_gemma3_4b_groups_padding_and_concurrency() -> None:
 
 def test_sglang_qwen3_235b_cell_matches_logged_k_size() -> None:
     """sglang/001: Qwen3-235B-A22B-FP8 at TP=4: 367,404 tokens, K size 8.23 GB (GiB) per rank."""
-    cfg = {
+    cfg: JsonObject = {
         "model_type": "qwen3_moe",
         "num_hidden_layers": 94,
         "hidden_size": 4096,
@@ -633,6 +635,7 @@ def test_safetensors_index_total_size_wins(tmp_path: Path) -> None:
     # vLLM's is its loader's: the same bytes plus the rotary cache both ranks build (tests/apriori:
     # 'Model loading took 7.51 GiB' for this model at TP=2).
     v = predict(m, Deployment(gpu_memory_bytes=H100, tp=2, max_model_len=8192))
+    assert v.weights_bytes is not None
     assert round(v.weights_bytes / GiB, 2) == 7.51
 
 
@@ -856,6 +859,7 @@ def test_deployment_from_a_parsed_v0_log_reproduces_its_budget() -> None:
     d = deployment_from_settings("vllm", snap.settings, memory, engine_version="0.7.3", max_model_len=4096)
     p = predict(model("Qwen--Qwen2.5-7B"), d)
     # requested - weights - non-torch - activation peak, each as the log printed it
+    assert snap.memory.available_kv_bytes is not None
     assert abs(p.available_kv_bytes - snap.memory.available_kv_bytes) <= 1
     assert round(p.available_kv_bytes / GiB, 2) == -1.05
     assert (p.kv_pool_blocks, f"{p.max_concurrency:.2f}") == (snap.pools["full"].blocks, "0.00")
@@ -877,7 +881,7 @@ def test_any_mangled_field_is_a_one_line_error_or_a_prediction(
     try:
         m = geometry_from_config(cfg)
         for engine in ("vllm", "sglang"):
-            predict(m, Deployment(engine=engine, gpu_memory_bytes=H100, max_model_len=4096))  # type: ignore[arg-type]
+            predict(m, Deployment(engine=engine, gpu_memory_bytes=H100, max_model_len=4096))
     except (ModelConfigError, ConfigError) as exc:
         assert "\n" not in str(exc)
 
@@ -924,3 +928,88 @@ def test_sglang_hybrid_swa_split_by_memory_from_059(version: str) -> None:
     available = 40 * GiB
     base = available // (full + swa)
     assert budget.pool(m, d, 2, available).tokens == int(base * (full + swa) / (full + 0.8 * swa))
+
+
+@pytest.mark.parametrize(("version", "padding_slot"), [("0.5.16", False), ("0.5.17", True)])
+def test_sglang_keeps_whole_request_states_for_a_hybrid_model(version: str, padding_slot: bool) -> None:
+    """Qwen3-Next at TP 4: 36 GDN layers of (8192 / 4 x 3 conv in bf16 + 8 x 128 x 128 recurrent in
+    fp32) = 2,801,664 B a request; 0.9 / 1.9 of the budget holds whole slots (one more for the
+    pool's padding from 0.5.17) and the KV cache gets the rest."""
+    m = model("Qwen--Qwen3-Next-80B-A3B-Thinking")
+    d = Deployment(engine="sglang", engine_version=version, tp=4, max_model_len=8192)
+    per_req = states.state_bytes_per_request(m, d)
+    assert per_req == 36 * (8192 // 4 * 3 * 2 + 8 * 128 * 128 * 4)
+    available = 40 * GiB
+    share = available * 0.9 / 1.9
+    slots = int((share - per_req) // per_req) + 1 if padding_slot else int(share // per_req)
+    cell = budget.cell_size(m, d, 2)
+    assert budget.pool(m, d, 2, available).tokens == (available - slots * per_req) // cell
+
+
+def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_embedding_whole() -> None:
+    """--enable-dp-attention --dp 8 at TP 8: attention over attn_tp = 1 and a whole embedding on
+    every rank (VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())), experts still 1/8."""
+    m = model("deepseek-ai--DeepSeek-V3")
+    d = Deployment(
+        engine="sglang", engine_version="0.5.9", tp=8, gpu_memory_bytes=143771 * MiB, max_model_len=8192
+    )
+    plain = predict(m, d)
+    dp = predict(m, d.with_(dp=8, dp_attention=True))
+    attention, embed = weight_bytes_of(m, ATTENTION), weight_bytes_of(m, EMBED)
+    extra = int(attention - attention / 8) + int(embed - embed / 8)
+    assert dp.weights_bytes - plain.weights_bytes == extra  # type: ignore[operator]
+    assert dp.bytes_per_token == plain.bytes_per_token  # an MLA latent is not split by heads
+
+
+def test_sglang_up_to_053_keeps_512_fixed_state_slots_for_a_gdn_model() -> None:
+    """0.5.2/0.5.3 (model_runner.py:308-325): radix cache off, max_mamba_cache_size 512 slots, the
+    KV cache gets the rest -- the Qwen3-Next TP 4 startup on 0.5.2 (sglang#10407) logs 2,896,645
+    tokens."""
+    m = model("Qwen--Qwen3-Next-80B-A3B-Thinking")
+    d = Deployment(engine="sglang", engine_version="0.5.2", tp=4, max_model_len=8192)
+    per_req = states.state_bytes_per_request(m, d)
+    available = 40 * GiB
+    assert budget.pool(m, d, 2, available).tokens == (available - 512 * per_req) // budget.cell_size(m, d, 2)
+
+
+@pytest.mark.parametrize(
+    ("version", "gpu_mib", "tp", "dp_attention", "value"),
+    [
+        ("0.4.3", 81559, 8, False, 0.81),  # the table by TP (0.4.3.post4 server_args.py:203-214)
+        ("0.4.6", 143771, 8, False, (143771 - 13 * 1024) / 143771),  # card - 13 GiB above 80 GiB
+        ("0.4.7", 183359, 8, False, 0.79),  # above 180 GB
+        ("0.4.7", 143771, 8, False, min(0.88 + 48 * 1024 * 0.12 / 143771, (143771 - 18 * 1024) / 143771)),
+        (
+            "0.5.2",
+            143771,
+            8,
+            True,
+            round((143771 - (12 + 4) * 1024 - 4 * 1024) / 143771, 3),
+        ),  # DP attention +4 GiB
+    ],
+)
+def test_sglang_default_fraction_before_053_per_release(
+    version: str, gpu_mib: int, tp: int, dp_attention: bool, value: float
+) -> None:
+    d = Deployment(
+        engine="sglang",
+        engine_version=version,
+        gpu_memory_bytes=gpu_mib * MiB,
+        tp=tp,
+        dp=8 if dp_attention else 1,
+        dp_attention=dp_attention,
+    )
+    assert default_mem_fraction_static(d).value == pytest.approx(value)
+
+
+@pytest.mark.parametrize(("version", "fixed"), [("0.5.6", True), ("0.5.9", False)])
+def test_sglang_mamba2_models_keep_fixed_slots_while_the_radix_cache_is_off(
+    version: str, fixed: bool
+) -> None:
+    """Nemotron-H (Mamba2): radix cache off and 512 state slots up to 0.5.6 (0.5.4 model_runner.py:402-405)."""
+    m = model("nvidia--Nemotron-H-56B-Base-8K")
+    d = Deployment(engine="sglang", engine_version=version, tp=4, max_model_len=8192)
+    per_req = states.state_bytes_per_request(m, d)
+    available = 40 * GiB
+    tokens = budget.pool(m, d, 2, available).tokens
+    assert (tokens == (available - 512 * per_req) // budget.cell_size(m, d, 2)) is fixed

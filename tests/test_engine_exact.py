@@ -15,6 +15,7 @@ from kvwatch.analysis.predictor import Predictor
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.core.events import EngineSettings, PoolSized
+from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.units import GiB
 from kvwatch.engines.vllm import memory
 from kvwatch.export import names
@@ -27,7 +28,7 @@ CONFIGS = TESTS / "model_configs"
 
 # mistralai/Mistral-7B-v0.1 config.json as published on the Hugging Face hub (transformers
 # 4.34.0.dev0): one global 4096-token window on all 32 layers -- the "Mistral-style" SWA model.
-MISTRAL_7B = {
+MISTRAL_7B: JsonObject = {
     "architectures": ["MistralForCausalLM"],
     "bos_token_id": 1,
     "eos_token_id": 2,

@@ -399,7 +399,8 @@ def test_sidecar_gap_and_explain_agree() -> None:
     assert dict(sidecar.memory) == {k: v for k, v in e.prediction.memory_terms().items() if v is not None}
     sidecar_gap = gap_ratio(e.observed_tokens, sidecar.tokens["config"])
     assert sidecar_gap is not None
-    assert round(sidecar_gap, 4) == e.to_json_dict()["gap_ratio"]["config"]
+    explained: Any = e.to_json_dict()
+    assert round(sidecar_gap, 4) == explained["gap_ratio"]["config"]
 
 
 def test_flags_fill_gaps_but_never_replace_the_log() -> None:

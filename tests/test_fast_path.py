@@ -251,10 +251,10 @@ log_text = st.lists(log_line, max_size=60)
 def test_feed_block_equals_feed_on_mixed_lines(lines: list[str | bytes], engine: str) -> None:
     data = b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8", "surrogatepass") for x in lines)
     text = data.decode("utf-8", "replace")
-    lines = _LINE_END.split(text)
-    if lines[-1] == "":
-        lines.pop()  # a file's last terminator ends a line, it does not start one
-    by_line, seen_lines = _by_lines(lines, engine)
+    split = _LINE_END.split(text)
+    if split[-1] == "":
+        split.pop()  # a file's last terminator ends a line, it does not start one
+    by_line, seen_lines = _by_lines(split, engine)
     by_block, seen_block = _by_block(data, engine)
     assert _as_json(seen_block) == _as_json(seen_lines)
     _same_outcome(by_line, by_block)

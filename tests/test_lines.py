@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvwatch.sources.lines import LineSplitter
@@ -134,3 +134,15 @@ def test_feed_ends_gives_the_offset_after_each_terminator() -> None:
     assert s.feed_ends(b"\ne\n") == [("e", 3)]
     assert s.feed_ends(b"par") == []
     assert s.feed_ends(b"tial\r\n") == [("partial", 6)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.integers(min_value=4, max_value=64))
+def test_a_block_decoded_at_once_is_the_lines_decoded_one_by_one(data: bytes, cap: int) -> None:
+    """feed decodes a block of short lines in one call: the same text as line by line, invalid
+    UTF-8 replaced alike, however the bytes fall."""
+    splitter = LineSplitter(cap)
+    got = splitter.feed(data)
+    pieces = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")[:-1]
+    expected = [p.decode("utf-8", errors="replace")[:cap] for p in pieces]
+    assert got == expected

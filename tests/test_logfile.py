@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from watchdog.events import FileSystemEvent
 
 from kvwatch.sources.logfile import FilePosition, LogTailer
 from kvwatch.sources.stdin import read_lines
@@ -702,9 +703,12 @@ def test_appends_are_read_without_asking_watchdog_for_modify_events(
     log.write_text("")
     tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK)
     original = tailer._on_fs_event
-    monkeypatch.setattr(
-        tailer, "_on_fs_event", lambda event: (rung.append(event.event_type), original(event))
-    )
+
+    def ringing(event: FileSystemEvent) -> None:
+        rung.append(event.event_type)
+        original(event)
+
+    monkeypatch.setattr(tailer, "_on_fs_event", ringing)
     for i in range(5):
         append(log, f"line {i}\n")
     sink.wait_lines([f"line {i}" for i in range(5)])
@@ -744,13 +748,11 @@ def test_refresh_gives_up_while_the_tailer_thread_holds_the_files(
     sink.wait_lines(["a"])
     append(log, "b\n")
     with tailer._lock:  # what the tailer's thread holds while it reads
-        started = time.monotonic()
         got: list[bool] = []
         other = threading.Thread(target=lambda: got.append(tailer.refresh(timeout=0.05)))
         other.start()
         other.join(5)
-        assert got == [False]
-        assert time.monotonic() - started < 2
+        assert got == [False]  # it gave up while the lock was still held
     assert sink.texts() == ["a"]
     assert tailer.refresh()
     assert sink.texts() == ["a", "b"]

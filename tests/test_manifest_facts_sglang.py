@@ -67,7 +67,7 @@ def replayed(file: str) -> Replayed:
     lines: list[tuple[Event, ...]] = []
     result = replay([str(LOG_SAMPLES / file)], on_events=lines.append)
     snapshots = result.snapshots()
-    summary = summarize(snapshots, result.engine)
+    summary: Any = summarize(snapshots, result.engine)
     assert len(snapshots) == 1, f"{file}: one engine instance expected, got {len(snapshots)}"
     assert all(p.parse_errors == 0 for p in result.pipelines), f"{file}: parse errors"
     return Replayed(result.engine, lines, summary, summary["instances"][0], snapshots[0])
@@ -76,6 +76,10 @@ def replayed(file: str) -> Replayed:
 def gib(value: float) -> int:
     """A manifest size in SGLang's 'GB' (GiB) as bytes, rounded to the nearest byte like the log."""
     return int((Decimal(str(value)) * GiB).to_integral_value())
+
+
+def _percent(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio * 100, 2)
 
 
 def _last(values: list[Any]) -> Any:
@@ -115,7 +119,7 @@ CHECKS: dict[str, Check] = {
     "last_num_tokens": lambda r, f: r.snapshot.usage.used_tokens,
     "max_running_req": lambda r, f: max(u.running for u in r.usage if u.running is not None),
     "max_token_usage": lambda r, f: max(u.kv_usage_ratio for u in r.usage if u.kv_usage_ratio is not None),
-    "last_cache_hit_rate_pct": lambda r, f: round(r.snapshot.usage.prefix_cache_hit_ratio * 100, 2),
+    "last_cache_hit_rate_pct": lambda r, f: _percent(r.snapshot.usage.prefix_cache_hit_ratio),
     "last_swa_token_usage": lambda r, f: r.snapshot.usage.swa_usage_ratio,
     "decode_lines": lambda r, f: len(r.decode),
     "prefill_lines": lambda r, f: len(r.prefill),

@@ -20,6 +20,7 @@ from typing import Any
 import promql_parser
 import pytest
 import yaml
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from kvwatch import __version__
 from kvwatch.export import names
@@ -148,7 +149,7 @@ def test_cli_dashboards_without_the_sdk_is_a_one_line_error(
 def test_dashboard_json_loads_back_into_the_sdk_models(name: str) -> None:
     text = _read(DASHBOARDS / name)
     board = dashboards.load(text)
-    assert json.loads(dashboards.JSONEncoder(sort_keys=True, indent=2).encode(board)) == json.loads(text)
+    assert json.loads(JSONEncoder(sort_keys=True, indent=2).encode(board)) == json.loads(text)
 
 
 def _panels(board: dict[str, Any]) -> list[dict[str, Any]]:
@@ -562,7 +563,8 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def _kvwatch_container(pod: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod.get("initContainers", []) + pod["containers"] if c["name"] == "kvwatch"]
+    containers: list[dict[str, Any]] = pod.get("initContainers", []) + pod["containers"]
+    (container,) = [c for c in containers if c["name"] == "kvwatch"]
     return container
 
 
@@ -603,13 +605,17 @@ def test_deployment_runs_vllm_with_a_hardened_kvwatch_sidecar() -> None:
     assert log_arg.split("=", 1)[0] == "$(POD_NAME)"
     assert all(arg.split("=", 1)[0] == "$(POD_NAME)" for arg in args.metrics_url)
     log_mount = next(m for m in mounts.values() if log_path.startswith(m["mountPath"] + "/"))
-    assert "emptyDir" in volumes[log_mount["name"]] and log_mount.get("readOnly") is True
+    assert "emptyDir" in volumes[log_mount["name"]]
+    # kvwatch frees the read part of the shared file (--release-read), so the volume never fills.
+    assert args.release_read is True and not log_mount.get("readOnly")
     assert (
         log_mount["name"] in vllm_mounts
         and vllm_mounts[log_mount["name"]]["mountPath"] == log_mount["mountPath"]
     )
     script = vllm["args"][0]
     assert f"tee -a {log_path}" in script and "pipefail" in script
+    # The file is group-writable by kvwatch's group (fsGroup), which releasing it in place needs.
+    assert "umask 0002" in script and pod["securityContext"]["fsGroup"] == security.get("runAsGroup")
 
     # The model: the same volume, read-only in kvwatch, holding the folder vLLM serves.
     (model_config,) = args.model_config
@@ -621,7 +627,11 @@ def test_deployment_runs_vllm_with_a_hardened_kvwatch_sidecar() -> None:
     (url_arg,) = args.metrics_url
     assert url_arg.split("=", 1)[1] == f"http://localhost:{vllm['ports'][0]['containerPort']}/metrics"
     # State and /tmp are writable volumes, the root filesystem is not.
-    assert {m["mountPath"] for m in mounts.values() if not m.get("readOnly")} == {args.state_dir, "/tmp"}
+    assert {m["mountPath"] for m in mounts.values() if not m.get("readOnly")} == {
+        args.state_dir,
+        "/tmp",
+        log_mount["mountPath"],
+    }
 
 
 def test_service_and_podmonitor_select_the_pods_and_the_kvwatch_port() -> None:

@@ -57,19 +57,21 @@ def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
 
 
 def test_forced_engine(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["parse", str(V1_POOL), "--engine", "sglang", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {
-        "engine": "sglang",
-        "engine_version": None,
-        "instances": [],
-    }
+    assert main(["parse", str(V1_POOL), "--engine", "sglang", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert f"no KV-cache lines in {V1_POOL} for --engine sglang" in err
 
 
 def test_empty_log_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "empty.log"
     log.write_text("nothing about the KV cache\n")
-    assert main(["parse", str(log)]) == 0
-    assert capsys.readouterr().out == "unknown engine: no KV-cache lines found\n"
+    for form in ((), ("--json",), ("--events",)):
+        # As explain: nothing found is one line on stderr and exit 2, whatever the output form.
+        assert main(["parse", str(log), *form]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith(f"kvwatch parse: error: no KV-cache lines in {log} (") and err.count("\n") == 1
 
 
 def test_missing_file_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

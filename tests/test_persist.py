@@ -11,6 +11,7 @@ import pytest
 
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.events import EngineSettings, PoolSized, Preemption
+from kvwatch.core.jsontypes import JsonObject
 from kvwatch.state.fleet import Fleet, InstanceState
 from kvwatch.state.persist import STATE_FILE, StateStore, restore
 
@@ -25,7 +26,7 @@ def _fleet() -> Fleet:
 
 def test_round_trip(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state")
-    positions = {"v": {"/log/a.log": {"dev": 1, "inode": 2, "offset": 300}}}
+    positions: JsonObject = {"v": {"/log/a.log": {"dev": 1, "inode": 2, "offset": 300}}}
     assert store.save(_fleet(), positions)
     saved = StateStore(tmp_path / "state").load()
     assert saved.positions == positions

@@ -7,6 +7,7 @@ import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,7 +160,8 @@ def test_v0_cumulative_preemption_count_is_the_fact() -> None:
         p.feed(warning.format(n=n))
     (snap,) = p.fleet.snapshot()
     assert snap.preemptions_total == 101
-    assert summarize(p.fleet.snapshot())["instances"][0]["preemptions_total"] == 101
+    summary: Any = summarize(p.fleet.snapshot())
+    assert summary["instances"][0]["preemptions_total"] == 101
 
 
 def test_v1_preemptions_are_per_interval() -> None:
@@ -199,7 +201,8 @@ def test_size_and_concurrency_pair_either_form(lines: list[str]) -> None:
     p = pipeline()
     for line in lines:
         p.feed(line)
-    inst = summarize(p.fleet.snapshot())["instances"][0]
+    summary: Any = summarize(p.fleet.snapshot())
+    inst = summary["instances"][0]
     assert (inst["kv_pool_tokens"], inst["max_concurrency"], inst["max_concurrency_tokens"]) == (
         434448,
         13.26,
@@ -239,7 +242,7 @@ def test_replay_files_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert [p.lines_read for p in result.pipelines] == [4, 1]
     assert len(seen) == 3
     assert progress[-1] == (str(log), log.stat().st_size, log.stat().st_size)
-    summary = summarize(result.snapshots(), result.engine)
+    summary: Any = summarize(result.snapshots(), result.engine)
     assert [i["source"] for i in summary["instances"]] == [str(log), "stdin"]
     assert summary["instances"][0]["kv_pool_tokens"] == 434448
     assert summary["instances"][1]["kv_pool_bytes"] == 8708046193

@@ -73,7 +73,10 @@ def test_compiled_patterns_are_the_layers() -> None:
 @st.composite
 def layered_line(draw: st.DrawFn) -> tuple[str, bool]:
     """A stats line behind a random stack of layers; True when nothing was damaged."""
-    a = lambda: draw(st.sampled_from(ANSI))  # noqa: E731
+
+    def a() -> str:
+        return draw(st.sampled_from(ANSI))
+
     parts = [a(), draw(st.sampled_from(CONTAINERS)), a()]
     for _ in range(draw(st.integers(0, 2))):
         name = draw(st.sampled_from(PROCESSES))

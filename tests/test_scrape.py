@@ -82,6 +82,25 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                 except OSError:
                     return
+        elif path in ("/trickle-headers", "/trickle-chunks"):
+            # One byte every 0.1 s: each recv returns well within any timeout, the reply never ends
+            # in time. Headers dripped; or headers at once and a chunked body whose size lines drip.
+            self.close_connection = True
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            if path == "/trickle-headers":
+                drip = head + b"X-Pad: " + b"a" * 1000
+            else:
+                self.wfile.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
+                drip = b"0" * 1000
+            for i in range(len(drip)):
+                try:
+                    self.wfile.write(drip[i : i + 1])
+                    self.wfile.flush()
+                except OSError:  # the client hung up before the drip's end
+                    self.server.cut.set()
+                    return
+                if stop.wait(0.1):
+                    return
         elif path == "/500":
             self._send(b"Internal Server Error\n", status=500)
         elif path == "/garbage":
@@ -123,6 +142,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.stop = threading.Event()
+        self.cut = threading.Event()  # a trickle's client hung up before its end
         self.requests: list[tuple[str, dict[str, str]]] = []
 
     def handle_error(self, request: object, client_address: object) -> None:
@@ -164,7 +184,7 @@ def test_fixture_served_and_read(server: _Server, fixture: str) -> None:
     result = _scraper(server, f"/fixture/{fixture}").fetch()
     assert result.ok and result.error is None and result.status == 200
     assert result.text == (FIXTURES / fixture).read_text()
-    assert 0 < result.duration_seconds < 5.0
+    assert result.duration_seconds > 0
     assert MetricsReader().read(result.text)
 
 
@@ -205,9 +225,27 @@ def test_redirect_is_not_followed(server: _Server) -> None:
 @pytest.mark.parametrize("path", ["/slow-headers", "/slow-body"])
 def test_slow_server_times_out(server: _Server, path: str) -> None:
     result = _scraper(server, path, read_timeout=0.5).fetch()
+    # The read budget covers the whole reply, not each recv: the slow body sends a byte every 0.2 s,
+    # inside any one recv's 0.5 s, so only a budget for the whole reply ends it as a timeout.
     _assert_failed(result, "timeout")
-    # The read budget covers the whole reply, not each recv (the slow body sends a byte every 0.2 s).
-    assert result.duration_seconds < 2.0
+
+
+@pytest.mark.parametrize("path", ["/trickle-headers", "/trickle-chunks"])
+def test_a_trickle_ends_at_the_deadline_not_at_its_end(server: _Server, path: str) -> None:
+    # One byte every 0.1 s: every recv returns within any timeout, and the whole reply would take
+    # 100 s. Only a deadline for the whole reply ends it; the scraper then hangs up mid-drip.
+    result = _scraper(server, path, read_timeout=0.5).fetch()
+    _assert_failed(result, "timeout")
+    assert server.cut.wait(10)
+
+
+def test_one_deadline_bounds_the_whole_fetch(server: _Server) -> None:
+    # timeout is the whole fetch: shorter than connect_timeout + read_timeout, it is what ends it.
+    result = _scraper(
+        server, "/trickle-headers", connect_timeout=30.0, read_timeout=30.0, timeout=0.5
+    ).fetch()
+    _assert_failed(result, "timeout")
+    assert server.cut.wait(10)
 
 
 def test_closed_port_is_connection_error() -> None:
@@ -262,6 +300,7 @@ def test_scraper_is_reusable(server: _Server) -> None:
         ("http://[::1/metrics", {}),
         ("http://host/my metrics", {}),
         ("http://host/metrics", {"read_timeout": 0}),
+        ("http://host/metrics", {"timeout": 0}),
         ("http://host/metrics", {"max_bytes": 0}),
         ("http://host/metrics", {"bearer_token": "a\nb"}),
         ("https://host/metrics", {"ca_file": "/nonexistent/ca.pem"}),

@@ -23,8 +23,9 @@ from kvwatch.analysis.plan import card_fits, make_plan, smallest_cards
 from kvwatch.analysis.workload import parse_inline, parse_rank_budgets
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.geometry import ModelGeometry, load_model
+from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.cli import main
 from kvwatch.core.units import GiB, KiB, MiB
@@ -157,7 +158,9 @@ def test_000_qwen3_32b_h100_three_then_eighteen_by_halving_the_weights() -> None
         fits = card_fits(m, base, parse_inline(f"{n}x8192"), cards=smi(gpus.lookup("h100")))
         by = {(f.kv_cache_dtype, f.weights): f for f in fits}
         assert by[("bf16", "fp8")].fits is fp8_fits and not by[("bf16", "checkpoint (bfloat16)")].fits
-        assert round(by[("bf16", "fp8")].weights_bytes / GiB, 2) == 31.97
+        weights = by[("bf16", "fp8")].weights_bytes
+        assert weights is not None
+        assert round(weights / GiB, 2) == 31.97
 
 
 def test_000_llama3_70b_bf16_does_not_fit_one_h100() -> None:

@@ -14,7 +14,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.sglang import budget
+from kvwatch.engines.sglang import budget, states
 
 CONFIGS = Path(__file__).parent / "model_configs"
 H100_MIB, H20_MIB, B200_MIB = 81559, 97871, 183359
@@ -177,12 +177,20 @@ def test_swa_split_per_release() -> None:
     assert old > new >= mid
 
 
-def test_mamba_state_share_divided_by_dp() -> None:
+def test_gdn_state_slots_divided_by_dp_in_0_5_4_to_0_5_8_only() -> None:
+    """0.5.4-0.5.6 divide a GDN model's slot count by dp under DP attention (0.5.4
+    model_runner.py:1470-1473); 0.5.9's ratio branch does not (model_runner_kv_cache_mixin.py:186-203)."""
     m = _model("Qwen--Qwen3-Next-80B-A3B-Thinking")
-    plain = budget.pool(m, _sglang("0.5.9", tp=4), 2, 38 * GiB)
-    dp = budget.pool(m, _sglang("0.5.9", tp=4, dp=4, dp_attention=True), 2, 38 * GiB)
-    assert plain.tokens == int(38 * GiB * (1 - 0.9 / 1.9)) // plain.cell_bytes
-    assert dp.tokens == int(38 * GiB * (1 - 0.9 / 1.9 / 4)) // dp.cell_bytes
+    available = 38 * GiB
+    for version, divided in (("0.5.6", True), ("0.5.9", False)):
+        plain = budget.pool(m, _sglang(version, tp=4), 2, available)
+        d = _sglang(version, tp=4, dp=4, dp_attention=True)
+        dp = budget.pool(m, d, 2, available)
+        per_req = states.state_bytes_per_request(m, d)
+        slots = int(available * 0.9 / 1.9 // per_req)
+        assert plain.tokens == (available - slots * per_req) // plain.cell_bytes
+        kept = slots // 4 if divided else slots
+        assert dp.tokens == (available - kept * per_req) // dp.cell_bytes
 
 
 def test_multimodal_reservation_from_0_5_18() -> None:

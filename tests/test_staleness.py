@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until
 
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.events import UsageSample
@@ -211,3 +212,110 @@ def test_metrics_only_source_headroom_staleness_and_own_process_metrics(
         assert _find(page, "kvwatch_requests_running", **lab) is not None
     finally:
         engine.close()
+
+
+# --- Issue 21: staleness by kind of fact -----------------------------------------------------------
+
+# An access line vLLM writes for every request: the log grows although no stats line comes.
+ACCESS = '(APIServer pid=11574) INFO:     127.0.0.1:40312 - "POST /v1/completions HTTP/1.1" 200 OK'
+
+
+def _stale_series(car: Sidecar) -> dict[tuple[str, str], float]:
+    body, _ = car.render_metrics("text/plain")
+    return {
+        (s.labels["origin"], s.labels["fact"]): float(s.value)
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+        if s.name == names.FACTS_STALE.sample_name
+    }
+
+
+def test_a_live_log_with_fact_ttl_5_has_no_stale_fact_until_its_stats_lines_stop(tmp_path: Path) -> None:
+    """The engine prints its start once, then a stats line every 2 s for a minute: with --fact-ttl 5
+    nothing is stale (the pool, budget and settings were printed once and are never stale while the
+    log is read); when the stats lines stop while the log keeps growing, the periodic facts go stale
+    and the pool is still exported."""
+    from kvwatch.sidecar.config import load_settings
+
+    clock = _Clock()
+    log = tmp_path / "vllm.log"
+    log.write_text("\n".join(STARTUP) + "\n", encoding="utf-8")
+    settings = load_settings(
+        {"log": [f"v={log}"], "model_config": str(LLAMA_8B), "listen": "127.0.0.1:0", "fact_ttl": 5},
+        environ={},
+    )
+    car = Sidecar(settings, environ={"HOME": str(tmp_path)}, clock=clock)
+    car.start()
+    try:
+        # The tailer opens the log on its own thread: wait (bounded) until it read the start.
+        wait_until(
+            lambda: car.render_metrics("text/plain") and _get(car.registry, names.KV_POOL_TOKENS, **LAB), 15
+        )
+        for _ in range(30):
+            clock.now += 2
+            with log.open("a", encoding="utf-8") as fh:
+                fh.write(STATS + "\n")
+            stale = _stale_series(car)
+            assert stale and not any(stale.values()), stale
+        assert {fact for _, fact in stale} == {"kv_usage_ratio", "running", "waiting"}
+        reg = car.registry
+        assert _get(reg, names.KV_POOL_TOKENS, **LAB) == 1952 * 16
+        for _ in range(4):  # requests keep coming, the stats lines stop
+            clock.now += 2
+            with log.open("a", encoding="utf-8") as fh:
+                fh.write(ACCESS + "\n")
+        stale = _stale_series(car)
+        assert stale == {("log", "kv_usage_ratio"): 1, ("log", "running"): 1, ("log", "waiting"): 1}
+        assert _get(reg, names.KV_USAGE_RATIO, **LAB) is None
+        assert _get(reg, names.KV_POOL_TOKENS, **LAB) == 1952 * 16
+    finally:
+        car.stop()
+
+
+def test_a_pool_only_metrics_reported_stays_while_metrics_answers_and_goes_when_it_is_silent() -> None:
+    """The pool is a startup fact: a scrape that no longer carries it (renamed series) leaves it
+    exported and never flagged; once /metrics delivers nothing for the TTL, it is left out."""
+    from kvwatch.core.events import PoolSized
+
+    clock = _Clock()
+    fleet = Fleet(clock=clock, fact_ttl=30)
+    fleet.apply("v", PoolSized(engine="vllm", instance="0", origin="metrics", tokens=434448, blocks=27153))
+    for _ in range(20):
+        clock.now += 5
+        fleet.apply(
+            "v", UsageSample(engine="vllm", instance="0", origin="metrics", kv_usage_ratio=0.4, running=3)
+        )
+    reg = _registry(fleet)
+    assert _get(reg, names.KV_POOL_TOKENS, **LAB) == 434448
+    assert _get(reg, names.FACTS_STALE, **LAB, fact="pool_tokens") is None
+    assert _get(reg, names.FACTS_STALE, **LAB, origin="metrics", fact="kv_usage_ratio") == 0
+    clock.now += 31  # the endpoint went silent (its scrapes fail)
+    assert _get(reg, names.KV_POOL_TOKENS, **LAB) is None
+    assert _get(reg, names.KV_USAGE_RATIO, **LAB) is None
+    assert _get(reg, names.FACTS_STALE, **LAB, origin="metrics", fact="kv_usage_ratio") == 1
+
+
+def test_only_watched_periodic_facts_are_flagged_and_startup_groups_have_none() -> None:
+    from kvwatch.state import facts
+
+    assert facts.UsageFacts.CADENCE == "periodic"
+    for group in (facts.SettingsFacts, facts.MemoryFacts, facts.PoolFacts, facts.Failure):
+        assert group.CADENCE == "startup" and facts.periodic_facts(group) == ()
+    from kvwatch.state.fleet import STALE_FACTS
+
+    assert STALE_FACTS == ("kv_usage_ratio", "used_tokens", "running", "waiting")
+
+
+def test_a_pool_timed_by_an_older_kvwatch_is_never_flagged_after_a_restore(tmp_path: Path) -> None:
+    """State files of earlier releases timed the pool as 'log:pool_tokens': restored, it is a
+    startup fact like any other and never stale, however old."""
+    from kvwatch.state.persist import STATE_FILE, StateStore, restore
+
+    old = (TESTS / "state_files" / "format1-main-8bd9b45.json").read_text()
+    assert '"log:pool_tokens"' in old
+    (tmp_path / STATE_FILE).write_text(old)
+    late = Fleet(clock=lambda: 5000.0)
+    restore(late, StateStore(tmp_path).load())
+    snap = {(s.source, s.instance): s for s in late.snapshot()}[("v", "0")]
+    assert snap.stale and all(fact != "pool_tokens" for _, fact in snap.stale)
+    assert snap.pool.tokens == 428560

@@ -696,6 +696,26 @@ def test_every_claimed_case_contains_an_anchor() -> None:
             assert any(a in body for a in vllm.ANCHORS), name
 
 
+@pytest.mark.parametrize(
+    ("anchor", "body"),
+    [
+        ("KV cache", "Reserved 3 KV cache slots for the drafter"),
+        ("blocks", "Swapped 12 blocks to the host"),
+        ("took", "Tokenizer warm-up took 0.5 seconds"),
+        ("CUDA graph memory", "CUDA graph memory pool trimmed"),
+    ],
+)
+def test_a_row_added_at_the_end_of_the_table_is_reached(
+    anchor: str, body: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new line is one new row: no earlier row claims a line that is not its own (before, every
+    'KV cache', 'blocks' or 'took' line ended in one handler's if-chain and a new row was dead)."""
+    assert vllm.parse(body, LineMeta()) == ()
+    answer = (Preemption(engine="vllm", total=7),)
+    monkeypatch.setattr(vllm, "_TABLE", (*vllm._TABLE, (anchor, lambda b, m: answer)))
+    assert vllm.parse(body, LineMeta()) == answer
+
+
 def test_identity_comes_from_meta() -> None:
     meta = LineMeta(instance="3", rank=1, ts="10-03 09:15:22")
     (event,) = vllm.parse("Available KV cache memory: 53.27 GiB", meta)

@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from kvwatch.analysis.predict import pool_from_available, tokens_of_pool_bytes
 from kvwatch.capacity.budget import Budget, Contribution, Term, putter
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.model import ModelGeometry
 from kvwatch.engines import registry
 from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.state.fleet import InstanceSnapshot
@@ -77,12 +80,46 @@ def observed_budget(
 
 
 @dataclass(frozen=True)
+class EngineBudgetPool:
+    """The pool the engine makes of the KV memory it printed (basis 'engine_budget')."""
+
+    tokens: int
+    blocks: int | None
+    bytes: int
+
+
+def engine_budget_pool(
+    model: ModelGeometry, deployment: Deployment, memory: MemoryFacts, pool: PoolFacts
+) -> EngineBudgetPool | None:
+    """The printed KV memory divided the engine's way: the one figure the sidecar's engine_budget
+    gauges and ``kvwatch explain`` both show.
+
+    vLLM prints its budget ('Available KV cache memory'): divided as the engine divides it. SGLang
+    prints the pool's buffers ('KV size'), whose bytes per token differ from the cell its budget is
+    divided by (DeepSeek sparse attention): the tokens are the buffers' own. None when the engine
+    printed neither, or no positive amount.
+    """
+    available = memory.available_kv_bytes
+    printed_pool = available is None and pool.bytes is not None
+    if available is None:
+        available = pool.bytes
+    if available is None or available <= 0:
+        return None
+    tokens, blocks = pool_from_available(model, deployment, available)
+    if printed_pool:
+        tokens = tokens_of_pool_bytes(model, deployment, available) or tokens
+    return EngineBudgetPool(tokens, blocks, available)
+
+
+@dataclass(frozen=True)
 class Attribution:
     """The KV-budget gap (observed - predicted) split into the terms that make it up."""
 
     observed_kv: int
     predicted_kv: int
     contributions: tuple[Contribution, ...]
+    # The terms either side brings into the split (what the release subtracts and someone knows).
+    counted: frozenset[str] = frozenset()
 
     @property
     def gap_bytes(self) -> int:
@@ -133,7 +170,8 @@ def attribute_gap(
     one term because kvwatch predicts them as one allowance. SGLang: kv = (total - non_torch) x f
     - weights. Each difference is weighted as it enters the identity (a card that is 1 GiB larger
     adds f GiB, not 1 GiB); what no known term explains is 'unattributed'. None when either KV
-    budget is unknown.
+    budget is unknown. Pass only the terms the release subtracts (Engine.budget_terms_for_gap on
+    both sides): the contributions and 'unattributed' then add up to the gap exactly.
     """
     ok, pk = observed.get("kv"), predicted.get("kv")
     if ok is None or pk is None:
@@ -141,4 +179,7 @@ def attribute_gap(
     out = registry.get(engine).attribute(observed, predicted, observed_fraction, predicted_fraction)
     rest = (ok - pk) - sum(c.bytes for c in out)
     out.append(Contribution("unattributed", rest))
-    return Attribution(ok, pk, tuple(out))
+    counted = frozenset(
+        n for n in (*observed, *predicted) if (observed.get(n), predicted.get(n)) != (None, None)
+    )
+    return Attribution(ok, pk, tuple(out), counted)

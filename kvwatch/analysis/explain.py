@@ -7,17 +7,19 @@ sidecar's gap metric, on the same snapshot.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvwatch.analysis.attribution import (
     Attribution,
     apriori_inputs,
     attribute_gap,
+    engine_budget_pool,
     gap_ratio,
     observed_budget,
 )
-from kvwatch.analysis.levers import Lever, levers, tokens_from_budget
+from kvwatch.analysis.levers import Lever, levers
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.budget import Budget, predicted_budget
 from kvwatch.capacity.deployment import deployment_from_settings
@@ -203,6 +205,40 @@ class Overrides:
         ).overlaid(settings)
 
 
+# The pool the engine made of its own budget and the one this config's bytes per token make of the
+# same bytes differ by more than this: another model's config (the cache dtype or TP read wrong
+# gives factors of 2, a close relative's config a few percent).
+MISMATCH_RATIO = 0.10
+_SIZE = re.compile(r"(?<![0-9a-z.])([0-9]+(?:\.[0-9]+)?)b(?![a-z])")
+
+
+def _size_tag(name: str) -> str | None:
+    """'meta-llama/Llama-3.1-8B-Instruct' -> '8'; None when the name gives no parameter count."""
+    found = _SIZE.findall(name.rsplit("/", 1)[-1].lower())
+    return found[-1] if found else None
+
+
+def model_mismatch(
+    served: str | None, config: str, observed_tokens: int | None, budget_tokens: int | None
+) -> str | None:
+    """One line when the config is unlikely to be the served model's: the pool the engine made of
+    its budget disagrees with the config's bytes per token, or the names give other sizes (8B/70B)."""
+    names = f"the log serves {served}, the config is {config}" if served else f"the config is {config}"
+    if observed_tokens and budget_tokens:
+        ratio = observed_tokens / budget_tokens - 1
+        if abs(ratio) > MISMATCH_RATIO:
+            return (
+                f"model mismatch? the engine's pool holds {abs(ratio) * 100:.0f}% "
+                f"{'more' if ratio > 0 else 'fewer'} tokens than this config's bytes per token make of "
+                f"its budget: another model, release or cache dtype ({names})"
+            )
+    if served:
+        a, b = _size_tag(served), _size_tag(config)
+        if a is not None and b is not None and float(a) != float(b):
+            return f"model mismatch? {names}: {a}B and {b}B parameters"
+    return None
+
+
 def explain(
     snap: InstanceSnapshot,
     model: ModelGeometry | None,
@@ -240,17 +276,14 @@ def explain(
         )
     else:
         try:
-            a_priori = deployment_from_settings(
-                snap.engine,
-                settings,
-                apriori,
-                gpu_memory_bytes,
-                tp=extra.tp,
-                pp=extra.pp,
-                kv_cache_dtype=extra.kv_cache_dtype,
-                max_model_len=extra.max_model_len,
-                engine_version=extra.engine_version,
-            )
+            fill = {
+                "tp": extra.tp,
+                "pp": extra.pp,
+                "kv_cache_dtype": extra.kv_cache_dtype,
+                "max_model_len": extra.max_model_len,
+                "engine_version": extra.engine_version,
+            }
+            a_priori = deployment_from_settings(snap.engine, settings, apriori, gpu_memory_bytes, **fill)
             if a_priori.gpu_memory_bytes is None:
                 notes.append(
                     "the log does not print the card's memory: give --gpu or --gpu-memory to predict"
@@ -260,20 +293,26 @@ def explain(
                 predicted = predicted_budget(prediction)
                 predicted_tokens = prediction.kv_pool_tokens
                 max_model_len = prediction.max_model_len
-                observed_terms = engine.budget_terms_for_gap(observed.as_bytes(), settings)
+                # Both sides counted as the release counts them (vLLM up to 0.19 prints and
+                # estimates CUDA-graph memory but does not subtract it).
+                version = a_priori.engine_version
+                gap_settings = replace(settings, version=version)
                 attribution = attribute_gap(
                     snap.engine,
-                    observed_terms,
-                    predicted.as_bytes(),
+                    engine.budget_terms_for_gap(observed.as_bytes(), gap_settings),
+                    engine.budget_terms_for_gap(predicted.as_bytes(), gap_settings),
                     observed.fraction,
                     predicted.fraction,
                 )
             kv = observed.get("kv")
             if max_model_len is None:
                 max_model_len = model.max_position_embeddings
-            if kv is not None and kv > 0:
-                budget_tokens = tokens_from_budget(model, a_priori, kv)
-            elif kv is not None:
+            # The engine-budget pool: the sidecar's function on the sidecar's inputs.
+            full = deployment_from_settings(snap.engine, settings, snap.memory, gpu_memory_bytes, **fill)
+            own_pool = engine_budget_pool(model, full, snap.memory, snap.pool)
+            if own_pool is not None:
+                budget_tokens = own_pool.tokens
+            if kv is not None and kv <= 0:
                 notes.append(
                     "the KV budget is not positive: nothing is left for the cache after the terms above"
                 )
@@ -285,6 +324,10 @@ def explain(
             notes.append(f"no prediction: {exc}")
     if observed_tokens is None and budget_tokens is not None:
         notes.append("the log prints no pool size: compare the engine_budget tokens instead")
+    if model is not None:
+        mismatch = model_mismatch(settings.model, model.name, observed_tokens, budget_tokens)
+        if mismatch is not None:
+            notes.append(mismatch)
     if attribution is not None and all(c.term == "unattributed" for c in attribution.contributions):
         notes.append("the log prints too few budget terms to attribute the gap to any of them")
     return Explanation(

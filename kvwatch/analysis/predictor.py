@@ -14,13 +14,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvwatch.analysis.attribution import apriori_inputs
-from kvwatch.analysis.predict import pool_from_available, predict, tokens_of_pool_bytes
+from kvwatch.analysis.attribution import apriori_inputs, engine_budget_pool
+from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import deployment_from_settings
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.kinds import EngineName
+from kvwatch.core.labels import ConcurrencyBasis, PredictionBasis, PredictionState
 from kvwatch.state.facts import MemoryFacts, SettingsFacts
 from kvwatch.state.fleet import InstanceSnapshot
 
@@ -33,21 +34,22 @@ _Key = tuple[str, str, int, EngineName, SettingsFacts, MemoryFacts]
 
 @dataclass(frozen=True)
 class PredictionResult:
-    """What kvwatch predicts for one instance, per basis; ``state`` is one of names.PREDICTION_STATES."""
+    """What kvwatch predicts for one instance, per basis (the label values of core/labels.py)."""
 
-    state: str
+    state: PredictionState
     reason: str = ""
     # basis -> predicted pool tokens / bytes / max concurrency
-    tokens: Mapping[str, int] = field(default_factory=dict)
-    bytes: Mapping[str, int] = field(default_factory=dict)
-    max_concurrency: Mapping[str, float] = field(default_factory=dict)
+    tokens: Mapping[PredictionBasis, int] = field(default_factory=dict)
+    bytes: Mapping[PredictionBasis, int] = field(default_factory=dict)
+    max_concurrency: Mapping[ConcurrencyBasis, float] = field(default_factory=dict)
     # basis -> the prediction's expected relative error, where it is modelled (config).
-    error_ratio: Mapping[str, float] = field(default_factory=dict)
+    error_ratio: Mapping[PredictionBasis, float] = field(default_factory=dict)
     # basis -> predicted pool blocks (vLLM): what an observed pool known only in blocks is compared
     # with, since vLLM's token count is not blocks x block size (hybrid groups; from 0.20.1 every
     # sliding-window model, budget.logs_tokens_from_concurrency).
-    blocks: Mapping[str, int] = field(default_factory=dict)
+    blocks: Mapping[PredictionBasis, int] = field(default_factory=dict)
     bytes_per_token: int | None = None
+    # term -> predicted bytes: Prediction.memory_terms() (keyed by MemoryTerm's words).
     memory: Mapping[str, int] = field(default_factory=dict)
     # Tokens per block the engine uses by default when its log does not say (vLLM: 16 on CUDA).
     block_size: int | None = None
@@ -131,15 +133,15 @@ class Predictor:
         # The same a-priori inputs `kvwatch explain` predicts from (settings, card, fraction).
         settings, apriori = apriori_inputs(snap)
         gpu = self._gpu_memory
-        tokens: dict[str, int] = {}
-        pool_bytes: dict[str, int] = {}
-        concurrency: dict[str, float] = {}
-        error_ratio: dict[str, float] = {}
-        blocks: dict[str, int] = {}
+        tokens: dict[PredictionBasis, int] = {}
+        pool_bytes: dict[PredictionBasis, int] = {}
+        concurrency: dict[ConcurrencyBasis, float] = {}
+        error_ratio: dict[PredictionBasis, float] = {}
+        blocks: dict[PredictionBasis, int] = {}
         memory: dict[str, int] = {}
         bytes_per_token = block_size = None
         max_model_len = model.max_position_embeddings
-        state = "ok"
+        state: PredictionState = "ok"
         try:
             # Basis 'config': only what is known before the engine starts (the card, the settings).
             deployment = deployment_from_settings(snap.engine, settings, apriori, gpu)
@@ -160,19 +162,13 @@ class Predictor:
                 memory = {k: int(v) for k, v in pred.memory_terms().items() if v is not None}
             # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
             # vLLM prints its budget ('Available KV cache memory'); SGLang prints the pool's bytes.
-            available = snap.memory.available_kv_bytes
-            printed_pool = available is None and snap.pool.bytes is not None
-            if available is None:
-                available = snap.pool.bytes
-            if available is not None and available > 0:
-                full = deployment_from_settings(snap.engine, settings, snap.memory, gpu)
-                budget_tokens, budget_blocks = pool_from_available(model, full, available)
-                if printed_pool:
-                    # The printed pool's own bytes per token, not the budget's cell.
-                    budget_tokens = tokens_of_pool_bytes(model, full, available) or budget_tokens
-                tokens["engine_budget"] = budget_tokens
-                if budget_blocks is not None:
-                    blocks["engine_budget"] = budget_blocks
+            full = deployment_from_settings(snap.engine, settings, snap.memory, gpu)
+            own_pool = engine_budget_pool(model, full, snap.memory, snap.pool)
+            if own_pool is not None:
+                available = own_pool.bytes
+                tokens["engine_budget"] = own_pool.tokens
+                if own_pool.blocks is not None:
+                    blocks["engine_budget"] = own_pool.blocks
                 pool_bytes["engine_budget"] = available
                 # The engine's own concurrency (blocks over the blocks one request takes), not
                 # tokens / max_model_len: the two differ for sliding-window layers up to vLLM 0.20.0.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvwatch.capacity.deployment import MAX_TOKENS
+from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, MAX_RANKS, MAX_TOKENS, MIN_TERM_BYTES
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import parse_size
 
@@ -25,7 +25,8 @@ from kvwatch.core.units import parse_size
 # sequences should still be refused rather than planned.
 MAX_SEQUENCES = 10_000_000
 
-_ITEM = re.compile(r"^\s*(?:(?P<count>\d+)\s*[x*]\s*)?(?P<len>\d+)\s*(?P<k>[kK])?\s*$")
+# (Possessive blanks: a long run of them is refused in one pass.)
+_ITEM = re.compile(r"^\s*(?:(?P<count>\d+)\s*[x*]\s*)?(?P<len>\d+)\s*+(?P<k>[kK])?\s*+$")
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,16 @@ def parse_rank_budgets(spec: str) -> tuple[int, ...]:
             count = int(count_text)
             if count < 1:
                 raise ConfigError(f"rank count must be positive in {item.strip()!r}")
-            out += [parse_size(size_text)] * count
+            if len(out) + count > MAX_RANKS:
+                raise ConfigError(f"{len(out) + count:,} ranks is over the plausible maximum {MAX_RANKS:,}")
+            out += [_rank_budget(size_text)] * count
         else:
-            out.append(parse_size(item))
+            if len(out) + 1 > MAX_RANKS:
+                raise ConfigError(f"{len(out) + 1:,} ranks is over the plausible maximum {MAX_RANKS:,}")
+            out.append(_rank_budget(item))
     return tuple(out)
+
+
+def _rank_budget(text: str) -> int:
+    """One rank's KV budget: 1 MiB to the largest card (a unit-less '52' is bytes, refused)."""
+    return parse_size(text, minimum=MIN_TERM_BYTES, maximum=MAX_GPU_MEMORY_BYTES)

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 # Plausibility bounds, far above any real deployment: a value past one is a typo or an attack, refused
 # with the bound named (and the arithmetic stays finite). Sizes are per GPU.
 MAX_GPU_MEMORY_BYTES = 16 * 2**40  # 16 TiB
+# The smallest card memory a --gpu-memory may give: no GPU that serves an LLM has less than 256 MiB.
+MIN_GPU_MEMORY_BYTES = 256 * 2**20
+# The smallest weights or KV budget per GPU a size flag may give (a typo, not a model, below it).
+MIN_TERM_BYTES = 2**20  # 1 MiB
 MAX_RANKS = 4096  # tp, pp, dcp
 MAX_BLOCK_TOKENS = 1 << 16  # block_size / page_size: 65,536
 MAX_TOKENS = 1 << 30  # context lengths, batched tokens, workload lengths: 1,073,741,824
@@ -220,6 +224,7 @@ def deployment_from_settings(
         tp=_first(s.tensor_parallel_size, Deployment.tp),
         pp=_first(s.pipeline_parallel_size, Deployment.pp),
         dcp=_first(s.decode_context_parallel_size, Deployment.dcp),
+        dp=_first(s.data_parallel_size, Deployment.dp),
         kv_cache_dtype=_first(s.kv_cache_dtype, Deployment.kv_cache_dtype),
         block_size=s.block_size,
         page_size=s.page_size,

@@ -203,11 +203,13 @@ def tower_params(config: Mapping[str, JsonValue]) -> int:
 
 
 def vision_shape(config: Mapping[str, JsonValue]) -> tuple[int, int]:
-    """(layers, hidden) of the vision_config, 0 where absent."""
+    """(num_hidden_layers, hidden_size) of the vision_config, 0 where absent: the two attributes
+    SGLang's adjust_mem_fraction_for_vlm reads by these names only (0.5.3 server_args.py:3115-3116),
+    so a tower that names its depth 'depth' counts as the 24-layer default there."""
     tower = config.get("vision_config")
     if not isinstance(tower, Mapping):
         return 0, 0
-    return _int(tower, *_TOWER_KEYS["layers"]), _int(tower, *_TOWER_KEYS["hidden"])
+    return _int(tower, "num_hidden_layers"), _int(tower, "hidden_size")
 
 
 def dims_from_config(

@@ -40,27 +40,31 @@ AXES: tuple[Axis, ...] = (
 _FORM = re.compile(r"-(?:SXM|PCIE|NVL|HBM3|ECC-OFF)\b.*|-\d+GB.*", re.IGNORECASE)
 
 
-def card_family(gpu_name: str | None) -> str:
-    """'H100-SXM-80GB' -> 'H100', 'RTX-4090-24GB' -> 'RTX-4090'; a card outside the catalogue is
-    'unlisted card' (its memory given as a size)."""
+def card_family(gpu_name: str | None, total_bytes: int | None = None) -> str:
+    """'H100-SXM-80GB' -> 'H100', 'RTX-4090-24GB' -> 'RTX-4090'. A card given only by its memory
+    is the catalogue card whose measured total it is exactly (a log's 79.19 GiB is an H100), else
+    'unlisted card'."""
     card = gpus.find(gpu_name)
+    if card is None and total_bytes is not None:
+        card = next((c for c in gpus.CATALOGUE if c.total_measured and c.total_bytes == total_bytes), None)
     if card is None:
         return "unlisted card"
     return _FORM.sub("", card.name).upper()
 
 
 def release_bucket(version: str | None, newest_read: str) -> str:
-    """The release a version falls in: 'major.minor' (no version: the newest read, whose rules apply),
-    or 'newer than X' past the newest release read."""
-    v = version_tuple(version)
+    """The release a version falls in, to the precision of ``newest_read`` ('0.33' buckets vLLM by
+    minor release, '0.5.23' SGLang by patch release, where its rules move); no version is the
+    newest read, whose rules apply; past it, 'newer than X'."""
     newest = version_tuple(newest_read)
-    if v is None:
-        v = newest
-    if v is None:
+    v = version_tuple(version) or newest
+    if v is None or newest is None:
         return newest_read
-    if newest is not None and v[:2] > newest[:2]:
+    parts = len(newest)
+    head = tuple(v[:parts]) + (0,) * max(0, parts - len(v))
+    if head > tuple(newest):
         return f"newer than {newest_read}"
-    return f"{v[0]}.{v[1]}"
+    return ".".join(str(x) for x in head)
 
 
 def architecture_class(model: ModelGeometry) -> str:
@@ -93,7 +97,7 @@ def conditions(model: ModelGeometry, d: Deployment, newest_read: str) -> dict[Ax
     else:
         parallel = "tp 1"
     return {
-        "card": card_family(d.gpu_name),
+        "card": card_family(d.gpu_name, d.gpu_memory_bytes),
         "release": release_bucket(d.engine_version, newest_read),
         "architecture": architecture_class(model),
         "modality": "vision tower" if dims is not None and dims.has_vision_tower else "text",

@@ -27,6 +27,7 @@ from kvwatch.capacity.architectures import (
 from kvwatch.capacity.dims import dims_from_config, tower_params, vision_shape
 from kvwatch.capacity.dtypes import served_dtype
 from kvwatch.capacity.model import LayerKind, LayerSpec, ModelGeometry
+from kvwatch.capacity.states import state_layer
 from kvwatch.capacity.weights import count_params
 from kvwatch.core.errors import ModelConfigError, UnmodelledError, UnsupportedModelError
 from kvwatch.core.jsontypes import JsonObject, JsonValue
@@ -271,7 +272,7 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
             if kind == "full":
                 layers.append(LayerSpec("full", kv_heads, hk, hv))
             elif kind == "mamba":
-                layers.append(_state_layer(cfg, "mamba"))
+                layers.append(state_layer(cfg, "mamba"))
             elif kind == "none":
                 layers.append(LayerSpec("none"))
             else:
@@ -341,53 +342,12 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
         elif kind == "chunked":
             layers.append(LayerSpec("chunked", kv_heads, hk, hv, window=int(chunk) if chunk else None))
         elif kind in ("linear", "mamba"):
-            layers.append(_state_layer(cfg, "linear" if kind == "linear" else "mamba"))
+            layers.append(state_layer(cfg, "linear" if kind == "linear" else "mamba"))
     if g_heads or g_dim:
         notes.append("full-attention layers use num_global_key_value_heads / global_head_dim")
     if cfg.get("attention_k_eq_v"):
         notes.append("attention_k_eq_v: assumed the engines still store V beside K")
     return layers, notes
-
-
-def _pos(cfg: Mapping[str, Any], *keys: str, default: int = 0) -> int:
-    for key in keys:
-        value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return default
-
-
-def _state_layer(cfg: Mapping[str, Any], kind: LayerKind) -> LayerSpec:
-    """A linear-attention (Gated DeltaNet) or Mamba2 layer with its per-request state shape, as both
-    engines allocate it (vLLM model_executor/layers/mamba/mamba_utils.py, 0.33.0 :186-211 Mamba2,
-    :272-293 GDN; SGLang configs/mamba_utils.py:222-230 @0.5.23). A shape the config leaves out is 0:
-    the engines' state is then not sized exactly (budget notes say so)."""
-    fp32 = str(cfg.get("mamba_ssm_dtype") or "").removeprefix("torch.") == "float32"
-    if kind == "linear":
-        kh, kd = _pos(cfg, "linear_num_key_heads"), _pos(cfg, "linear_key_head_dim")
-        vh, vd = _pos(cfg, "linear_num_value_heads"), _pos(cfg, "linear_value_head_dim")
-        width = _pos(cfg, "linear_conv_kernel_dim", default=4) - 1
-        return LayerSpec(
-            kind,
-            state_conv_channels=2 * kh * kd + vh * vd,
-            state_conv_width=width,
-            state_heads=vh,
-            state_head_elems=vd * kd,
-            state_ssm_fp32=fp32,
-        )
-    heads, head_dim = _pos(cfg, "mamba_num_heads"), _pos(cfg, "mamba_head_dim")
-    state = _pos(cfg, "ssm_state_size", "state_size")
-    groups = _pos(cfg, "n_groups", default=1)
-    d_inner = heads * head_dim
-    width = _pos(cfg, "conv_kernel", "mamba_d_conv", default=4) - 1
-    return LayerSpec(
-        kind,
-        state_conv_channels=d_inner + 2 * groups * state if d_inner else 0,
-        state_conv_width=width,
-        state_heads=heads,
-        state_head_elems=head_dim * state,
-        state_ssm_fp32=fp32,
-    )
 
 
 def geometry_from_config(

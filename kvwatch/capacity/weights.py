@@ -184,6 +184,9 @@ def _count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[s
             out[NORMS] -= norm  # Nemotron-H blocks have a single norm
             continue
         if _is_moe_layer(cfg, i, n_experts):
+            if cfg.get("enable_moe_block") is True and inter:
+                # Gemma-4: the routed experts run beside the layer's dense MLP, not instead of it.
+                out[DENSE_MLP] += gated * hidden * inter
             out[EXPERTS] += n_experts * 3 * hidden * moe_inter
             out[ROUTER] += hidden * n_experts
             shared = _i(cfg, "n_shared_experts")

@@ -8,6 +8,16 @@ import sys
 HELP = "Run the sidecar on bundled vLLM and SGLang sample logs written live into temporary files."
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the demo."""
     parser.add_argument(
@@ -35,6 +45,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="the for: of the fault's alert in the demo's copy of the rules (default 5s)",
     )
+    parser.add_argument(
+        "--for-scale",
+        type=_positive,
+        default=1.0,
+        metavar="FACTOR",
+        help="divide every other alert's for: by FACTOR in the demo's rules (default 1: as shipped)",
+    )
+    parser.add_argument(
+        "--fact-ttl",
+        type=_positive,
+        metavar="SECONDS",
+        help="the sidecar's --fact-ttl (default: the sidecar's, 60)",
+    )
+    parser.add_argument(
+        "--heartbeat",
+        type=_positive,
+        default=60.0,
+        metavar="SECONDS",
+        help="while nothing but usage changes, one line this often (default 60)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,4 +80,7 @@ def run(args: argparse.Namespace) -> int:
         fault_after=fault_after,
         prometheus=not args.no_prometheus,
         alert_for=args.alert_for,
+        for_scale=args.for_scale,
+        fact_ttl=args.fact_ttl,
+        heartbeat=args.heartbeat,
     )

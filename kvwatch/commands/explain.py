@@ -10,15 +10,14 @@ from kvwatch.analysis.attribution import Attribution
 from kvwatch.analysis.explain import Explanation, Overrides, explain
 from kvwatch.capacity import gpus
 from kvwatch.capacity.budget import Budget
-from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
-from kvwatch.commands.predict import _positive_int
+from kvwatch.commands.predict import _positive_int, gpu_memory_size
 from kvwatch.commands.render import pair_bars, table
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.events import Event
 from kvwatch.core.kinds import ENGINE_CHOICES, ENGINE_NAMES
-from kvwatch.core.units import GiB, format_bytes, parse_size
+from kvwatch.core.units import GiB, format_bytes
 from kvwatch.engines import registry
 from kvwatch.sources.hub import resolve_model_config
 from kvwatch.sources.pipeline import replay
@@ -41,7 +40,7 @@ _CONTRIBUTION_LABELS: dict[str, str] = {
     "usable": "usable memory",
     "non_torch": "non-torch (context)",
     "weights": "weights",
-    "activation": "activation + non-torch + graphs",
+    "activation": "activation + non-torch",
     "unattributed": "not explained by a term",
 }
 
@@ -69,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine-version", help="engine version whose defaults apply, if the log has no banner"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the budget as a picture: the sidecar's status page, one file",
+    )
 
 
 def _check_version(engine: str, version: str) -> None:
@@ -88,14 +92,15 @@ def _has_budget(e: Explanation) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    model: ModelGeometry | None = (
-        load_model(resolve_model_config(args.model_config)) if args.model_config else None
-    )
+    if args.logs.count("-") > 1:
+        raise ConfigError("'-' (stdin) can be given once")
+    config = resolve_model_config(args.model_config) if args.model_config else None
+    model: ModelGeometry | None = load_model(config) if config is not None else None
     gpu_memory = None
     if args.gpu:
         gpu_memory = gpus.lookup(args.gpu).total_bytes
     elif args.gpu_memory:
-        gpu_memory = parse_size(args.gpu_memory, maximum=MAX_GPU_MEMORY_BYTES)
+        gpu_memory = gpu_memory_size(args.gpu_memory)
     events: list[Event] = []
     try:
         result = replay(args.logs, engine=args.engine, on_events=events.extend)
@@ -116,6 +121,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"no KV-cache memory or pool lines in {', '.join(args.logs)} "
             "(explain needs an engine's startup log: 'Available KV cache memory', 'KV Cache is allocated', ...)"
+        )
+    if args.html:
+        from kvwatch.commands import explain_html
+
+        explain_html.write(
+            args.html, result.snapshots(), explanations, config, gpu_memory, overrides, args.logs
         )
     if args.json:
         json.dump({"instances": [e.to_json_dict() for e in explanations]}, sys.stdout, indent=2)
@@ -161,7 +172,25 @@ def _budget_rows(observed: Budget, predicted: Budget | None) -> list[list[str]]:
     return rows
 
 
-def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]:
+def _label(a: Attribution, term: str) -> str:
+    label = _CONTRIBUTION_LABELS.get(term, term)
+    if term == "activation" and "cuda_graphs" in a.counted:
+        label += " + graphs"  # the release subtracts CUDA-graph memory too
+    return label
+
+
+# Engines print their memory terms to two decimals of a GiB ('58.11 GiB', SGLang's '54.52 GB'):
+# each printed figure is up to half of 0.01 GiB off.
+PRINTED_ROUNDING_BYTES = GiB // 200
+
+
+def _rounding(observed: Budget) -> int:
+    """How far the gap can be from 0 by the rounding of the printed terms alone."""
+    printed = sum(1 for t in observed.terms.values() if t.source == "printed")
+    return printed * PRINTED_ROUNDING_BYTES
+
+
+def _attribution_lines(a: Attribution, bytes_per_token: int | None, rounding: int = 0) -> list[str]:
     ratio = a.gap_ratio
     head = f"why the KV budget differs: observed - predicted = {_signed(a.gap_bytes)}"
     if ratio is not None:
@@ -175,7 +204,7 @@ def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]
         tokens = f"{c.bytes // bytes_per_token:+,}" if bytes_per_token else ""
         rows.append(
             [
-                _CONTRIBUTION_LABELS.get(c.term, c.term),
+                _label(a, c.term),
                 _signed(c.bytes),
                 f"{pct:+.1f}%" if pct is not None else "",
                 f"{share * 100:.0f}%" if share is not None else "",
@@ -187,8 +216,13 @@ def _attribution_lines(a: Attribution, bytes_per_token: int | None) -> list[str]
         table(["term", "effect on KV", "% of predicted", "share of gap", "tokens"], rows, (1, 2, 3, 4)),
     ]
     main = a.main_terms()
-    if main:
-        lines.append("mainly: " + ", ".join(_CONTRIBUTION_LABELS.get(c.term, c.term) for c in main))
+    if a.gap_bytes and abs(a.gap_bytes) <= rounding:
+        lines.append(
+            f"mainly: the rounding of the printed figures (0.01 GiB each, {format_bytes(rounding)} at most): "
+            "the budget is the predicted one"
+        )
+    elif main:
+        lines.append("mainly: " + ", ".join(_label(a, c.term) for c in main))
     return lines
 
 
@@ -241,7 +275,7 @@ def render(e: Explanation) -> str:
             )
     if e.attribution is not None:
         bpt = e.prediction.bytes_per_token if e.prediction is not None else None
-        lines += [""] + _attribution_lines(e.attribution, bpt)
+        lines += [""] + _attribution_lines(e.attribution, bpt, _rounding(e.observed))
     if e.levers:
         rows = [
             [lv.change, _fmt(lv.kv_bytes), f"{lv.pool_tokens:,}", f"{lv.max_concurrency:.2f}x", lv.note]

@@ -15,7 +15,7 @@ import sys
 from kvwatch.commands.summary import InstanceSummary, Summary, summary
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.events import Event, event_to_json
-from kvwatch.core.kinds import ENGINE_CHOICES
+from kvwatch.core.kinds import ENGINE_CHOICES, ENGINE_NAMES
 from kvwatch.core.units import format_bytes
 from kvwatch.sources.pipeline import replay
 
@@ -152,9 +152,16 @@ def run(args: argparse.Namespace) -> int:
         raise  # (stdout's reader went away, as `| head` does: not a file kvwatch could not read)
     except OSError as exc:
         raise ConfigError(f"cannot read {exc.filename or 'input'}: {exc.strerror or exc}") from exc
+    summarized = summary(result.snapshots(), result.engine)
+    if not summarized.instances:
+        # As explain: nothing to report is an error (exit 2), not an empty table that looks fine.
+        forced = f" for --engine {args.engine}" if args.engine != "auto" else ""
+        raise ConfigError(
+            f"no KV-cache lines in {', '.join(args.logs)}{forced} (kvwatch reads the pool, memory and "
+            f"stats lines of {' and '.join(ENGINE_NAMES)} logs)"
+        )
     if args.events:
         return 0
-    summarized = summary(result.snapshots(), result.engine)
     if args.json:
         sys.stdout.write(json.dumps(summarized.to_json(), indent=2) + "\n")
     else:

@@ -10,14 +10,21 @@ from typing import cast
 
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity import gpus
-from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, Deployment, DeploymentValue, validate
+from kvwatch.capacity.deployment import (
+    MAX_GPU_MEMORY_BYTES,
+    MIN_GPU_MEMORY_BYTES,
+    MIN_TERM_BYTES,
+    Deployment,
+    DeploymentValue,
+    validate,
+)
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
-from kvwatch.commands.render import table
-from kvwatch.core.errors import KvwatchError
+from kvwatch.commands.render import stacked_bar, table
+from kvwatch.core.errors import ConfigError, KvwatchError
 from kvwatch.core.kinds import DEFAULT_ENGINE, ENGINE_NAMES
-from kvwatch.core.units import format_bytes, parse_size
+from kvwatch.core.units import MAX_SIZE, format_bytes, parse_size
 from kvwatch.engines import registry
 from kvwatch.engines.flags import FlagReading, read_flags
 from kvwatch.sources.hub import resolve_model_config
@@ -35,6 +42,26 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def _flag_size(flag: str, text: str, minimum: int, allow_zero: bool = False) -> int:
+    # (the upper bound of a term, 16 TiB per GPU, is Deployment's own check: validate)
+    maximum = MAX_GPU_MEMORY_BYTES if minimum == MIN_GPU_MEMORY_BYTES else MAX_SIZE
+    try:
+        return parse_size(text, allow_zero=allow_zero, minimum=minimum, maximum=maximum)
+    except ConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def gpu_memory_size(text: str) -> int:
+    """A --gpu-memory value: between 256 MiB (no smaller card serves a model) and 16 TiB."""
+    return _flag_size("--gpu-memory", text, MIN_GPU_MEMORY_BYTES)
+
+
+def term_size(flag: str, text: str, allow_zero: bool = False) -> int:
+    """A --weights-memory / --available-kv-memory / --activation-memory value: at least 1 MiB
+    (0 where allowed), at most the largest card (Deployment's check)."""
+    return _flag_size(flag, text, MIN_TERM_BYTES, allow_zero)
 
 
 def _fraction(text: str) -> float:
@@ -97,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     # Everything after `--` (cli.main splits it off): the engine's own flags as users type them.
-    parser.set_defaults(engine_flags=[])
+    parser.set_defaults(engine_flags=[], own_parser=parser)
     parser.epilog = (
         "After --, the engine's own flags as you type them (vllm serve: --tensor-parallel-size 4 "
         "--max-num-seqs 256 --enforce-eager ...; sglang.launch_server: --tp-size 8 --mem-fraction-static "
@@ -107,8 +134,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_flags(args: argparse.Namespace) -> FlagReading:
-    """The engine's own flags given after ``--``, read by the engine's flag table."""
-    return read_flags(getattr(args, "engine_flags", None) or [], registry.get(args.engine).flags)
+    """The engine's own flags given after ``--``, read by the engine's flag table.
+
+    One of kvwatch's own flags there that the engine does not take (``-- ... --json``) is refused:
+    read as an ignored engine flag it would do nothing, silently.
+    """
+    reading = read_flags(getattr(args, "engine_flags", None) or [], registry.get(args.engine).flags)
+    parser = getattr(args, "own_parser", None)
+    own = {o for a in parser._actions for o in a.option_strings} if parser is not None else set()
+    for token in reading.ignored:
+        name = token.split(" ", 1)[0].partition("=")[0]
+        if name in own:
+            raise ConfigError(
+                f"{name} after '--' is read as a {args.engine} flag, which {args.engine} does not take: "
+                f"put kvwatch's own flags before '--'"
+            )
+    return reading
 
 
 def build_deployment(args: argparse.Namespace) -> Deployment:
@@ -119,7 +160,7 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         spec = gpus.lookup(args.gpu)
         gpu_name, gpu_memory = spec.name, spec.total_bytes
     elif args.gpu_memory:
-        gpu_memory = parse_size(args.gpu_memory, maximum=MAX_GPU_MEMORY_BYTES)
+        gpu_memory = gpu_memory_size(args.gpu_memory)
     registry.check_version(args.engine, args.engine_version)
     fraction_flags = registry.get(args.engine).deployment_flags(
         args.gpu_memory_utilization, args.mem_fraction_static, args.block_size
@@ -135,11 +176,15 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=args.max_model_len,
         weights_dtype=args.weights_dtype,
-        weights_bytes=parse_size(args.weights_memory) if args.weights_memory else None,
+        weights_bytes=term_size("--weights-memory", args.weights_memory) if args.weights_memory else None,
         activation_bytes=(
-            parse_size(args.activation_memory, allow_zero=True) if args.activation_memory else None
+            term_size("--activation-memory", args.activation_memory, allow_zero=True)
+            if args.activation_memory
+            else None
         ),
-        available_kv_bytes=parse_size(args.available_kv_memory) if args.available_kv_memory else None,
+        available_kv_bytes=(
+            term_size("--available-kv-memory", args.available_kv_memory) if args.available_kv_memory else None
+        ),
         max_num_batched_tokens=args.max_num_batched_tokens,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
     ).with_(**{**fraction_flags, **engine_flags_fields(args)})
@@ -162,11 +207,9 @@ def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:
         (".", max(p.total_bytes - p.weights_bytes - overhead - kv, 0)),
         ("K", kv),
     ]
-    cells = []
-    for ch, size in parts:
-        cells.append(ch * max(0, round(size / p.total_bytes * width)))
-    bar = "".join(cells)[:width].ljust(width, " ")
-    return f"[{bar}]  W weights  A activations+graphs  . margin  K KV pool"
+    return (
+        f"[{stacked_bar(parts, p.total_bytes, width)}]  W weights  A activations+graphs  . margin  K KV pool"
+    )
 
 
 def render(p: Prediction) -> str:
@@ -237,12 +280,17 @@ def render(p: Prediction) -> str:
     return "\n".join(lines)
 
 
-def _with_flag_notes(p: Prediction, reading: FlagReading, model_config: str) -> Prediction:
+def _flag_notes(reading: FlagReading, model_config: str) -> list[str]:
     notes = []
     if reading.ignored:
         notes.append(f"engine flags kvwatch does not model, ignored: {' '.join(reading.ignored)}")
     if reading.model is not None and reading.model != model_config:
         notes.append(f"the engine flags name the model {reading.model}; sized from {model_config}")
+    return notes
+
+
+def _with_flag_notes(p: Prediction, reading: FlagReading, model_config: str) -> Prediction:
+    notes = _flag_notes(reading, model_config)
     return dataclasses.replace(p, assumptions=(*p.assumptions, *notes)) if notes else p
 
 
@@ -306,6 +354,10 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             print(render_cards(model, preds))
+            # What --help promises: the engine flags kvwatch ignored, listed once for every card.
+            notes = _flag_notes(reading, args.model_config)
+            if notes:
+                print("\n".join(["", "assumptions:", *(f"  - {n}" for n in notes)]))
         return 0
     prediction = _with_flag_notes(predict(model, deployment), reading, args.model_config)
     if args.json:

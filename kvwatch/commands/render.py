@@ -38,6 +38,22 @@ def bar(value: float, scale: float, width: int = BAR_WIDTH, char: str = "#") -> 
     return ("-" if value < 0 else char) * cells
 
 
+def stacked_bar(parts: Sequence[tuple[str, float]], whole: float, width: int = BAR_WIDTH) -> str:
+    """Parts of ``whole`` side by side, one character per 1/``width`` of it, exactly ``width`` wide.
+
+    Each part's cells are capped at ``width`` before any string is built, so a part far larger
+    than the whole (a card of 80 bytes holding 15 GiB of weights) costs ``width`` characters, not
+    its ratio.
+    """
+    cells = []
+    room = width
+    for ch, size in parts:
+        n = min(room, max(0, round(size / whole * width))) if whole > 0 else 0
+        cells.append(ch[:1] * n)
+        room -= n
+    return "".join(cells).ljust(width, " ")
+
+
 def pair_bars(
     label_width: int,
     rows: Sequence[tuple[str, float | None, float | None]],

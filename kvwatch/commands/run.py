@@ -10,7 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from kvwatch.core.kinds import ENGINE_CHOICES
-from kvwatch.sidecar.config import DEFAULT_PORT, load_settings
+from kvwatch.sidecar.config import DEFAULT_PORT, Settings, load_settings
 
 HELP = "Run the sidecar: tail engine logs, scrape engine /metrics, export KV-cache metrics for Prometheus."
 
@@ -31,6 +31,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="[NAME=]PATH",
         help="model config.json, folder or Hub name ORG/NAME[@REV], for all sources or source NAME (default: found from the model the log names)",
+    )
+    add(
+        "--node-logs",
+        metavar="DIR",
+        help="node mode: follow every engine container's log under the kubelet's log root, e.g. /var/log/pods",
+    )
+    add(
+        "--include",
+        action="append",
+        metavar="NS/POD/CONTAINER",
+        help="node mode: follow only containers matching this glob (repeatable; default */*/*)",
+    )
+    add(
+        "--exclude",
+        action="append",
+        metavar="NS/POD/CONTAINER",
+        help="node mode: never follow containers matching this glob (repeatable)",
+    )
+    add(
+        "--max-containers",
+        type=int,
+        metavar="N",
+        help="node mode: containers followed at most; more are counted as dropped (default 128)",
+    )
+    add(
+        "--pod-expiry",
+        type=float,
+        metavar="SECONDS",
+        help="node mode: a deleted pod's instances are exported this long, then forgotten (default 30)",
     )
     add("--engine", choices=ENGINE_CHOICES, help="engine of every source (default: auto)")
     gpu = parser.add_mutually_exclusive_group()
@@ -61,32 +90,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="fetch the config.json of a logged model missing from the Hugging Face cache from the Hub (default: cache only)",
     )
+    add(
+        "--release-read",
+        action="store_true",
+        default=None,
+        help="give back the disk blocks of log lines already read and saved (punch holes), so a log "
+        "nothing rotates never fills its volume; needs --state-dir",
+    )
     add("--log-level", choices=("debug", "info", "warning", "error"), help="kvwatch's own log level")
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate settings, start the sidecar, run until SIGTERM/SIGINT."""
-    flags = {
-        key: getattr(args, key)
-        for key in (
-            "log",
-            "metrics_url",
-            "model_config",
-            "engine",
-            "gpu",
-            "gpu_memory",
-            "listen",
-            "web_config",
-            "state_dir",
-            "scrape_interval",
-            "scrape_timeout",
-            "max_instances",
-            "fact_ttl",
-            "poll",
-            "fetch_model_configs",
-            "log_level",
-        )
-    }
+    # Every flag that names a setting (the settings' own field names: one list, Settings).
+    fields = {info.alias or name for name, info in Settings.model_fields.items()}
+    flags = {key: value for key, value in vars(args).items() if key in fields}
     settings = load_settings(flags, config_file=args.config)
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -100,8 +118,14 @@ def run(args: argparse.Namespace) -> int:
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         sidecar.request_stop()
 
+    def _on_hangup(signum: int, frame: FrameType | None) -> None:
+        sidecar.request_save()
+
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    # SIGHUP (the terminal or tmux pane closed, or a habit of daemons' 'reload'): save the state and
+    # keep running. kvwatch logs to stderr, so there is no log file to reopen.
+    signal.signal(signal.SIGHUP, _on_hangup)
     sidecar.start()
     print(f"kvwatch: serving {sidecar.url}", file=sys.stderr, flush=True)
     try:

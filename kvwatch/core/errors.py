@@ -15,11 +15,15 @@ the sidecar reports why it has no prediction without reading messages. The CLI p
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from kvwatch.core.labels import PredictionState
+
 
 class KvwatchError(Exception):
     """A user-facing error: one line, exit code 2."""
 
-    prediction_state = "bad_model_config"
+    prediction_state: ClassVar[PredictionState] = "bad_model_config"
 
 
 class ConfigError(KvwatchError):
@@ -39,7 +43,7 @@ class ModelConfigError(KvwatchError):
 class UnsupportedModelError(ModelConfigError):
     """A config.json whose layer kinds or dtype kvwatch does not model."""
 
-    prediction_state = "unsupported_model"
+    prediction_state: ClassVar[PredictionState] = "unsupported_model"
 
 
 class UnmodelledError(UnsupportedModelError):
@@ -50,4 +54,4 @@ class UnmodelledError(UnsupportedModelError):
     exports ``kvwatch_prediction_available{state="unmodelled"}`` (no prediction, so no drift page).
     """
 
-    prediction_state = "unmodelled"
+    prediction_state: ClassVar[PredictionState] = "unmodelled"

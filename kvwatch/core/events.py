@@ -199,6 +199,87 @@ class Disagreement(_Event):
     metrics_value: float
 
 
+# --- Plausibility bounds ----------------------------------------------------------------------------
+# The closed range of every number an event carries (field name -> range): what an engine could mean.
+# The state refuses a value outside it before it enters (counted in kvwatch_bad_values_total{fact})
+# and keeps the rest of the event. A log line 'GPU KV cache size: 1' + 309 zeros is no pool (issue
+# 22): it broke every /metrics render and every state file. Each range is far past any deployment,
+# so it never refuses a real figure, and small enough that every product the collector forms
+# (blocks x block size, used / pool) stays a finite float and every saved number fits 64 bits.
+_COUNT = (0.0, float(2**40))  # tokens, blocks, requests, slots: ~1.1e12, 1000x the largest pool
+_SIGNED_COUNT = (-float(2**40), float(2**40))  # SGLang prints -1 for 'off'; vLLM V0 a negative cache
+_BYTES = (0.0, float(2**50))  # 1 PiB on one rank
+_SIGNED_BYTES = (-float(2**50), float(2**50))  # a budget the engine found short ('-1.05 GiB' for KV)
+_RATIO = (0.0, 1.0)
+_PARALLEL = (1.0, float(2**16))  # GPUs in one TP/PP/DP group
+_RATE = (0.0, 1e12)  # tokens per second
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "rank": (0.0, float(2**16)),
+    # settings
+    "tensor_parallel_size": _PARALLEL,
+    "pipeline_parallel_size": _PARALLEL,
+    "data_parallel_size": _PARALLEL,
+    "decode_context_parallel_size": _PARALLEL,
+    "block_size": (1.0, float(2**20)),
+    "page_size": (1.0, float(2**20)),
+    "max_model_len": _COUNT,
+    "max_num_seqs": _SIGNED_COUNT,
+    "max_num_batched_tokens": _SIGNED_COUNT,
+    "chunked_prefill_size": _SIGNED_COUNT,
+    "cuda_graph_max_bs": _SIGNED_COUNT,
+    "gpu_memory_utilization": _RATIO,
+    "mem_fraction_static": _RATIO,
+    # memory
+    "total_bytes": _BYTES,
+    "requested_bytes": _BYTES,
+    "weights_bytes": _BYTES,
+    "activation_bytes": _BYTES,
+    "non_torch_bytes": _SIGNED_BYTES,
+    "cuda_graph_bytes": _SIGNED_BYTES,
+    "available_kv_bytes": _SIGNED_BYTES,
+    "avail_after_weights_bytes": _BYTES,
+    "avail_after_pool_bytes": _BYTES,
+    "avail_before_weights_bytes": _BYTES,
+    "avail_after_startup_bytes": _BYTES,
+    # pool
+    "tokens": _COUNT,
+    "blocks": _COUNT,
+    "cpu_blocks": _COUNT,
+    "bytes": _BYTES,
+    "max_concurrency": _COUNT,
+    "max_concurrency_tokens": _COUNT,
+    "state_slots": _COUNT,
+    # usage
+    "kv_usage_ratio": _RATIO,
+    "prefix_cache_hit_ratio": _RATIO,
+    "swa_usage_ratio": _RATIO,
+    "mamba_usage_ratio": _RATIO,
+    "cpu_kv_usage_ratio": _RATIO,
+    "used_tokens": _COUNT,
+    "running": _COUNT,
+    "waiting": _COUNT,
+    "swapped": _COUNT,
+    "swa_used_tokens": _COUNT,
+    "mamba_used_slots": _COUNT,
+    "retracted": _COUNT,
+    "prompt_throughput": _RATE,
+    "generation_throughput": _RATE,
+    # preemption
+    "total": _COUNT,
+    "count": _COUNT,
+    "new_token_ratio": (0.0, float(2**20)),
+    "new_tokens_gained": _COUNT,
+    # startup failure
+    "needed_kv_bytes": _SIGNED_BYTES,
+    "max_tokens_in_cache": _SIGNED_COUNT,
+    "estimated_max_model_len": _SIGNED_COUNT,
+}
+# Longest text fact (a model path, a version, a dtype) kept: the state file holds up to 4096.
+MAX_TEXT_CHARS = 1024
+# Events whose numbers are comparisons or raw counter readings, not facts the state keeps as such.
+UNBOUNDED_EVENTS = ("counter_reset", "disagreement")
+
+
 Event = Annotated[
     EngineSettings
     | MemoryBudget

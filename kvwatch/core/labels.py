@@ -37,6 +37,8 @@ PredictionState = Literal[
 ]
 # reason of kvwatch_scrape_errors_total.
 ScrapeErrorReason = Literal["timeout", "connection", "http_status", "too_large", "decode", "parse"]
+# state of kvwatch_node_containers.
+NodeContainerState = Literal["followed", "probing", "ignored", "gone"]
 
 PREDICTION_BASES: tuple[PredictionBasis, ...] = get_args(PredictionBasis)
 CONCURRENCY_BASES: tuple[ConcurrencyBasis, ...] = get_args(ConcurrencyBasis)
@@ -45,3 +47,4 @@ MEMORY_BASES: tuple[MemoryBasis, ...] = get_args(MemoryBasis)
 FAILURE_REASONS: tuple[FailureReason, ...] = get_args(FailureReason)
 PREDICTION_STATES: tuple[PredictionState, ...] = get_args(PredictionState)
 SCRAPE_ERROR_REASONS: tuple[ScrapeErrorReason, ...] = get_args(ScrapeErrorReason)
+NODE_CONTAINER_STATES: tuple[NodeContainerState, ...] = get_args(NodeContainerState)

@@ -38,8 +38,9 @@ _UNITS: dict[str, int] = {
     "tib": 1024**4,
 }
 
+# (Possessive blanks and unit: a long run of blanks is refused in one pass.)
 _SIZE = re.compile(
-    r"^\s*(?P<sign>[-+]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?\s*(?P<unit>[A-Za-z]*)\s*$"
+    r"^\s*(?P<sign>[-+]?)(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE](?P<exp>[+-]?[0-9]+))?\s*+(?P<unit>[A-Za-z]*+)\s*+$"
 )
 
 
@@ -47,12 +48,16 @@ _SIZE = re.compile(
 MAX_SIZE = 2**54
 
 
-def parse_size(text: str, *, allow_zero: bool = False, maximum: int = MAX_SIZE) -> int:
+def parse_size(
+    text: str, *, allow_zero: bool = False, maximum: int = MAX_SIZE, minimum: int | None = None
+) -> int:
     """Parse '52.31566GiB', '80GB', '81559MiB' or '1234' into whole bytes (rounded down).
 
     Capacities must be positive; ``allow_zero`` is for terms that can really be nothing (an
-    activation allowance in a "before activations" plan). Over ``maximum`` is a ConfigError that
-    names it. Exact arithmetic: no float overflow, whatever the exponent.
+    activation allowance in a "before activations" plan). Over ``maximum`` or under ``minimum``
+    (zero excepted where allowed) is a ConfigError that names the bound; a number without a unit
+    under it is bytes the user did not mean ('80': did you mean 80GiB?). Exact arithmetic: no
+    float overflow, whatever the exponent.
     """
     m = _SIZE.match(text)
     if m is None:
@@ -72,6 +77,12 @@ def parse_size(text: str, *, allow_zero: bool = False, maximum: int = MAX_SIZE) 
     value = math.floor(number * Fraction(10) ** exp * _UNITS[unit])
     if value == 0 and not allow_zero:
         raise ConfigError(f"size must be positive: {text!r}")
+    if minimum is not None and value < minimum and not (allow_zero and value == 0):
+        said = text.strip()
+        hint = f": did you mean {said}GiB?" if not unit else ""
+        raise ConfigError(
+            f"size {said!r} is {value:,} bytes, under the plausible minimum of {_bound(minimum)}{hint}"
+        )
     return value
 
 

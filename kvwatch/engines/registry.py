@@ -50,8 +50,8 @@ def check_version(name: str, version: str | None) -> None:
     text = version.strip().lstrip("v")
     if (
         parsed is None
+        or len(text) > 40  # (first: the pattern below is quadratic in a long near miss)
         or not re.fullmatch(r"[0-9]+(\.[0-9]+)*([.+-]?[A-Za-z0-9.+-]*)?", text)
-        or len(text) > 40
     ):
         raise ConfigError(f"engine version {version!r} is not a version number ({known})")
     low, high = version_tuple(oldest), version_tuple(newest)

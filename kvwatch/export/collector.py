@@ -28,10 +28,13 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from kvwatch import __version__
 from kvwatch.analysis.attribution import gap_ratio
 from kvwatch.analysis.predictor import Predictor
+from kvwatch.core.events import Origin
+from kvwatch.core.labels import ConcurrencyBasis, MemoryBasis, MemoryTerm
 from kvwatch.export import names
 from kvwatch.export.exposition import Row as _Row
 from kvwatch.export.exposition import Rows as _Rows
 from kvwatch.export.exposition import escape as _escape
+from kvwatch.export.figures import observed_terms, pool_figures, predicted_terms, usage_figures
 from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.state.fleet import DISAGREEMENT_FACTS, InstanceSnapshot
 from kvwatch.state.usage_values import BAD_VALUE_FACTS
@@ -42,25 +45,12 @@ log = logging.getLogger(__name__)
 _MAX_LABEL = 128
 
 
-def _observed_terms(m: MemoryFacts) -> tuple[tuple[str, int | None], ...]:
-    """The printed memory budget as names.MEMORY_TERMS terms (basis 'observed')."""
-    return (
-        ("total", m.total_bytes),
-        ("usable", m.requested_bytes),
-        ("weights", m.weights_bytes),
-        ("activation", m.activation_bytes),
-        ("non_torch", m.non_torch_bytes),
-        ("cuda_graphs", m.cuda_graph_bytes),
-        ("kv", m.available_kv_bytes),
-    )
-
-
 @dataclass(frozen=True)
 class SourceStatus:
     """Self-metrics of one configured source (a log or a /metrics URL), read at scrape time."""
 
     name: str
-    kind: str  # 'log' or 'metrics'
+    kind: Origin  # the origin of the events the source feeds: a log or a /metrics URL
     up: bool
     lines_read: int = 0
     lines_matched: int = 0
@@ -72,6 +62,38 @@ class SourceStatus:
     scrape_errors: Mapping[str, int] = field(default_factory=dict)
     series_dropped: int = 0
     unusable_values: int = 0
+    # '--log -' only: lines read from stdin and not yet parsed.
+    stdin_backlog: int | None = None
+
+
+def _number(value: float | None) -> float | None:
+    """A state value as a sample value, or None: unset, NaN, infinite, or an int past any float
+    (the state bounds every fact, kvwatch.core.events.PLAUSIBLE; this is the second guard, so a
+    value that slipped past them is one missing sample, never a failed scrape)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        _unexported.add(1)
+        return None
+    return number if math.isfinite(number) else None
+
+
+class _Tally:
+    """A thread-safe running count (scrapes render on several threads)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n
+
+
+# State values the collector could not turn into a sample (kvwatch_values_unexported_total).
+_unexported = _Tally()
 
 
 def _label(value: str | float | None) -> str:
@@ -106,12 +128,13 @@ _StaticKey = tuple[
     tuple[tuple[str, PoolFacts], ...],
     tuple[tuple[str, int], ...],
 ]
-# One state of an instance: epoch, events applied, and which tracked facts are stale.
-_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...]]
+# One state of an instance: epoch, events applied, which watched facts are stale, which pools are
+# exported (a pool only /metrics reported leaves when /metrics goes silent, without an event).
+_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...], tuple[str, ...]]
 
 
 def _version(snap: InstanceSnapshot) -> _Version:
-    return (snap.epoch, snap.events, tuple(snap.stale.items()))
+    return (snap.epoch, snap.events, tuple(snap.stale.items()), tuple(snap.pools))
 
 
 @dataclass(frozen=True)
@@ -123,6 +146,15 @@ class SelfStats:
     http_connection_timeouts: int = 0
     http_auth_throttled: int = 0
     state_files_invalid: int = 0
+    state_save_errors: int = 0
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """Node mode's containers by state, and those left out past the cap."""
+
+    containers: Mapping[str, int]
+    dropped: int
 
 
 class KvwatchCollector(Collector):
@@ -136,8 +168,13 @@ class KvwatchCollector(Collector):
         dropped_events: Callable[[], int] = lambda: 0,
         self_stats: Callable[[], SelfStats] = SelfStats,
         runtime: bool = False,
+        workload: Callable[[str], tuple[str, ...] | None] = lambda source: None,
+        node_stats: Callable[[], NodeStats | None] = lambda: None,
     ) -> None:
         self._snapshot = snapshot
+        # Node mode: a source's engine pod (names.WORKLOAD_LABELS values), None for a plain source.
+        self._workload = workload
+        self._node_stats = node_stats
         # The sidecar's own process_* and python_* series (CPU, memory, fds, GC, version).
         self._runtime: CollectorRegistry | None = None
         if runtime:
@@ -179,7 +216,14 @@ class KvwatchCollector(Collector):
             # Every applied event bumps `events`, so (epoch, events) names one state of an instance;
             # a fact going stale changes what is exported without an event, so it is part of it.
             if cached is None or cached.version != _version(snap):
-                cached = self._instance(snap, cached)
+                try:
+                    cached = self._instance(snap, cached)
+                except (ArithmeticError, ValueError):
+                    # A state value no arithmetic can use (past the bounds): this instance's rows
+                    # are left out of this scrape, counted; the others and the scrape go on.
+                    log.warning("instance left out of /metrics: a value cannot be exported source=%s", key[0])
+                    _unexported.add(1)
+                    continue
             seen[key] = cached
             rows.extend(cached.static)
             rows.extend(cached.dynamic)
@@ -205,7 +249,7 @@ class KvwatchCollector(Collector):
         if cached is None or cached.static_key != static_key:
             static = _Rows()
             derived = self._static(static, snap, model)
-            cached = _Cached((0, 0, ()), static_key, static.rows(), [], *derived)
+            cached = _Cached((0, 0, (), ()), static_key, static.rows(), [], *derived)
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
         return _Cached(
@@ -224,23 +268,21 @@ class KvwatchCollector(Collector):
     ) -> tuple[tuple[str, ...], tuple[str, ...], int | None, int | None]:
         """Pool, prediction, memory budget, engine info: what changes only with a startup fact."""
         settings, pool = snap.settings, snap.pool
-        lab = (snap.source, snap.engine, model, snap.instance)
+        lab: tuple[str, ...] = (snap.source, snap.engine, model, snap.instance)
+        pod = self._workload(snap.source)
+        if pod is not None:
+            lab = (*lab, *(_label(v) for v in pod))
         # Escaped once per instance; the extra label values below are fixed words that need none.
         esc = tuple(_escape(v) for v in lab)
 
         def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
-            if value is not None and math.isfinite(value):
-                fam.add(metric, (*lab, *extra), float(value), (*esc, *extra))
+            number = _number(value)
+            if number is not None:
+                fam.add(metric, (*lab, *extra), number, (*esc, *extra))
 
         pred = self._predictor.predict(snap)
-        block_size = pool.block_size or settings.block_size or settings.page_size or pred.block_size
-        pool_tokens = pool.tokens
-        blocks = pool.blocks
-        # Known only in blocks (V0 logs, /metrics before 0.28): the gap compares blocks, as the
-        # engine's own token count is not blocks x block size for hybrid or sliding-window models.
-        in_blocks = pool_tokens is None and blocks is not None
-        if pool_tokens is None and blocks is not None and block_size:
-            pool_tokens = blocks * block_size
+        fig = pool_figures(snap, pred)
+        block_size, pool_tokens, blocks, in_blocks = fig.block_size, fig.tokens, fig.blocks, fig.in_blocks
         gauge(names.KV_POOL_TOKENS, pool_tokens)
         gauge(names.KV_POOL_BLOCKS, blocks)
         gauge(names.KV_POOL_BYTES, pool.bytes)
@@ -263,18 +305,24 @@ class KvwatchCollector(Collector):
             bpt = pool.bytes // pool_tokens
         gauge(names.KV_BYTES_PER_TOKEN, bpt)
 
-        max_len = settings.max_model_len or pool.max_concurrency_tokens
+        max_len = fig.max_len
         observed_conc = pool.max_concurrency
         if observed_conc is None and pool_tokens is not None and max_len:
             observed_conc = pool_tokens / max_len
-        gauge(names.MAX_CONCURRENCY, observed_conc, "observed")
-        for concurrency_basis, conc in pred.max_concurrency.items():
-            gauge(names.MAX_CONCURRENCY, conc, concurrency_basis)
+        concurrency: dict[ConcurrencyBasis, float | None] = {
+            "observed": observed_conc,
+            **pred.max_concurrency,
+        }
+        for concurrency_basis in names.CONCURRENCY_BASES:
+            gauge(names.MAX_CONCURRENCY, concurrency.get(concurrency_basis), concurrency_basis)
 
-        for term, value in _observed_terms(snap.memory):
-            gauge(names.MEMORY_BYTES, value, term, "observed")
-        for term in names.MEMORY_TERMS:
-            gauge(names.MEMORY_BYTES, pred.memory.get(term), term, "predicted")
+        terms: dict[MemoryBasis, tuple[tuple[MemoryTerm, int | None], ...]] = {
+            "observed": observed_terms(snap.memory),
+            "predicted": predicted_terms(pred),
+        }
+        for memory_basis in names.MEMORY_BASES:
+            for term, value in terms[memory_basis]:
+                gauge(names.MEMORY_BYTES, value, term, memory_basis)
 
         utilisation = settings.gpu_memory_utilization
         if utilisation is None:
@@ -295,9 +343,7 @@ class KvwatchCollector(Collector):
         gauge(names.RESTARTS, snap.restarts)
         for reason in names.FAILURE_REASONS:
             gauge(names.STARTUP_FAILURES, snap.startup_failures.get(reason, 0), reason)
-        # Headroom in requests needs a request length: the engine's, else the model's default
-        # (a metrics-only vLLM source reports no max_model_len; the model config gives it).
-        return lab, esc, pool_tokens, max_len or pred.max_model_len
+        return lab, esc, pool_tokens, fig.request_len
 
     @staticmethod
     def _dynamic(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
@@ -306,22 +352,15 @@ class KvwatchCollector(Collector):
         usage = snap.usage
 
         def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
-            if value is not None and math.isfinite(value):
-                fam.add(metric, (*lab, *extra), float(value), (*esc, *extra))
+            number = _number(value)
+            if number is not None:
+                fam.add(metric, (*lab, *extra), number, (*esc, *extra))
 
-        ratio = usage.kv_usage_ratio
-        used = usage.used_tokens
-        if used is None and ratio is not None and pool_tokens is not None:
-            used = round(ratio * pool_tokens)
-        if ratio is None and used is not None and pool_tokens:
-            ratio = used / pool_tokens
-        gauge(names.KV_USAGE_RATIO, ratio)
-        gauge(names.KV_USED_TOKENS, used)
-        if pool_tokens is not None and used is not None:
-            free = max(pool_tokens - used, 0)
-            gauge(names.KV_HEADROOM_TOKENS, free)
-            if max_len:
-                gauge(names.KV_HEADROOM_REQUESTS, float(free // max_len))
+        fig = usage_figures(usage, pool_tokens, max_len)
+        gauge(names.KV_USAGE_RATIO, fig.ratio)
+        gauge(names.KV_USED_TOKENS, fig.used)
+        gauge(names.KV_HEADROOM_TOKENS, fig.headroom_tokens)
+        gauge(names.KV_HEADROOM_REQUESTS, fig.headroom_requests)
         gauge(names.PREFIX_CACHE_HIT_RATIO, usage.prefix_cache_hit_ratio)
         gauge(names.REQUESTS_RUNNING, usage.running)
         gauge(names.REQUESTS_WAITING, usage.waiting)
@@ -336,6 +375,10 @@ class KvwatchCollector(Collector):
                 gauge(names.DISAGREEMENTS, count, fact)
         for fact in BAD_VALUE_FACTS:
             gauge(names.BAD_VALUES, snap.bad_values.get(fact, 0), fact)
+        # The startup facts' refusals (rare: a broken or hostile line) only once there is one.
+        for fact, count in sorted(snap.bad_values.items()):
+            if fact not in BAD_VALUE_FACTS:
+                gauge(names.BAD_VALUES, count, fact)
         for (origin, fact), stale in snap.stale.items():
             gauge(names.FACTS_STALE, 1.0 if stale else 0.0, origin, fact)
 
@@ -356,6 +399,9 @@ class KvwatchCollector(Collector):
                 fam.add(names.LINES_TRUNCATED, lab, float(sum(p.lines_truncated for p in logs)))
                 fam.add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
                 fam.add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
+                backlog = [p.stdin_backlog for p in logs if p.stdin_backlog is not None]
+                if backlog:
+                    fam.add(names.STDIN_BACKLOG, lab, float(sum(backlog)))
             for part in scrapes:
                 if part.scrape_duration_seconds is not None:
                     fam.add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
@@ -365,10 +411,17 @@ class KvwatchCollector(Collector):
                 fam.add(names.UNUSABLE_VALUES, lab, float(part.unusable_values))
         fam.add(names.INSTANCES, (), float(instances))
         fam.add(names.INSTANCES_DROPPED, (), float(self._dropped()))
+        fam.add(names.VALUES_UNEXPORTED, (), float(_unexported.value))
         stats = self._self_stats()
         fam.add(names.HTTP_CONNECTIONS_OPEN, (), float(stats.http_connections_open))
         fam.add(names.HTTP_CONNECTIONS_REFUSED, (), float(stats.http_connections_refused))
         fam.add(names.HTTP_CONNECTION_TIMEOUTS, (), float(stats.http_connection_timeouts))
         fam.add(names.HTTP_AUTH_THROTTLED, (), float(stats.http_auth_throttled))
         fam.add(names.STATE_FILE_INVALID, (), float(stats.state_files_invalid))
+        fam.add(names.STATE_SAVE_ERRORS, (), float(stats.state_save_errors))
+        node = self._node_stats()
+        if node is not None:
+            for state in names.NODE_CONTAINER_STATES:
+                fam.add(names.NODE_CONTAINERS, (state,), float(node.containers.get(state, 0)))
+            fam.add(names.NODE_CONTAINERS_DROPPED, (), float(node.dropped))
         fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)

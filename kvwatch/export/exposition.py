@@ -47,6 +47,10 @@ def _template(metric: names.Metric) -> str:
 
 
 _TEMPLATES = {m.name: _template(m) for m in names.METRICS}
+# Node mode's per-instance rows carry the engine pod's labels too (names.with_workload): a row
+# with more label values than its metric's own labels is one of those.
+_WORKLOAD_TEMPLATES = {m.name: _template(names.with_workload(m)) for m in names.METRICS}
+_LABEL_COUNTS = {m.name: len(m.labels) for m in names.METRICS}
 _FLOATS: dict[float, str] = {}
 
 
@@ -65,7 +69,13 @@ def _float(value: float) -> str:
 
 def _line(metric: names.Metric, escaped: Sequence[str], value: float) -> str:
     """The text-format (0.0.4) line of one sample (label values already escaped)."""
-    return _TEMPLATES[metric.name].format(*escaped) + _float(value) + "\n"
+    templates = _TEMPLATES if len(escaped) == _LABEL_COUNTS[metric.name] else _WORKLOAD_TEMPLATES
+    return templates[metric.name].format(*escaped) + _float(value) + "\n"
+
+
+def _label_names(metric: names.Metric, values: tuple[str, ...]) -> tuple[str, ...]:
+    """The label names of one row: its metric's, or with the workload labels (node mode)."""
+    return metric.labels if len(values) == len(metric.labels) else names.with_workload(metric).labels
 
 
 class Rows:
@@ -99,24 +109,20 @@ class Rows:
             family: Metric
             rows = self.by_metric[m.name]
             if m.type == "gauge":
-                gauge = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
+                family = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
                 for _, labels, value, _line_text in rows:
-                    gauge.add_metric(labels, value)
-                family = gauge
+                    family.add_sample(m.name, dict(zip(_label_names(m, labels), labels, strict=True)), value)
             elif m.type == "counter":
-                counter = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
+                family = CounterMetricFamily(m.name, m.help, labels=list(m.labels))
                 for _, labels, value, _line_text in rows:
-                    counter.add_metric(labels, value)
-                family = counter
+                    pairs = dict(zip(_label_names(m, labels), labels, strict=True))
+                    family.add_sample(m.name + "_total", pairs, value)
             else:
-                # Info labels beyond the identity ones are the info's value, not family labels.
-                n = len(
-                    [label for label in m.labels if label in (*names.INSTANCE_LABELS, *names.SOURCE_LABELS)]
-                )
-                info = InfoMetricFamily(m.name, m.help, labels=list(m.labels[:n]))
+                # An info metric's rows are all 1; its labels (identity and value alike) are the sample's.
+                family = InfoMetricFamily(m.name, m.help)
                 for _, labels, _value, _line_text in rows:
-                    info.add_metric(labels[:n], dict(zip(m.labels[n:], labels[n:], strict=True)))
-                family = info
+                    pairs = dict(zip(_label_names(m, labels), labels, strict=True))
+                    family.add_sample(m.name + "_info", pairs, 1.0)
             yield family
 
     def text(self) -> bytes:

@@ -25,6 +25,11 @@ ENGINE_KIND_LABEL = "engine_kind"
 MODEL_LABEL = "model_name"
 INSTANCE_LABELS: tuple[str, ...] = ("source", ENGINE_KIND_LABEL, MODEL_LABEL, "dp_rank")
 SOURCE_LABELS: tuple[str, ...] = ("source",)
+# Node mode (`kvwatch run --node-logs`): the engine's own pod, read from its log's path in the
+# kubelet's tree, on every per-instance series. They carry the names of the target labels
+# Prometheus gives a sidecar's pod, so the rules and dashboards read both modes alike; the node
+# agent's PodMonitor keeps kvwatch's values with honorLabels (deploy/kubernetes/node/).
+WORKLOAD_LABELS: tuple[str, ...] = ("namespace", "pod", "container")
 
 # Bounded label values: one Literal each, in kvwatch.core.labels.
 PREDICTION_BASES = labels.PREDICTION_BASES
@@ -34,6 +39,7 @@ MEMORY_BASES = labels.MEMORY_BASES
 FAILURE_REASONS = labels.FAILURE_REASONS
 PREDICTION_STATES = labels.PREDICTION_STATES
 SCRAPE_ERROR_REASONS = labels.SCRAPE_ERROR_REASONS
+NODE_CONTAINER_STATES = labels.NODE_CONTAINER_STATES
 ENGINE_INFO_LABELS: tuple[str, ...] = (
     "version",
     "tp",
@@ -106,7 +112,7 @@ KV_POOL_GAP_RATIO = _m(
 KV_POOL_PREDICTION_ERROR_RATIO = _m(
     "kvwatch_kv_pool_prediction_error_ratio",
     "gauge",
-    "Expected relative error of the predicted pool (about one standard error of the a-priori model on real startups); the drift alert's config-basis tolerance follows it.",
+    "The band of the predicted pool as a share of it (sized so that at least 80 % of real startups land inside it out of sample, widened for every condition outside the calibration set); the drift alert's config-basis tolerance follows it.",
     "basis",
 )
 KV_BYTES_PER_TOKEN = _m(
@@ -178,7 +184,7 @@ LAST_UPDATE = _m(
 FACTS_STALE = _m(
     "kvwatch_source_facts_stale",
     "gauge",
-    "1 when a fact that arrived from this origin (log or metrics) stopped arriving for longer than the fact TTL; its value is no longer exported.",
+    "1 when a periodic fact (KV usage, used tokens, running or waiting requests: what stats lines and every scrape carry) that arrived from this origin (log or metrics) stopped arriving for longer than the fact TTL; its value is no longer exported. Facts printed once per start (pool, memory budget, settings) are never stale while their source is alive, and have no series here.",
     "origin",
     "fact",
 )
@@ -191,7 +197,8 @@ DISAGREEMENTS = _m(
 BAD_VALUES = _m(
     "kvwatch_bad_values",
     "counter",
-    "Values the engine reported outside the fact's meaning (a ratio outside 0-1, a negative count), rejected.",
+    "Values the engine reported outside the fact's meaning or plausibility (a ratio outside 0-1, a negative "
+    "count, a pool past 2^40 tokens), rejected.",
     "fact",
 )
 # --- Self-metrics --------------------------------------------------------------------------------
@@ -212,6 +219,12 @@ LOG_READ_ERRORS = _m(
     "kvwatch_log_read_errors",
     "counter",
     "Failed attempts to open or read a log (missing, unreadable).",
+    base=SOURCE_LABELS,
+)
+STDIN_BACKLOG = _m(
+    "kvwatch_stdin_backlog_lines",
+    "gauge",
+    "'--log -' only: lines read from standard input and not yet parsed (reading pauses at 10,000).",
     base=SOURCE_LABELS,
 )
 LINES_TRUNCATED = _m(
@@ -252,13 +265,20 @@ INSTANCES = _m("kvwatch_instances", "gauge", "Engine instances tracked.", base=(
 INSTANCES_DROPPED = _m(
     "kvwatch_dropped_events", "counter", "Events dropped because the instance cap was reached.", base=()
 )
+VALUES_UNEXPORTED = _m(
+    "kvwatch_values_unexported",
+    "counter",
+    "State values left out of a /metrics answer because no sample can hold them (never a failed scrape).",
+    base=(),
+)
 HTTP_CONNECTIONS_OPEN = _m(
     "kvwatch_http_open_connections", "gauge", "Client connections open to kvwatch's HTTP port.", base=()
 )
 HTTP_CONNECTIONS_REFUSED = _m(
     "kvwatch_http_connections_refused",
     "counter",
-    "Connections to kvwatch's HTTP port refused because the cap on open connections was reached.",
+    "Connections to kvwatch's HTTP port refused, or closed to make room, at a cap on open connections "
+    "(in all, or per client address).",
     base=(),
 )
 HTTP_CONNECTION_TIMEOUTS = _m(
@@ -273,6 +293,12 @@ HTTP_AUTH_THROTTLED = _m(
     "Requests answered 429 without a password check: too many failed logins from that client just now.",
     base=(),
 )
+STATE_SAVE_ERRORS = _m(
+    "kvwatch_state_save_errors",
+    "counter",
+    "Saves of the state file that failed (disk full, dir gone, read-only); the next save retries.",
+    base=(),
+)
 STATE_FILE_INVALID = _m(
     "kvwatch_state_file_invalid",
     "counter",
@@ -283,7 +309,33 @@ BUILD_INFO = _m(
     "kvwatch_build", "info", "kvwatch version and Python version.", "version", "python_version", base=()
 )
 
+NODE_CONTAINERS = _m(
+    "kvwatch_node_containers",
+    "gauge",
+    "Containers node mode found under the log root, by state: followed (an engine's log), probing "
+    "(no engine line yet), ignored (none in its first lines), gone (pod deleted, instances expiring).",
+    "state",
+    base=(),
+)
+NODE_CONTAINERS_DROPPED = _m(
+    "kvwatch_node_containers_dropped",
+    "counter",
+    "Containers node mode found but did not follow because --max-containers were already followed.",
+    base=(),
+)
+
 METRICS: tuple[Metric, ...] = tuple(v for v in globals().copy().values() if isinstance(v, Metric))
+
+
+def with_workload(metric: Metric) -> Metric:
+    """A per-instance metric with the engine pod's WORKLOAD_LABELS after its instance labels
+    (node mode); any other metric as it is."""
+    n = len(INSTANCE_LABELS)
+    if metric.labels[:n] != INSTANCE_LABELS:
+        return metric
+    return Metric(
+        metric.name, metric.type, metric.help, INSTANCE_LABELS + WORKLOAD_LABELS + metric.labels[n:]
+    )
 
 
 def by_sample_name() -> dict[str, Metric]:

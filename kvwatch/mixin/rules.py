@@ -16,6 +16,7 @@ import yaml
 from kvwatch.core.jsontypes import JsonObject, JsonValue
 from kvwatch.export import names
 from kvwatch.mixin import config
+from kvwatch.state.fleet import STALE_FACTS
 
 RULES_FILE = "kvwatch.rules.yaml"
 ALERTS_FILE = "kvwatch.alerts.yaml"
@@ -235,14 +236,22 @@ def _gap_expr() -> str:
     return "\nor\n".join(parts)
 
 
+# The stale flags the alert reads: periodic facts only (kvwatch/state/facts.py), so that the flag a
+# startup fact carried in older kvwatch releases (fact="pool_tokens") cannot page during an upgrade.
+WATCHED = f'fact=~"{"|".join(STALE_FACTS)}"'
+
+
 def _stale_expr() -> str:
-    """A source whose facts froze: /metrics answers but a fact vanished from it (or nothing at all is
-    recognised any more), or the log keeps growing without the stats lines it carried."""
+    """A source whose periodic facts froze: /metrics answers but one vanished from it (or nothing at
+    all is recognised any more), or the log keeps growing without the stats lines it carried."""
     target = on(config.TARGET_LABELS)
-    stale = f"max without (fact) ({STALE}{{{{origin={{}}}}}})"
+
+    def stale(origin: str) -> str:
+        return f'max without (fact) ({STALE}{{origin="{origin}", {WATCHED}}})'
+
     return (
-        f"({stale.format(chr(34) + 'metrics' + chr(34))} == 1\nunless {target} ({SOURCE_UP} == 0))\n"
-        f"or\n({stale.format(chr(34) + 'log' + chr(34))} == 1\n"
+        f"({stale('metrics')} == 1\nunless {target} ({SOURCE_UP} == 0))\n"
+        f"or\n({stale('log')} == 1\n"
         f"and {target} (increase({LINES_READ}[{config.LOG_GROWTH_WINDOW}]) > 0))\n"
         f'or\n(time() - {LAST_UPDATE}{{origin="metrics"}} > {config.STALE_SECONDS}\n'
         f"unless {target} ({SOURCE_UP} == 0))"
@@ -331,7 +340,10 @@ def alerts() -> list[Alert]:
         ),
         Alert(
             "KVRankBelowSiblings",
-            f"{named(POOL)}\n/ {on(replica)} group_left()\n({REPLICA_POOL_MAX} > 0)\n< {1 - config.SIBLING_RATIO:g}",
+            # The largest rank inline, not the recorded replica max: that lags one evaluation, so a
+            # restart to another pool size would compare the new pool with the old one.
+            f"{named(POOL)}\n/ {on(replica)} group_left()\n(max {by(replica)} ({named(POOL)}) > 0)\n"
+            f"< {1 - config.SIBLING_RATIO:g}",
             "warning",
             f"A rank of {_WHO} has a much smaller KV pool than the others.",
             f"Rank {_label('dp_rank')} of {_WHERE} has "
@@ -351,11 +363,11 @@ def alerts() -> list[Alert]:
             "KVWatchStale",
             _stale_expr(),
             "warning",
-            f"kvwatch's facts from {_label('origin')} of {_WHO} froze.",
-            f"{_WHERE}: facts kvwatch took from the engine's {_label('origin')} stopped arriving although "
-            "the source is still read (a series vanished from /metrics, e.g. renamed, or the log grows "
-            "without its stats lines); kvwatch no longer exports them, so usage, headroom and the fleet "
-            "sums leave this rank out (facts stale: "
+            f"kvwatch's usage facts from {_label('origin')} of {_WHO} froze.",
+            f"{_WHERE}: the periodic facts kvwatch takes from the engine's {_label('origin')} (KV usage, "
+            "running and waiting requests) stopped arriving although the source is still read (a series "
+            "vanished from /metrics, e.g. renamed, or the log grows without its stats lines); kvwatch no "
+            "longer exports them, so usage, headroom and the fleet sums leave this rank out (facts stale: "
             + _lookup(f"count({STALE}", (*_SERIES, "origin"), close=" == 1) or vector(0)")
             + "; last fact of any kind from it "
             + _lookup(f"time() - {LAST_UPDATE}", (*_SERIES, "origin"))
@@ -390,7 +402,9 @@ def alerts() -> list[Alert]:
         ),
         Alert(
             "KVPredictionUnavailable",
-            f'{PREDICTION}{{state!="ok"}} == 1',
+            # Only where no basis predicts: an SGLang log prints no card memory, so without --gpu the
+            # state is no_gpu_memory, yet the engine_budget basis still predicts and is checked.
+            f'({PREDICTION}{{state!="ok"}}\nunless {on(_SERIES)} {PREDICTED})\n== 1',
             "info",
             f"kvwatch cannot predict the KV pool of {_WHO}.",
             f"kvwatch has no prediction for {_WHERE}: {_label('state')}. Gap and drift alerts cannot "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
 from typing import Any
 
 from kvwatch.parsers.base import LineMeta
@@ -68,7 +67,7 @@ SGLANG: Atoms = (
     r"(?: |$)",
 )
 
-_GROUP = re.compile(r"\(\?P<(\w+)>")
+_GROUP = re.compile(r"\(\?P<(\w++)>")
 
 
 def layer(atoms: Atoms, between: str = "", group_prefix: str = "") -> str:
@@ -93,7 +92,7 @@ def fast_prefix(engine_layer: Atoms) -> str:
     removing them, as strip_prefixes does first, leaves exactly the layers' text). Where this
     matches, strip_prefixes peels the same layers in the same order, into the same groups.
     """
-    a = f"(?:{ANSI_TEXT})*"
+    a = f"(?:{ANSI_TEXT})*+"  # possessive: adjacent runs of escapes must not share them (linear)
     processes = "".join(f"(?:{layer(PROCESS, a, f'p{i}')}{a})?" for i in range(1, FAST_PROCESSES + 1))
     return (
         r"(?=[\t\r\x1b\x20-\x7e]*$)"
@@ -142,7 +141,8 @@ _VLLM_COMMON = re.compile(f"(?:{layer(PROCESS)})?{layer(VLLM_LEVEL)}")
 _FILE_LINE = re.compile(r"\[[\w./\-]+\.py:\d+\](?: |$)")
 
 _SGLANG = re.compile(layer(SGLANG))
-_SGLANG_TAG = re.compile(r"(?P<kind>[A-Z]+(?:_[A-Z]+)*)(?P<n>\d+)")
+# (finditer: the lookbehind keeps an attempt from starting again inside a run an earlier one read.)
+_SGLANG_TAG = re.compile(r"(?<![A-Z_])(?P<kind>[A-Z]++(?:_[A-Z]++)*+)(?P<n>\d++)")
 
 # Launcher level brackets after a timestamp: lighteval '[    INFO]: ', Python 'name - INFO - ',
 # logging.basicConfig 'INFO:vllm.engine:'.
@@ -156,10 +156,13 @@ _LAUNCHER_LEVEL = re.compile(
 _PLAIN_TS = re.compile(r"(?P<ts>(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?)(?: - | \| | )")
 
 # Launchers that move the location to the end: '... per request: 66.08x (executor_base.py:115)'.
-_TRAILING_LOCATION = re.compile(r"\s+\([\w./\-]+\.py:\d+\)\s*$")
+# (search, as in _RAY_REPEATED: one attempt per run of blanks, not one per blank.)
+_TRAILING_LOCATION = re.compile(r"(?<!\s)\s++\([\w./\-]+\.py:\d++\)\s*+$")
 
 # Ray log deduplication: '... [repeated 7x across cluster]' (+ an explanation the first time).
-_RAY_REPEATED = re.compile(r"\s*\[repeated (?P<n>\d+)x across cluster\].*$")
+# (search: the lookbehind fails at once inside a run of blanks, which the attempt at its start has
+# read to the end; the match still starts where the blanks do.)
+_RAY_REPEATED = re.compile(r"(?<!\s)\s*+\[repeated (?P<n>\d++)x across cluster\].*$")
 
 # A known timestamped prefix somewhere inside the line, for lines pasted with junk glued in front
 # ('[Bug] [2026-06-28 15:16:45] ...', '@c:\\path\\file.txt [2026-08-23 09:05:37 TP0 EP0] ...').
@@ -217,15 +220,6 @@ def _process_name(name: str, meta: _Meta) -> None:
         meta.instance = instance
     if rank is not None:
         meta.rank = rank
-
-
-@lru_cache(maxsize=256)
-def process_identity(name: str) -> tuple[str, int | None]:
-    """(instance, rank) that a process prefix named ``name`` gives a line with no other prefix."""
-    meta = _Meta()
-    _process_name(name, meta)
-    frozen = meta.freeze()
-    return frozen.instance, frozen.rank
 
 
 def _sglang_tags(tags: str, meta: _Meta) -> None:

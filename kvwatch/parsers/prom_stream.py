@@ -23,14 +23,21 @@ MAX_LINE_CHARS = 64 * 1024
 # Series of the families kvwatch reads, per scrape: beyond it a series is dropped and counted.
 MAX_KEPT_SERIES = 10_000
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = r'[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*'
+# Linear in the line (a 64 KiB line is the cap): every repeat is possessive (what it gives back
+# could never be read by what follows it), so a near miss such as 'x{a="b"' + 65,000 blanks + 'z' is
+# refused in one pass instead of one per way of sharing the blanks between two repeats (issue 22).
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*+")
+_LABEL = r'[ \t]*+[a-zA-Z_][a-zA-Z0-9_]*+[ \t]*+=[ \t]*+"(?:[^"\\]|\\.)*+"[ \t]*+'
 _SAMPLE = re.compile(
-    r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
-    rf"(?:[ \t]*\{{(?P<labels>(?:{_LABEL},)*(?:{_LABEL})?[ \t]*)\}}[ \t]*|[ \t]+)"
+    r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*+)"
+    rf"(?:[ \t]*+\{{(?P<labels>(?:{_LABEL},)*+(?:{_LABEL})?+[ \t]*+)\}}[ \t]*+|[ \t]++)"
     r"(?P<rest>\S.*)"
 )
-_PAIR = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*,?')
+# finditer tries every position: the lookbehind fails at once inside a run of blanks or of a name,
+# which the attempt at the run's start has already read to its end.
+_PAIR = re.compile(
+    r'(?<![ \t\w])[ \t]*+([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+"((?:[^"\\]|\\.)*+)"[ \t]*+,?'
+)
 _ESCAPE = re.compile(r'\\[\\n"]')
 _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 _ALLOWED_SUFFIXES = {

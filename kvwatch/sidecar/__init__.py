@@ -16,13 +16,15 @@ Threading model -- every thread, what it may touch, and why that is safe:
   ``LogSource.on_line`` -> ``LinePipeline.feed`` -> ``Fleet.apply``, under that tailer's delivery
   lock, then ``SaveSchedule.mark``.
 * **HTTP selector** (``kvwatch-http``) -- all socket I/O of kvwatch's port: accepts (at most
-  ``server.MAX_CONNECTIONS``), TLS handshakes, reads request heads and writes responses, each under a
-  deadline; it never runs a handler and touches no state.
+  ``server.MAX_CONNECTIONS``, ``server.MAX_PER_CLIENT`` per client address), TLS handshakes, reads
+  request heads and writes responses, each under a deadline; it answers /healthz itself (a
+  constant: ``Endpoints.immediate``), runs no other handler and touches no state.
 * **HTTP workers** (``kvwatch-http-worker-N``, ``server.WORKERS`` of them) -- run the handler for a
-  complete request: basic auth (``auth.BasicAuth``, its own lock), and for /metrics
-  ``Sidecar.refresh``, which reads the tailers' appends *in the worker*, under the same delivery lock
-  and in file order, so a scrape is never behind the log; then it renders a ``Fleet.snapshot``
-  (frozen copies). /healthz and / touch no state.
+  complete request whose client is still there: basic auth (``auth.BasicAuth``, its own lock), and
+  for /metrics ``http.SharedRender``: one render at a time, shared by every scrape that arrived
+  before it began. A render starts with ``Sidecar.refresh``, which reads the tailers' appends *in
+  the worker*, under the same delivery lock and in file order, so a scrape is never behind the log;
+  then it renders a ``Fleet.snapshot`` (frozen copies). / touches no state.
 * **scrape** (one per ``--metrics-url``) -- fetches the engine's /metrics and reads it as it
   arrives (its own ``MetricsReader``, used by no other thread), then puts a ``Scraped`` message
   with the events on the queue; it never touches the fleet. ``stop()`` aborts a fetch in flight.

@@ -9,6 +9,9 @@
   at most one bcrypt check of an unknown credential runs at a time, whatever the number of clients.
   A remembered credential is never throttled, so a scraper sharing an address with a password
   guesser keeps working.
+* **bcrypt's 72-byte rule**: bcrypt reads only the first 72 bytes of a password, so ``htpasswd -B``
+  (crypt_blowfish) hashes a longer one by its first 72 bytes; the check does the same (the
+  ``bcrypt`` package raises on longer input instead of truncating since 5.0).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ FAILURE_RATE = 0.5
 MAX_CLIENTS = 4096
 CACHE_SIZE = 256
 _DEFAULT_COST = 12
+# bcrypt's key is at most 72 bytes; the rest of a longer password never reaches the hash.
+BCRYPT_MAX_PASSWORD_BYTES = 72
 
 
 class Verdict(enum.Enum):
@@ -136,7 +141,8 @@ class BasicAuth:
         try:
             hashed = self.users.get(user)
             try:
-                ok = bool(self._bcrypt.checkpw(password.encode("utf-8"), hashed or self.dummy_hash))
+                secret = password.encode("utf-8")[:BCRYPT_MAX_PASSWORD_BYTES]
+                ok = bool(self._bcrypt.checkpw(secret, hashed or self.dummy_hash))
             except ValueError:  # a malformed hash in the web config
                 ok = False
         finally:

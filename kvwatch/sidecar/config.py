@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from kvwatch.capacity.deployment import MAX_GPU_MEMORY_BYTES, MIN_GPU_MEMORY_BYTES
 from kvwatch.core.errors import ConfigError, KvwatchError
 from kvwatch.core.kinds import EngineChoice
 from kvwatch.core.units import parse_size
@@ -24,7 +34,6 @@ from kvwatch.sources.hub import parse_repo_spec, resolve_model_config
 # 9477: not 9400 (DCGM exporter), not in the Prometheus default-port allocation list's busy range
 # near 9100 (node), 9090 (Prometheus) or 9093/9094 (Alertmanager); deployment files use it too.
 DEFAULT_PORT = 9477
-DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 ENV_PREFIX = "KVWATCH_"
 
 # Source names become the `source` label: short, bounded, no free text.
@@ -84,6 +93,25 @@ def _default_log_name(path: str) -> str:
     return name[:63] or "log"
 
 
+def _check_url(given: str, url: str) -> None:
+    """Refuse at start what no scrape can reach: no host, a port that is no port, or a bare word
+    ('notaurl': no port, no dot, not localhost), which is a typo far more often than a host."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"not a URL: {given!r} ({exc})") from None
+    host = parts.hostname or ""
+    if not host:
+        raise ValueError(f"no host in {given!r} (give HOST:PORT or http://HOST:PORT/metrics)")
+    bare = "." not in host and ":" not in host and host != "localhost"
+    if port is None and bare:
+        raise ValueError(
+            f"{given!r} names no port and its host {host!r} no domain: give HOST:PORT "
+            "(vllm:8000) or a full URL (http://vllm.ns.svc:8000/metrics)"
+        )
+
+
 def _default_url_name(url: str) -> str:
     """A label-safe name from a URL: its host and port."""
     rest = url.split("://", 1)[-1]
@@ -125,6 +153,14 @@ class Settings(BaseModel):
     metrics_url: tuple[MetricsSource, ...] = ()
     # Source name ('' = every source without its own) -> model config.json, file or folder.
     model_config_path: dict[str, Path] = Field(default_factory=dict, alias="model_config")
+    # Node mode: the kubelet's container log root (/var/log/pods), and which containers to follow
+    # there, as NAMESPACE/POD/CONTAINER globs (kvwatch/sidecar/node.py).
+    node_logs: Path | None = None
+    include: tuple[str, ...] = ("*/*/*",)
+    exclude: tuple[str, ...] = ()
+    max_containers: int = Field(default=128, ge=1, le=4096)
+    # Seconds a deleted pod's instances are still exported (their last figures), then forgotten.
+    pod_expiry: float = Field(default=30.0, ge=0, le=86_400)
     engine: EngineChoice = "auto"
     gpu: str | None = None
     gpu_memory: int | None = None
@@ -140,6 +176,9 @@ class Settings(BaseModel):
     # Let the sidecar fetch the config.json of a logged model that is not in the Hugging Face cache
     # from the Hub (HF_ENDPOINT, HF_TOKEN; never under HF_HUB_OFFLINE). Off: the cache only.
     fetch_model_configs: bool = False
+    # Give back the disk blocks of log lines read and saved (kvwatch/sources/release.py), so a log
+    # nothing rotates (the sidecar's tee'd file) never fills its volume; needs state_dir.
+    release_read: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("log", mode="before")
@@ -167,11 +206,21 @@ class Settings(BaseModel):
                     url = f"http://{url}"
                 if not url.startswith(("http://", "https://")):
                     raise ValueError(f"not an http(s) URL: {url!r}")
+                _check_url(item, url)
                 if url.count("/") == 2:
                     url = f"{url}/metrics"
                 out.append({"name": name or _default_url_name(url), "url": url})
             else:
                 out.append(item)
+        return out
+
+    @field_validator("include", "exclude", mode="before")
+    @classmethod
+    def _globs(cls, value: Any, info: ValidationInfo) -> list[str]:
+        out = [str(v) for v in _as_list(value, str(info.field_name))]
+        for glob in out:
+            if glob.count("/") != 2 or any(not part for part in glob.split("/")):
+                raise ValueError(f"expected NAMESPACE/POD/CONTAINER globs, got {glob!r}")
         return out
 
     @field_validator("model_config_path", mode="before")
@@ -191,9 +240,11 @@ class Settings(BaseModel):
     @field_validator("gpu_memory", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # a YAML number: bytes, bounded as the flag is
         if isinstance(value, str):
             try:
-                return parse_size(value)
+                return parse_size(value, minimum=MIN_GPU_MEMORY_BYTES, maximum=MAX_GPU_MEMORY_BYTES)
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
         return value
@@ -225,8 +276,14 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        if not self.log and not self.metrics_url:
-            raise ValueError("nothing to watch: give at least one --log or --metrics-url")
+        if not self.log and not self.metrics_url and self.node_logs is None:
+            raise ValueError("nothing to watch: give at least one --log, --metrics-url or --node-logs")
+        if self.release_read and self.state_dir is None:
+            raise ValueError(
+                "--release-read needs --state-dir: only bytes a saved state covers are given back"
+            )
+        if self.node_logs is not None and not self.node_logs.is_dir():
+            raise ValueError(f"--node-logs {self.node_logs} is not a directory")
         if self.gpu is not None and self.gpu_memory is not None:
             raise ValueError("give --gpu or --gpu-memory, not both")
         for kind, names in (

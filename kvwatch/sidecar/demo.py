@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import signal
 import tempfile
@@ -26,28 +27,13 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from kvwatch.analysis.attribution import attribute_gap, observed_budget
-from kvwatch.capacity import gpus
-from kvwatch.capacity.budget import Budget
 from kvwatch.core.jsontypes import JsonObject
-from kvwatch.core.kinds import EngineName
-from kvwatch.core.units import GiB
 from kvwatch.export import names
+from kvwatch.mixin import config
 from kvwatch.sidecar.app import Sidecar
 from kvwatch.sidecar.config import load_settings
+from kvwatch.sidecar.demo_fault import explain_restart
 from kvwatch.sidecar.demo_prometheus import DemoPrometheus, find_prometheus
-from kvwatch.sources.pipeline import LinePipeline
-from kvwatch.state.fleet import Fleet
-
-# Read by the fault's explanation: what each memory term is, as `kvwatch explain` names them.
-_TERM_LABELS = {
-    "non_torch": "non_torch (GPU total - free memory before weights)",
-    "total": "GPU total",
-    "usable": "usable memory (x memory fraction)",
-    "weights": "weights",
-    "activation": "activation reserve",
-    "utilisation": "memory fraction",
-}
 
 
 @dataclass
@@ -86,6 +72,17 @@ class _Seen:
     """Largest pool per source the demo has read from /metrics (the alert's max_over_time)."""
 
     largest: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One engine's summary: its lines, what in them changes only with a start or a fault (model,
+    pool, preemptions, gaps, prediction), and its usage, which every stats line moves."""
+
+    source: str
+    text: str
+    steady: tuple[str, ...]
+    usage: str
 
 
 def _demo_files() -> Path:
@@ -127,50 +124,11 @@ def _append(path: Path, lines: Iterable[str]) -> None:
         fh.write("".join(line + "\n" for line in lines))
 
 
-def _start_budget(engine: _Engine, lines: list[str]) -> tuple[EngineName | None, int | None, Budget | None]:
-    """(engine kind, pool tokens, budget) kvwatch reads from one start's lines."""
-    fleet = Fleet()
-    pipe = LinePipeline(engine.name, fleet)
-    for line in lines:
-        pipe.feed(line)
-    snaps = fleet.snapshot()
-    if not snaps or pipe.engine is None:
-        return None, None, None
-    snap = snaps[0]
-    spec = gpus.find(engine.card)
-    total = spec.total_bytes if spec is not None else None
-    budget = observed_budget(snap.engine, snap.memory, snap.pool, snap.settings, gpu_memory_bytes=total)
-    return pipe.engine, snap.pool.tokens, budget
-
-
 def explain_fault(engine: _Engine) -> tuple[int | None, int | None, str]:
-    """(pool before, pool after, the term that explains the change) of the fault's restart, from
-    kvwatch's budget rebuild of each start (the same attribution `kvwatch explain` prints)."""
+    """(pool before, pool after, the term that explains the change) of the fault's restart
+    (kvwatch.sidecar.demo_fault)."""
     assert engine.fault is not None
-    kind, before, healthy = _start_budget(engine, engine.startup)
-    _, after, restart = _start_budget(engine, engine.fault.startup)
-    attribution = None
-    if kind is not None and healthy is not None and restart is not None:
-        attribution = attribute_gap(
-            kind, restart.as_bytes(), healthy.as_bytes(), restart.fraction, healthy.fraction
-        )
-    if attribution is None or not attribution.main_terms():
-        return before, after, "kvwatch cannot split this change by term"
-    main = attribution.main_terms()[0]
-    label = _TERM_LABELS.get(main.term, main.term)
-    moved = f"{_gib(main.predicted)} -> {_gib(main.observed)} GiB" if main.predicted is not None else ""
-    return (
-        before,
-        after,
-        (
-            f"{label}: {moved}, which moves the KV budget by {main.bytes / GiB:+.2f} GiB "
-            f"(of {attribution.gap_bytes / GiB:+.2f} GiB)"
-        ),
-    )
-
-
-def _gib(value: float | None) -> str:
-    return "?" if value is None else f"{value / GiB:.2f}"
+    return explain_restart(engine.name, engine.card, engine.startup, engine.fault.startup)
 
 
 class Demo:
@@ -182,6 +140,7 @@ class Demo:
         listen: str = "127.0.0.1:9477",
         interval: float = 0.5,
         fault_after: float | None = 20.0,
+        fact_ttl: float | None = None,
     ) -> None:
         data = _demo_files()
         self.folder = folder
@@ -192,17 +151,19 @@ class Demo:
         self.engines = [_load(source, folder, data) for source in spec["sources"]]
         for engine in self.engines:
             engine.path.touch()
-        self.settings = load_settings(
-            {
-                "log": [f"{e.name}={e.path}" for e in self.engines],
-                "model_config": [f"{e.name}={e.model_config}" for e in self.engines],
-                "listen": listen,
-                "state_dir": str(folder / "state"),
-            },
-            environ={},
-        )
+        flags: dict[str, object] = {
+            "log": [f"{e.name}={e.path}" for e in self.engines],
+            "model_config": [f"{e.name}={e.model_config}" for e in self.engines],
+            "listen": listen,
+            "state_dir": str(folder / "state"),
+        }
+        if fact_ttl is not None:
+            flags["fact_ttl"] = fact_ttl
+        self.settings = load_settings(flags, environ={})
         self.sidecar = Sidecar(self.settings, environ={})
         self.rotated = False
+        # Rotations kvwatch has counted per source and the demo has reported (see rotations()).
+        self._rotations_told: dict[str, float] = {}
         self.fault: _FaultSeen | None = None
         self.seen = _Seen()
         # Whether the fault may be played now (the demo's Prometheus must have seen the healthy pool).
@@ -253,8 +214,27 @@ class Demo:
         engine.stats, engine.sent = engine.fault.stats, 0
         self.fault = _FaultSeen(engine.name, engine.fault.label, elapsed, before, after, why)
 
+    def rotations(self) -> list[str]:
+        """A line per log whose rotation kvwatch counted since the last call: read from kvwatch's own
+        counter, so the demo says a log rotated once, when kvwatch has followed it."""
+        reg = self.sidecar.registry
+        out = []
+        for engine in self.engines:
+            count = reg.get_sample_value(names.LOG_ROTATIONS.sample_name, {"source": engine.name}) or 0.0
+            if count > self._rotations_told.get(engine.name, 0.0):
+                self._rotations_told[engine.name] = count
+                out.append(
+                    f"{engine.name} log rotated (renamed to {engine.path.name}.1 and created anew, as "
+                    f"logrotate does): kvwatch followed it ({names.LOG_ROTATIONS.sample_name} {count:.0f})"
+                )
+        return out
+
     def summary(self) -> str:
         """One line per engine: model, pool, usage, headroom, preemptions, gap to each prediction."""
+        return "\n".join(row.text for row in self.rows()) or "  (no engine seen yet)"
+
+    def rows(self) -> list[_Row]:
+        """Per engine, its summary lines and what in them changes only with a start or a fault."""
         self.sidecar.refresh()  # what a scrape of /metrics does first: read what the engines appended
         reg = self.sidecar.registry
         out = []
@@ -282,13 +262,15 @@ class Demo:
                 (s for s in names.PREDICTION_STATES if value(names.PREDICTION_AVAILABLE, state=s) == 1),
                 "-",
             )
-            out.append(
+            text = (
                 f"  {snap.source:<7} model={model or '-'}\n"
                 f"          pool={_fmt(pool)} tokens  usage={_pct(usage)}  headroom={_fmt(head)} tokens"
                 f"  preemptions={_fmt(pre)}  gap: config {_pct(gap, signed=True)},"
                 f" engine budget {_pct(budget_gap, signed=True)}  prediction={state}"
             )
-        return "\n".join(out) or "  (no engine seen yet)"
+            steady = (str(model), _fmt(pool), _fmt(pre), _pct(gap, True), _pct(budget_gap, True), state)
+            out.append(_Row(snap.source, text, steady, _pct(usage)))
+        return out
 
     def shrink_ratio(self, source: str) -> float | None:
         """The alert's expression for ``source``: pool now / largest pool seen."""
@@ -330,7 +312,8 @@ def fault_report(demo: Demo, prom: DemoPrometheus | None) -> str:
         ratio = demo.shrink_ratio(f.engine)
         now = "-" if ratio is None else f"{ratio:.3f}"
         lines.append(
-            f"  alert {demo.alert} would fire (after its for: 5m): pool / largest pool in 1d = {now} < 0.95"
+            f"  alert {demo.alert} would fire (after its for: {config.FOR[demo.alert]}): pool / largest pool"
+            f" in {config.SHRINK_LOOKBACK} = {now} < {1 - config.SHRINK_RATIO:g}"
             " (Prometheus is not installed: apt-get install prometheus)"
         )
         return "\n".join(lines)
@@ -352,6 +335,33 @@ def fault_report(demo: Demo, prom: DemoPrometheus | None) -> str:
     return "\n".join(lines)
 
 
+class _Calm:
+    """The demo's periodic output: the summary when anything but usage changed (a start, a fault,
+    an alert's state), a log rotation once, and otherwise one line every ``heartbeat`` seconds."""
+
+    def __init__(self, out: TextIO, heartbeat: float) -> None:
+        self.out, self.heartbeat = out, heartbeat
+        self.key: object = None
+        self.last = -math.inf
+
+    def tick(self, demo: Demo, prom: DemoPrometheus | None, elapsed: float) -> None:
+        at = f"[{elapsed:5.1f}s]"
+        for line in demo.rotations():
+            print(f"{at} {line}", file=self.out, flush=True)
+        rows = demo.rows()
+        report = fault_report(demo, prom)
+        key = (tuple((row.source, row.steady) for row in rows), report)
+        if key != self.key:
+            summary = "\n".join(row.text for row in rows) or "  (no engine seen yet)"
+            print(f"{at}\n{summary}" + (f"\n{report}" if report else ""), file=self.out, flush=True)
+        elif elapsed - self.last >= self.heartbeat:
+            usage = ", ".join(f"{row.source} {row.usage}" for row in rows)
+            print(f"{at} no change but usage ({usage})", file=self.out, flush=True)
+        else:
+            return
+        self.key, self.last = key, elapsed
+
+
 def run_demo(
     duration: float | None,
     listen: str,
@@ -361,8 +371,12 @@ def run_demo(
     fault_after: float | None = 20.0,
     prometheus: bool = True,
     alert_for: str = "5s",
+    for_scale: float = 1.0,
+    fact_ttl: float | None = None,
+    heartbeat: float = 60.0,
 ) -> int:
-    """Run until Ctrl-C (or SIGTERM), or for ``duration`` seconds; print the URLs and a summary every few seconds."""
+    """Run until Ctrl-C (or SIGTERM), or for ``duration`` seconds; print the URLs, then the summary
+    whenever it changes (looked at every ``every`` seconds)."""
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -372,7 +386,9 @@ def run_demo(
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with tempfile.TemporaryDirectory(prefix="kvwatch-demo-") as tmp:
-            demo = Demo(Path(tmp), listen=listen, interval=interval, fault_after=fault_after)
+            demo = Demo(
+                Path(tmp), listen=listen, interval=interval, fault_after=fault_after, fact_ttl=fact_ttl
+            )
             demo.start()
             prom: DemoPrometheus | None = None
             try:
@@ -382,7 +398,7 @@ def run_demo(
                 if binary is not None:
                     target = demo.sidecar.url.split("//", 1)[1].split("/", 1)[0]
                     prom = DemoPrometheus(
-                        binary, Path(tmp) / "prometheus", target, demo.alert, alert_for, "1s"
+                        binary, Path(tmp) / "prometheus", target, demo.alert, alert_for, "1s", for_scale
                     )
                     ready = prom.wait_ready()
                     pool_metric = names.KV_POOL_TOKENS.sample_name
@@ -390,7 +406,9 @@ def run_demo(
                     print(
                         f"kvwatch demo: Prometheus {'serving' if ready else 'starting at'} {prom.url},"
                         f" alerts at {prom.alerts_page} (rules from kvwatch rules;"
-                        f" {demo.alert} for: {prom.shipped_for} -> {alert_for} for the demo)",
+                        f" {demo.alert} for: {prom.shipped_for} -> {alert_for} for the demo"
+                        + ("" if for_scale == 1.0 else f"; every other for: / {for_scale:g}")
+                        + ")",
                         file=out,
                         flush=True,
                     )
@@ -398,6 +416,7 @@ def run_demo(
                     print(
                         "kvwatch demo: Prometheus not installed: the summary says what would fire", file=out
                     )
+                calm = _Calm(out, heartbeat)
                 while duration is None or time.monotonic() - demo.started < duration:
                     left = (
                         every
@@ -406,15 +425,7 @@ def run_demo(
                     )
                     if stop.wait(max(left, 0.0)):
                         break
-                    rotated = f" ({demo.engines[0].name} log rotated)" if demo.rotated else ""
-                    summary = demo.summary()
-                    report = fault_report(demo, prom)
-                    print(
-                        f"[{time.monotonic() - demo.started:5.1f}s]{rotated}\n{summary}"
-                        + (f"\n{report}" if report else ""),
-                        file=out,
-                        flush=True,
-                    )
+                    calm.tick(demo, prom, time.monotonic() - demo.started)
             finally:
                 if prom is not None:
                     prom.stop()

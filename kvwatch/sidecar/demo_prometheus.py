@@ -2,13 +2,16 @@
 
 Started by ``kvwatch demo`` when a ``prometheus`` binary is on PATH. The rules are the ones
 ``kvwatch rules`` writes (the same as rules/ in the repository, which tests/test_mixin.py holds
-equal), with one change that is printed: the ``for:`` of the alert the demo's fault raises is cut
-to a few seconds, so that it fires within the demo instead of after minutes.
+equal), with changes that are printed: the ``for:`` of the alert the demo's fault raises is cut
+to a few seconds, so that it fires within the demo instead of after minutes, and with
+``--for-scale`` every other ``for:`` is divided by that factor (to watch a quiet fleet stay quiet
+past all of them in a short run).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -46,8 +49,22 @@ def free_port() -> int:
         return port
 
 
-def write_rules(folder: Path, alert: str, alert_for: str) -> tuple[list[Path], str]:
-    """kvwatch's rules in ``folder``, ``alert``'s ``for:`` set to ``alert_for``; (files, its shipped for:)."""
+_DURATION = re.compile(r"(\d+)([smh])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def scaled(duration: str, scale: float) -> str:
+    """A shipped ``for:`` ('15m') divided by ``scale``, in whole milliseconds (at least 1 ms)."""
+    match = _DURATION.fullmatch(duration)
+    if match is None:
+        raise ValueError(f"not a duration kvwatch's rules use: {duration!r}")
+    seconds = int(match[1]) * _SECONDS[match[2]]
+    return f"{max(1, round(seconds * 1000 / scale))}ms"
+
+
+def write_rules(folder: Path, alert: str, alert_for: str, for_scale: float = 1.0) -> tuple[list[Path], str]:
+    """kvwatch's rules in ``folder``, ``alert``'s ``for:`` set to ``alert_for`` and every other one
+    divided by ``for_scale``; (files, the alert's shipped for:)."""
     written = [Path(p) for p in rules.write(folder, None, config.RUNBOOK_URL)]
     shipped = ""
     for path in written:
@@ -59,6 +76,9 @@ def write_rules(folder: Path, alert: str, alert_for: str) -> tuple[list[Path], s
                     shipped = str(rule.get("for", ""))
                     rule["for"] = alert_for
                     changed = True
+                elif "alert" in rule and for_scale != 1.0:
+                    rule["for"] = scaled(str(rule["for"]), for_scale)
+                    changed = True
         if changed:
             path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return written, shipped
@@ -68,10 +88,17 @@ class DemoPrometheus:
     """A Prometheus server scraping the demo's sidecar; ``stop()`` ends it (and waits for it)."""
 
     def __init__(
-        self, binary: str, folder: Path, target: str, alert: str, alert_for: str, interval: str
+        self,
+        binary: str,
+        folder: Path,
+        target: str,
+        alert: str,
+        alert_for: str,
+        interval: str,
+        for_scale: float = 1.0,
     ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.rule_files, self.shipped_for = write_rules(folder / "rules", alert, alert_for)
+        self.rule_files, self.shipped_for = write_rules(folder / "rules", alert, alert_for, for_scale)
         self.alert, self.alert_for = alert, alert_for
         settings = {
             "global": {"scrape_interval": interval, "evaluation_interval": interval},

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 
 from kvwatch.core.events import Event, UsageSample
 from kvwatch.core.jsontypes import JsonObject
@@ -22,6 +22,9 @@ log = logging.getLogger("kvwatch")
 # state that changed by usage alone is saved at a slower pace (each save costs a JSON dump + fsync).
 SAVE_INTERVAL = 1.0
 USAGE_SAVE_INTERVAL = 30.0
+# With --release-read, a log that grew is saved this often, so its read bytes can be given back
+# (kvwatch/sources/release.py): the file then holds at most what the engine writes in this time.
+RELEASE_SAVE_INTERVAL = 0.5
 
 
 class SaveSchedule:
@@ -36,10 +39,15 @@ class SaveSchedule:
         self,
         store: StateStore | None,
         fleet: Fleet,
-        logs: Sequence[LogSource],
+        logs: Iterable[LogSource],
         wake: Callable[[], None],
+        *,
+        release: bool = False,
     ) -> None:
         self.store = store
+        # Give back the read part of each log after each save (--release-read).
+        self.release = release
+        self._moved = False
         self._fleet = fleet
         self._logs = logs
         self._wake = wake
@@ -73,6 +81,13 @@ class SaveSchedule:
         if wake:
             self._wake()
 
+    def moved(self) -> None:
+        """A tailer read further (called per line with --release-read): the next save lets the
+        read bytes go. A plain flag: the first one after a save wakes the consumer to plan."""
+        if not self._moved:
+            self._moved = True
+            self._wake()
+
     def due_in(self) -> float | None:
         """Seconds until the state file should be written; None when it holds everything.
 
@@ -80,8 +95,11 @@ class SaveSchedule:
         so a burst of lines -- an engine's startup, a log read from its start -- is one save.
         """
         with self._lock:
-            if self.store is None or not self._dirty:
+            if self.store is None or not (self._dirty or self._moved):
                 return None
+            if self._moved and not self._facts_dirty:
+                due = self._last_save + RELEASE_SAVE_INTERVAL
+                return max(0.0, due - time.monotonic())
             if self._facts_dirty:
                 due = max(self._last_save, self._facts_since) + SAVE_INTERVAL
             else:
@@ -117,17 +135,22 @@ class SaveSchedule:
         with contextlib.ExitStack() as paused:
             for _, tailer in tailers:
                 paused.enter_context(tailer.delivery_paused())
+            taken = {name: tailer.positions() for name, tailer in tailers}
             positions: JsonObject = {
-                name: {path: pos.to_dict() for path, pos in tailer.positions().items()}
-                for name, tailer in tailers
+                name: {path: pos.to_dict() for path, pos in taken[name].items()} for name, _ in tailers
             }
             text = self.store.encode(self._fleet, positions)
             # Cleared inside the cut: a line applied after it marks the state dirty again.
             with self._lock:
                 self._dirty = self._facts_dirty = False
+            self._moved = False
         self._last_save = time.monotonic()
         if not self.store.write(text):
             with self._lock:
                 self._dirty = self._facts_dirty = True
             return False
+        if self.release:
+            # The file now holds these positions: what lies before them may go.
+            for name, tailer in tailers:
+                tailer.release(taken[name])
         return True

@@ -9,11 +9,20 @@ idle or slow clients (slow loris) could hold threads and file descriptors until 
   non-blocking and each under a deadline (``HEADER_TIMEOUT`` from accept or from the first byte of
   a request to the end of its head, ``IDLE_TIMEOUT`` between keep-alive requests, ``WRITE_TIMEOUT``
   for the client to take a response); a client that misses one is disconnected and counted;
-* a complete request head goes to one of ``WORKERS`` threads (started as needed), which only compute (the handler never
-  touches the socket), so a client that does not read cannot hold a worker;
-* at most ``MAX_CONNECTIONS`` connections are open; one more is refused (503 on plain HTTP, closed
-  on TLS) and counted; heads over ``MAX_HEAD_BYTES`` get 431; request bodies are never read (a
-  request announcing one is answered and the connection closed).
+* what the ``immediate`` handler answers (/healthz: a constant) the selector thread answers
+  itself, so probes never queue behind /metrics renders;
+* any other request goes to one of ``WORKERS`` threads (kvwatch.sidecar.workers), which only
+  compute, so a client that does not read cannot hold a worker; a waiting request's socket is
+  still watched: a client that hangs up is closed at once and its request dropped unrun;
+* at most ``MAX_CONNECTIONS`` connections are open, at most ``MAX_PER_CLIENT`` from one client
+  address (an IPv6 /64 counts as one), so one address cannot take the port from the others. A
+  new connection from an address at its cap closes that address's oldest connection waiting for a
+  request (idle or mid-head: often one its client has closed already), so a scraper sharing an
+  address with a flood still gets in; with none waiting, or at the whole cap, the new one is
+  refused (503 on plain HTTP, closed on TLS); both count as refused. Heads over ``MAX_HEAD_BYTES``
+  get 431; request bodies are never read (such a request is answered, its connection closed);
+* ``stop_serving`` closes every connection and workers drop what is still queued: a stop waits
+  for at most the handler calls running, whatever the backlog.
 
 An idle server sleeps in ``select()`` with no timeout: no wake-ups while nobody connects.
 """
@@ -26,17 +35,15 @@ import errno
 import heapq
 import itertools
 import logging
-import queue
-import resource
 import selectors
 import socket
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvwatch.sidecar.wire import REASONS, Request, Response, parse_head, serialize
+from kvwatch.sidecar.netlimits import ClientSlots, ServerStats, client_key, raise_fd_limit
+from kvwatch.sidecar.wire import REASONS, Request, Response, drop_empty_lines, head_end, parse_head, serialize
+from kvwatch.sidecar.workers import WorkerPool
 
 if TYPE_CHECKING:
     import ssl
@@ -44,6 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvwatch")
 
 MAX_CONNECTIONS = 1024
+# Far above what scrapers and probes from one address use (Prometheus keeps one connection per
+# target; an HA pair, or a mesh proxy in front of every client, a few), far below the whole cap.
+MAX_PER_CLIENT = 64
 HEADER_TIMEOUT = 10.0
 IDLE_TIMEOUT = 30.0
 WRITE_TIMEOUT = 10.0
@@ -53,6 +63,9 @@ BACKLOG = 512
 # File descriptors kept free for everything but client connections (logs, state file, scrapes).
 FD_RESERVE = 64
 _RECV = 64 * 1024
+# Bytes one connection may send per turn of the loop: a big /metrics to many scrapers at once is
+# sent round-robin, so the loop comes back to new connections (probes) between slices.
+_WRITE_SLICE = 64 * 1024
 _ACCEPT_BATCH = 64
 _ACCEPT_PAUSE = 0.1
 _REFUSED = (
@@ -62,42 +75,22 @@ _REFUSED = (
 
 
 Handler = Callable[[Request], Response]
-
-
-@dataclasses.dataclass
-class ServerStats:
-    """Counters of the connections the server turned away (written by the selector thread only)."""
-
-    refused: int = 0
-    timed_out: int = 0
-    bad_requests: int = 0
-    open: int = 0
+# Answers in the selector thread (None: a worker's); only for answers that cost nothing.
+Immediate = Callable[[Request], Response | None]
 
 
 @dataclasses.dataclass(eq=False)
 class _Conn:
     sock: socket.socket
     client: str
+    key: str  # what the per-address cap counts by (client_key)
     state: str  # handshake | read | busy | write
     deadline: float
     buf: bytearray = dataclasses.field(default_factory=bytearray)
     out: memoryview | None = None
     keep_alive: bool = False
     events: int = 0
-
-
-def raise_fd_limit(wanted: int) -> int:
-    """Raise the soft RLIMIT_NOFILE towards ``wanted`` (within the hard limit); the soft limit after.
-
-    Idle connections are cheap here, but each is an fd, and many systems start processes at 1024.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-    return int(soft) if soft != resource.RLIM_INFINITY else wanted
+    closed: bool = False  # set by the selector thread; workers skip a closed connection's request
 
 
 class BoundedHTTPServer:
@@ -114,6 +107,8 @@ class BoundedHTTPServer:
         idle_timeout: float | None = None,
         write_timeout: float | None = None,
         workers: int | None = None,
+        max_per_client: int | None = None,
+        immediate: Immediate | None = None,
     ) -> None:
         """Bind and listen at once; an OSError here leaves nothing open behind it.
 
@@ -130,28 +125,28 @@ class BoundedHTTPServer:
             sock.close()
             raise
         self._sock = sock
-        self.handler = handler
         self.tls = tls
         cap = MAX_CONNECTIONS if max_connections is None else max_connections
         limit = raise_fd_limit(cap + FD_RESERVE)
         self.max_connections = max(1, min(cap, limit - FD_RESERVE))
+        self.max_per_client = MAX_PER_CLIENT if max_per_client is None else max_per_client
+        self.immediate = immediate
         self.header_timeout = HEADER_TIMEOUT if header_timeout is None else header_timeout
         self.idle_timeout = IDLE_TIMEOUT if idle_timeout is None else idle_timeout
         self.write_timeout = WRITE_TIMEOUT if write_timeout is None else write_timeout
         self.stats = ServerStats()
-        self._workers = WORKERS if workers is None else workers
         self._closing = False
         self._bell_r, self._bell_w = socket.socketpair()
         self._bell_r.setblocking(False)
         self._bell_w.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._conns: set[_Conn] = set()
+        self._slots: ClientSlots[_Conn] = ClientSlots()
         self._deadlines: list[tuple[float, int, _Conn]] = []
         self._seq = itertools.count()
-        self._jobs: queue.SimpleQueue[tuple[_Conn, Request] | None] = queue.SimpleQueue()
-        self._done: deque[tuple[_Conn, bytes, bool]] = deque()
-        self._threads: list[threading.Thread] = []
-        self._in_flight = 0
+        self._pool: WorkerPool[_Conn] = WorkerPool(
+            handler, WORKERS if workers is None else workers, self._ring, self._wanted
+        )
         self._accept_paused_until = 0.0
 
     @property
@@ -178,10 +173,10 @@ class BoundedHTTPServer:
                 self._finish_jobs()
                 self._expire()
         finally:
+            self._closing = True  # workers drop what is still queued (every connection is closed)
             for conn in list(self._conns):
                 self._close(conn)
-            for _ in self._threads:
-                self._jobs.put(None)
+            self._pool.stop()
 
     def stop_serving(self) -> None:
         """Make serve() return (from another thread); then server_close()."""
@@ -190,8 +185,7 @@ class BoundedHTTPServer:
 
     def server_close(self) -> None:
         """Close the listening socket and the loop's own resources (after serve() returned)."""
-        for thread in self._threads:
-            thread.join(timeout=5)
+        self._pool.join(timeout=5)
         for closable in (self._sock, self._bell_r, self._bell_w, self._selector):
             with contextlib.suppress(OSError):
                 closable.close()
@@ -241,7 +235,11 @@ class BoundedHTTPServer:
 
     def _close(self, conn: _Conn) -> None:
         self._watch(conn, 0)
+        if conn.closed:
+            return
+        conn.closed = True
         self._conns.discard(conn)
+        self._slots.remove(conn.key, conn)
         self.stats.open = len(self._conns)
         with contextlib.suppress(OSError):
             conn.sock.close()
@@ -260,7 +258,11 @@ class BoundedHTTPServer:
                     self._selector.unregister(self._sock)
                     self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
                 return
-            if len(self._conns) >= self.max_connections:
+            client = str(addr[0])
+            key = client_key(client)
+            if self._slots.count(key) >= self.max_per_client:
+                self._make_room(key)
+            if len(self._conns) >= self.max_connections or self._slots.count(key) >= self.max_per_client:
                 self.stats.refused += 1
                 with contextlib.suppress(OSError):
                     if self.tls is None:
@@ -268,9 +270,22 @@ class BoundedHTTPServer:
                         sock.send(_REFUSED)
                     sock.close()
                 continue
-            self._add(sock, str(addr[0]))
+            self._add(sock, client, key)
 
-    def _add(self, sock: socket.socket, client: str) -> None:
+    def _make_room(self, key: str) -> None:
+        """Free a slot of an address at its cap: its oldest waiting connection is read first (it
+        may hold a request, or the client's hang-up, not seen yet), and closed if still waiting."""
+        # Each turn takes one out of waiting (at most the address's cap in all).
+        while (conn := self._slots.oldest_waiting(key)) is not None:
+            self._io(conn, selectors.EVENT_READ)
+            if conn.closed:
+                return  # its client had gone: a slot is free
+            if conn.state in ("read", "handshake"):
+                self.stats.refused += 1
+                self._close(conn)
+                return
+
+    def _add(self, sock: socket.socket, client: str, key: str) -> None:
         sock.setblocking(False)
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -282,8 +297,9 @@ class BoundedHTTPServer:
                 sock.close()
                 return
             state = "handshake"
-        conn = _Conn(sock, client, state, 0.0)
+        conn = _Conn(sock, client, key, state, 0.0)
         self._conns.add(conn)
+        self._slots.add(key, conn)
         self.stats.open = len(self._conns)
         self._set_deadline(conn, time.monotonic() + self.header_timeout)
         self._watch(conn, selectors.EVENT_READ)
@@ -296,6 +312,8 @@ class BoundedHTTPServer:
             self._read(conn)
         elif conn.state == "write":
             self._write(conn)
+        elif conn.state == "busy":
+            self._check_gone(conn)
 
     def _handshake(self, conn: _Conn) -> None:
         import ssl
@@ -317,56 +335,92 @@ class BoundedHTTPServer:
         self._read(conn)
 
     def _read(self, conn: _Conn) -> None:
+        while self._read_some(conn) and self._parse(conn):
+            pass  # answered everything read, and TLS holds more decrypted bytes: read on
+
+    def _read_some(self, conn: _Conn) -> bool:
+        """Read until a head is complete or nothing more is there; False when the client left."""
         import ssl
 
-        while len(conn.buf) <= MAX_HEAD_BYTES and b"\r\n\r\n" not in conn.buf:
+        while len(conn.buf) <= MAX_HEAD_BYTES and head_end(conn.buf)[0] < 0:
             try:
                 chunk = conn.sock.recv(_RECV)
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 break
             except (OSError, ValueError):
                 self._close(conn)
-                return
+                return False
             if not chunk:
                 self._close(conn)
-                return
+                return False
             if not conn.buf and conn.keep_alive:
                 # The next request has begun: its head must arrive in HEADER_TIMEOUT from now.
                 self._set_deadline(conn, min(conn.deadline, time.monotonic() + self.header_timeout))
             conn.buf += chunk
-        self._parse(conn)
+        return True
 
-    def _parse(self, conn: _Conn) -> None:
+    def _check_gone(self, conn: _Conn) -> None:
+        """A busy connection is readable: its client hung up (close it: the worker drops the
+        request), or sent its next request early (kept for after this response)."""
+        import ssl
+
+        try:
+            chunk = conn.sock.recv(_RECV)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except (OSError, ValueError):
+            chunk = b""
+        conn.buf += chunk
+        if not chunk:
+            self.stats.abandoned += 1
+            self._close(conn)
+        elif len(conn.buf) > MAX_HEAD_BYTES:
+            self._watch(conn, 0)  # enough read ahead; the rest waits for this response
+
+    def _parse(self, conn: _Conn) -> bool:
+        """Take the requests in ``conn.buf`` one by one: the immediate ones are answered here, in a
+        loop (not by recursion: a client may pipeline hundreds), up to one that needs a worker.
+
+        True when all were answered and TLS holds decrypted bytes the selector cannot see.
+        """
         buf = conn.buf
-        while buf[:2] == b"\r\n":  # empty lines before a request line are allowed (RFC 9112 2.2)
-            del buf[:2]
-        if buf and not 65 <= buf[0] <= 90:
-            # Not an HTTP method (e.g. a TLS ClientHello on the plain port): say so at once.
-            self._reply_error(conn, 400)
-            return
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
-                self._reply_error(conn, 431)
-            return
-        head = bytes(buf[:end])
-        del buf[: end + 4]
-        request, keep_alive = parse_head(head, conn.client)
-        if request is None:
-            self._reply_error(conn, 400)
-            return
+        while True:
+            drop_empty_lines(buf)
+            if buf and not 65 <= buf[0] <= 90 and buf != b"\r":
+                # Not an HTTP method (e.g. a TLS ClientHello on the plain port): say so at once.
+                self._reply_error(conn, 400)
+                return False
+            end, after = head_end(buf)
+            if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    self._reply_error(conn, 431)
+                return False
+            head = bytes(buf[:end])
+            del buf[:after]
+            request, keep_alive = parse_head(head, conn.client)
+            if request is None:
+                self._reply_error(conn, 400)
+                return False
+            quick = self.immediate(request) if self.immediate is not None else None
+            if quick is None:
+                break
+            conn.keep_alive = keep_alive and not self._closing
+            self._start_write(conn, serialize(quick, conn.keep_alive, with_body=request.method != "HEAD"))
+            if not self._flush(conn):
+                return False  # the rest goes out when the socket is writable
+            if not conn.keep_alive:
+                self._close(conn)
+                return False
+            self._await_request(conn)
+            if head_end(buf)[0] < 0 and self.tls is not None and conn.sock.pending():  # type: ignore[attr-defined]
+                return True
         conn.keep_alive = keep_alive
         conn.state = "busy"
-        self._watch(conn, 0)
-        self._jobs.put((conn, request))
-        self._in_flight += 1
-        if self._in_flight > len(self._threads) and len(self._threads) < self._workers:
-            # Workers start when first needed: one scraper at a time keeps one thread (and one
-            # malloc arena) instead of WORKERS of them, which shows in an idle sidecar's RSS.
-            n = len(self._threads)
-            thread = threading.Thread(target=self._work, name=f"kvwatch-http-worker-{n}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._slots.busy(conn.key, conn)
+        # Still watched for reading: a client that hangs up while waiting is noticed (_check_gone).
+        self._watch(conn, selectors.EVENT_READ if len(buf) <= MAX_HEAD_BYTES else 0)
+        self._pool.submit(conn, request, keep_alive)
+        return False
 
     def _reply_error(self, conn: _Conn, status: int) -> None:
         self.stats.bad_requests += 1
@@ -375,65 +429,66 @@ class BoundedHTTPServer:
 
     def _respond(self, conn: _Conn, data: bytes, keep_alive: bool = False) -> None:
         conn.keep_alive = keep_alive
-        conn.out = memoryview(data)
-        conn.state = "write"
-        self._set_deadline(conn, time.monotonic() + self.write_timeout)
+        self._start_write(conn, data)
         self._write(conn)
 
-    def _write(self, conn: _Conn) -> None:
+    def _start_write(self, conn: _Conn, data: bytes) -> None:
+        conn.out = memoryview(data)
+        conn.state = "write"
+        self._slots.busy(conn.key, conn)
+        self._set_deadline(conn, time.monotonic() + self.write_timeout)
+
+    def _flush(self, conn: _Conn) -> bool:
+        """Send what the socket takes; True when the response is out, False while some is left
+        (then the connection waits to be writable) or when the connection failed (closed)."""
         import ssl
 
-        out = conn.out
+        out, budget = conn.out, _WRITE_SLICE
         while out is not None and len(out):
             try:
+                if budget <= 0:
+                    raise BlockingIOError  # this turn's slice is sent; the socket is asked again
                 sent = conn.sock.send(out[:_RECV])
+                budget -= sent
             except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
                 self._watch(conn, selectors.EVENT_WRITE)
                 conn.out = out
-                return
+                return False
             except ssl.SSLWantReadError:
                 self._watch(conn, selectors.EVENT_READ)
                 conn.out = out
-                return
+                return False
             except (OSError, ValueError):
                 self._close(conn)
-                return
+                return False
             out = out[sent:]
         conn.out = None
+        return True
+
+    def _write(self, conn: _Conn) -> None:
+        if not self._flush(conn):
+            return
         if not conn.keep_alive or self._closing:
             self._close(conn)
             return
-        conn.state = "read"
-        self._set_deadline(conn, time.monotonic() + self.idle_timeout)
-        self._watch(conn, selectors.EVENT_READ)
+        self._await_request(conn)
         # A pipelined request may be read already: in our buffer, or decrypted inside the TLS
         # layer, where the selector cannot see it.
-        if self.tls is not None and conn.sock.pending():  # type: ignore[attr-defined]
+        if conn.buf or (self.tls is not None and conn.sock.pending()):  # type: ignore[attr-defined]
             self._read(conn)
-        elif conn.buf:
-            self._parse(conn)
+
+    def _await_request(self, conn: _Conn) -> None:
+        conn.state = "read"
+        self._slots.waiting(conn.key, conn)
+        self._set_deadline(conn, time.monotonic() + self.idle_timeout)
+        self._watch(conn, selectors.EVENT_READ)
 
     # --- workers ---------------------------------------------------------------------------------
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            conn, request = job
-            try:
-                response = self.handler(request)
-                keep = conn.keep_alive and response.status < 500
-                data = serialize(response, keep, with_body=request.method != "HEAD")
-            except Exception:  # a bug in a handler answers 500, it does not end the worker
-                log.exception("http handler failed path=%s", request.path)
-                keep = False
-                data = serialize(Response(500, b"internal error\n"), keep)
-            self._done.append((conn, data, keep))
-            self._ring()
+    def _wanted(self, conn: _Conn) -> bool:
+        """Whether a queued request is still worth running (asked by a worker)."""
+        return not conn.closed and not self._closing
 
     def _finish_jobs(self) -> None:
-        while self._done:
-            conn, data, keep = self._done.popleft()
-            self._in_flight -= 1
-            if conn in self._conns:
+        for conn, data, keep in self._pool.finished():
+            if data is not None and not conn.closed:
                 self._respond(conn, data, keep)

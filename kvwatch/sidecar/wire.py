@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from email.utils import formatdate
 
 from kvwatch import __version__
@@ -22,12 +23,14 @@ REASONS = {
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One parsed request head; header names are lower case."""
+    """One parsed request head; header names are lower case; ``received``: when it was read
+    (time.monotonic), so a response computed after it may be shared with it."""
 
     method: str
     target: str
     headers: dict[str, str]
     client: str
+    received: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
     def path(self) -> str:
@@ -44,13 +47,36 @@ class Response:
     headers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
+def drop_empty_lines(buf: bytearray) -> None:
+    """Drop the empty lines a request may follow (RFC 9112 2.2: a server should ignore them)."""
+    while buf[:1] == b"\n" or buf[:2] == b"\r\n":
+        del buf[: 1 if buf[0] == 10 else 2]
+
+
+def head_end(buf: bytes | bytearray) -> tuple[int, int]:
+    """Where the request head in ``buf`` ends and what follows it begins; (-1, -1) while incomplete.
+
+    The head ends at its first empty line. Lines end in CRLF, or in a bare LF, which RFC 9112 2.2
+    lets a server accept (some clients and hand-written probes send it).
+    """
+    lf = buf.find(b"\n\n")
+    crlf = buf.find(b"\n\r\n")
+    if crlf >= 0 and (lf < 0 or crlf < lf):
+        return crlf, crlf + 3
+    return (lf, lf + 2) if lf >= 0 else (-1, -1)
+
+
 def parse_head(head: bytes, client: str) -> tuple[Request | None, bool]:
-    """(request, keep-alive) of one request head; (None, False) when it is not HTTP/1.x."""
+    """(request, keep-alive) of one request head (as ``head_end`` cut it, without its last line
+    end); (None, False) when it is not HTTP/1.x."""
     try:
         text = head.decode("latin-1")
     except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
         return None, False
-    line, *lines = text.split("\r\n")
+    line, *lines = (raw.removesuffix("\r") for raw in text.split("\n"))
+    if "\r" in line or any("\r" in raw for raw in lines):
+        # A bare CR is no line end (RFC 9112 2.2): read as one, it could split a header in two.
+        return None, False
     parts = line.split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1]:
         return None, False

@@ -61,7 +61,38 @@ def drop_access_lines(block: bytes | bytearray, pos: int = 0, endpos: int | None
     return rest, _ACCESS_RUN_LINES * runs + singles
 
 
+class _Counted(io.RawIOBase):
+    """A stream that cannot tell where it stands (a pipe, a FIFO, a socket): its bytes counted as
+    they are read, for the 'bytes read so far' a seekable file's ``tell`` gives."""
+
+    def __init__(self, stream: io.BufferedIOBase) -> None:
+        super().__init__()
+        self._stream = stream
+        self._read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._stream.readinto(buffer) or 0
+        self._read += n
+        return n
+
+    def tell(self) -> int:
+        return self._read
+
+
+def _tells(stream: io.BufferedIOBase) -> bool:
+    try:
+        stream.tell()
+    except (OSError, io.UnsupportedOperation):  # ('Illegal seek': a pipe, a FIFO, a socket)
+        return False
+    return True
+
+
 def _serial(stream: io.BufferedIOBase, max_line_chars: int) -> Iterator[Filtered]:
+    if not _tells(stream):
+        stream = cast(io.BufferedIOBase, _Counted(stream))
     for block, pos, endpos in read_blocks(stream, max_line_chars):
         rest, dropped = drop_access_lines(block, pos, endpos)
         yield rest, dropped, stream.tell()
@@ -89,7 +120,7 @@ def usable_cpus() -> int:
 
 def filtered_blocks(
     path: str, stream: io.BufferedIOBase, max_line_chars: int, parallel: bool | None = None
-) -> Iterator[Filtered]:
+) -> Generator[Filtered, None, None]:
     """``stream`` (``path`` opened for binary reading) read to EOF from where it stands, as
     filtered blocks.
 
@@ -97,7 +128,8 @@ def filtered_blocks(
     two CPUs), True and False force it (tests). Either way the blocks and counts are the same. The
     helper reads the stream's own open file (the same file even if ``path`` is renamed meanwhile)
     with positioned reads from the stream's position, so the stream itself is never moved; where
-    the helper cannot start (or dies before its first frame) this process reads.
+    the helper cannot start (or dies before its first frame) this process reads. A stream that
+    cannot seek (a pipe, a FIFO, a socket) is always read here, its bytes counted as read.
     """
     try:
         fd = stream.fileno()

@@ -20,6 +20,11 @@ FINGERPRINT = 64
 CHUNK = 1 << 16
 
 
+def fingerprint_before(body: bytes, before: bytes, end: int) -> bytes:
+    """The FINGERPRINT bytes before offset ``end`` of ``body`` (``before``: the bytes ahead of it)."""
+    return body[end - FINGERPRINT : end] if end >= FINGERPRINT else (before + body[:end])[-FINGERPRINT:]
+
+
 @dataclass(frozen=True, slots=True)
 class FilePosition:
     """Where reading of one followed path stopped: the start of the first line not yet delivered.
@@ -76,6 +81,8 @@ class Reader:
     head: bytes = b""
     tail: bytes = b""
     last_growth: float = field(default_factory=time.monotonic)
+    # Bytes at the start of the file whose blocks kvwatch gave back (kvwatch/sources/release.py).
+    released: int = 0
 
 
 @dataclass(eq=False)
@@ -90,4 +97,7 @@ class Stream:
     # unreadable, not a regular file), or reading the open file fails.
     failing: bool = False
     read_failing: bool = False
+    # The path names no file while the file it named is still open (deleted, or mid-rotation):
+    # that file is still read to its end, but the source is not up (kvwatch_source_up 0).
+    missing: bool = False
     resume: FilePosition | None = None

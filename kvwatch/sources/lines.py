@@ -99,8 +99,16 @@ class LineSplitter:
                 self._dropped = 0
             else:
                 out.append(self._finish(first, False))
-            for piece in pieces[1:]:
-                out.append(self._finish(piece, False))
+            rest = pieces[1:]
+            if rest and max(map(len, rest)) <= self.max_line_chars:
+                # No line here can be cut (its bytes are at most the cap, its characters fewer)
+                # and none ends in b"\r" (_line_ends made every end b"\n"): one decode for all.
+                # UTF-8 never uses the byte b"\n" inside a character, so this is the same text
+                # as decoding each line on its own, invalid bytes replaced alike.
+                out.extend(b"\n".join(rest).decode("utf-8", errors="replace").split("\n"))
+            else:
+                for piece in rest:
+                    out.append(self._finish(piece, False))
         self._keep(tail)
         return out
 

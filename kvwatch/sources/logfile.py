@@ -25,9 +25,9 @@ Design (one reader thread, watchdog only as a doorbell):
   with what we read there; a shrink alone would miss a file that grew past our offset again before
   we looked.
 
-Modules, by concern: this one (the tailer: its loop, reading and delivery), ``files`` (positions,
-open files, followed paths), ``rotation`` (identity, rotation, copytruncate, resume), ``watch``
-(watchdog as a doorbell), ``lines`` (bytes -> lines).
+Modules, by concern: this one (the tailer: loop, reading, delivery), ``files`` (positions, open
+files, followed paths), ``rotation`` (identity, rotation, copytruncate, resume), ``watch`` (watchdog
+as a doorbell), ``lines`` (bytes -> lines), ``release`` (giving back what was read).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from watchdog.events import (
     FileSystemEvent,
 )
 
-from kvwatch.sources.files import CHUNK, FINGERPRINT, FilePosition, Reader, Stream
+from kvwatch.sources.files import CHUNK, FINGERPRINT, FilePosition, Reader, Stream, fingerprint_before
 from kvwatch.sources.rotation import RotationHandling
 from kvwatch.sources.watch import Bell, Doorbell, WatchHandling, has_magic
 
@@ -64,6 +64,7 @@ _STRUCTURAL_EVENTS = [FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
 _ALL_EVENTS = [FileModifiedEvent, *_STRUCTURAL_EVENTS]
 
 LineCallback = Callable[[str, str], None]
+LinesCallback = Callable[[str, list[str]], None]
 PathCallback = Callable[[str], None]
 ErrorCallback = Callable[[str, BaseException], None]
 
@@ -83,6 +84,7 @@ class LogTailer(RotationHandling, WatchHandling):
         *,
         on_rotate: PathCallback | None = None,
         on_error: ErrorCallback | None = None,
+        on_lines: LinesCallback | None = None,
         polling: bool = False,
         recheck_interval: float = 1.0,
         poll_interval: float = 0.25,
@@ -98,6 +100,9 @@ class LogTailer(RotationHandling, WatchHandling):
         self.pattern = os.path.abspath(os.path.expanduser(pattern))
         self.is_glob = has_magic(self.pattern)
         self._on_line = on_line
+        # Or lines by read chunk (a busy log's cost is per call): the position after a chunk's last
+        # line is published before the chunk is handed on; a stop takes effect after it.
+        self._on_lines = on_lines
         self._on_rotate = on_rotate
         self._on_error = on_error
         self.polling = polling
@@ -230,6 +235,18 @@ class LogTailer(RotationHandling, WatchHandling):
         finally:
             self._lock.release()
 
+    def release(self, saved: Mapping[str, FilePosition], timeout: float = 0.05) -> int:
+        """Give back the disk blocks read before ``saved`` (positions a state file holds) in the
+        files the paths name now, when they are the saved ones (sources/release.py); bytes freed."""
+        from kvwatch.sources.release import release_saved
+
+        if not self._lock.acquire(timeout=timeout):
+            return 0
+        try:
+            return release_saved(self._streams, saved, self._report)
+        finally:
+            self._lock.release()
+
     def delivery_paused(self) -> contextlib.AbstractContextManager[Any]:
         """Hold back ``on_line`` calls while the caller saves its state with ``positions()``.
 
@@ -252,7 +269,7 @@ class LogTailer(RotationHandling, WatchHandling):
             self._running
             and not self._stop.is_set()
             and any(s.reader is not None for s in streams)
-            and not any(s.failing or s.read_failing for s in streams)
+            and not any(s.failing or s.read_failing or s.missing for s in streams)
         )
 
     @property
@@ -412,19 +429,22 @@ class LogTailer(RotationHandling, WatchHandling):
     def _feed(
         self, stream: Stream, reader: Reader, body: bytes, start: int, before: bytes, *, publish: bool
     ) -> None:
-        """Deliver the lines that ``body`` (read at ``start``) completes.
-
-        With ``publish``, the position after each line is published just before the line is handed
-        to ``on_line``: inside the callback ``positions()`` includes that line, so a consumer can
-        store exactly the position of the last line it applied.
-        """
-        if not publish:
-            self._deliver(stream.path, reader.splitter.feed(body))
+        """Deliver the lines that ``body`` (read at ``start``) completes. With ``publish``, the
+        position after each line (each chunk, with on_lines) is published just before it is handed
+        on: inside the callback ``positions()`` includes it, so a consumer can store exactly the
+        position of the last line it applied."""
+        if not publish or self._on_lines is not None:
+            lines = reader.splitter.feed(body)
+            end = max(body.rfind(b"\n"), body.rfind(b"\r")) + 1
+            with self._pub_lock:
+                if publish and lines:
+                    self._publish(stream.path, reader, start + end, fingerprint_before(body, before, end))
+                self._deliver(stream.path, lines)
             return
         for line, end in reader.splitter.feed_ends(body):
             if self._stop.is_set():
                 return  # the published position stays at the last line delivered
-            fp = body[end - FINGERPRINT : end] if end >= FINGERPRINT else (before + body[:end])[-FINGERPRINT:]
+            fp = fingerprint_before(body, before, end)
             with self._pub_lock:
                 self._publish(stream.path, reader, start + end, fp)
                 self._deliver(stream.path, (line,))
@@ -434,13 +454,19 @@ class LogTailer(RotationHandling, WatchHandling):
             self._published[path] = (reader.dev, reader.ino, offset, fingerprint)
 
     def _deliver(self, path: str, lines: Iterable[str]) -> None:
-        for line in lines:
-            try:
-                self._on_line(path, line)
-            except Exception as exc:
-                self.callback_errors += 1
-                log.exception("on_line callback failed")
-                self._report(path, exc)
+        if self._on_lines is not None:
+            self._call(self._on_lines, path, list(lines))
+        else:
+            for line in lines:
+                self._call(self._on_line, path, line)
+
+    def _call(self, callback: Callable[[str, Any], None], path: str, lines: str | list[str]) -> None:
+        try:  # a failing callback costs that call's line(s), never the tailer
+            callback(path, lines)
+        except Exception as exc:
+            self.callback_errors += 1
+            log.exception("log line callback failed")
+            self._report(path, exc)
 
     def _rotated(self, path: str) -> None:
         self.rotations += 1

@@ -64,7 +64,8 @@ class RotationHandling(ABC):
             st = os.stat(stream.path)
         except OSError as exc:
             # Between a rename and the new file's creation the path is missing: keep reading the
-            # file we hold. Only a path with nothing open is an error.
+            # file we hold. Only a path with nothing open is an error; either way it is not up.
+            stream.missing = True
             if current is None:
                 self._fail(stream, exc)
             elif (
@@ -74,6 +75,7 @@ class RotationHandling(ABC):
             ):
                 self._forget(stream, current)
             return
+        stream.missing = False
         if current is not None and (st.st_dev, st.st_ino) == (current.dev, current.ino):
             return
         if not stat.S_ISREG(st.st_mode):

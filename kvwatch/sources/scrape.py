@@ -2,10 +2,12 @@
 
 ``Scraper.fetch`` never raises: every failure comes back as a ``ScrapeResult`` whose ``error`` is
 one of ``kvwatch.export.names.SCRAPE_ERROR_REASONS``, so the sidecar counts it and tries again next
-interval. The whole exchange is bounded: ``connect_timeout`` for the TCP/TLS connect,
-``read_timeout`` for everything after it (a server that drips one byte at a time still stops
-there), ``max_bytes`` for the body on the wire and again after gzip decoding (so a compressed bomb
-stops at the cap too). With a ``sink``, the body is never held whole: each piece is decoded
+interval. The whole exchange is bounded by deadlines, not per-read timeouts: ``connect_timeout``
+for the TCP connect and TLS handshake, ``read_timeout`` from then on for the request, the response
+headers and the body, and ``timeout`` (when given) for all of it from the start; every send and
+receive waits only for what is left of them, so a server that drips its headers or body one byte at
+a time still stops there. ``max_bytes`` bounds the body on the wire and again after gzip decoding
+(so a compressed bomb stops at the cap too). With a ``sink``, the body is never held whole: each piece is decoded
 (UTF-8, incrementally) and handed over as it arrives, so a 16 MiB exposition costs the reader's
 memory, not the body's. ``abort`` (from another thread) ends a fetch in progress at once. Only
 configuration mistakes raise, at construction, as ConfigError.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import http.client
+import io
 import socket
 import ssl
 import threading
@@ -24,6 +27,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 from kvwatch import __version__
@@ -64,6 +68,7 @@ class Scraper:
         *,
         connect_timeout: float = 2.0,
         read_timeout: float = 5.0,
+        timeout: float | None = None,
         bearer_token: str | None = None,
         ca_file: str | None = None,
         insecure_skip_verify: bool = False,
@@ -79,7 +84,7 @@ class Scraper:
             raise ConfigError(f"metrics URL must be http:// or https:// with a host, got {url!r}")
         if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
             raise ConfigError(f"metrics URL contains spaces or control characters: {url!r}")
-        if connect_timeout <= 0 or read_timeout <= 0:
+        if connect_timeout <= 0 or read_timeout <= 0 or (timeout is not None and timeout <= 0):
             raise ConfigError("scrape timeouts must be positive")
         if max_bytes <= 0:
             raise ConfigError("scrape max_bytes must be positive")
@@ -91,6 +96,7 @@ class Scraper:
         self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
+        self._timeout = connect_timeout + read_timeout if timeout is None else timeout
         self._max_bytes = max_bytes
         self._clock = clock
         self._lock = threading.Lock()
@@ -121,7 +127,7 @@ class Scraper:
         """
         start = self._clock()
         try:
-            status, text = self._get(sink)
+            status, text = self._get(sink, start + self._timeout)
         except _Failure as f:
             return ScrapeResult(False, None, self._clock() - start, f.reason, f.status, f.detail)
         except TimeoutError as exc:  # socket.timeout is TimeoutError since 3.10
@@ -133,11 +139,10 @@ class Scraper:
         return ScrapeResult(True, text, self._clock() - start, None, status)
 
     def _connection(self) -> http.client.HTTPConnection:
+        # Only for writing the request (Host header, default port): the socket is _open()'s.
         if self._https:
-            return http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._connect_timeout, context=self._tls
-            )
-        return http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
+            return http.client.HTTPSConnection(self._host, self._port, context=self._tls)
+        return http.client.HTTPConnection(self._host, self._port)
 
     def abort(self) -> None:
         """End the fetch in progress now (it fails as a connection error), and every later one."""
@@ -148,22 +153,68 @@ class Scraper:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
-    def _get(self, sink: Callable[[str], None] | None) -> tuple[int, str | None]:
-        conn = self._connection()
+    def _hold(self, sock: socket.socket | None) -> None:
+        """Make ``sock`` the one ``abort`` shuts down; raises when abort came first."""
+        with self._lock:
+            self._sock = sock
+            if self._aborted and sock is not None:
+                raise _Failure("connection", "scraper stopped")
+
+    def _open(self, deadline: float) -> socket.socket:
+        """A connected socket (TLS handshake done) within ``connect_timeout`` and ``deadline``."""
+        connect_by = min(deadline, self._clock() + self._connect_timeout)
+        port = self._port or (443 if self._https else 80)
+        error: OSError = OSError(f"no address for {self._host}")
+        for family, kind, proto, _, address in socket.getaddrinfo(self._host, port, type=socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                self._hold(sock)
+                sock.settimeout(_left(connect_by, self._clock(), self._connect_timeout))
+                sock.connect(address)
+            except OSError as exc:  # this address failed: the next one, while time is left
+                sock.close()
+                error = exc
+                if isinstance(exc, TimeoutError):
+                    raise
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is None:
+                return sock
+            tls: ssl.SSLSocket | None = None
+            try:
+                tls = self._tls.wrap_socket(sock, server_hostname=self._host, do_handshake_on_connect=False)
+                self._hold(tls)
+                # One handshake, one deadline: CPython's ssl bounds the whole call by the timeout.
+                tls.settimeout(_left(connect_by, self._clock(), self._connect_timeout))
+                tls.do_handshake()
+            except BaseException:
+                (sock if tls is None else tls).close()
+                raise
+            return tls
+        raise error
+
+    def _get(self, sink: Callable[[str], None] | None, deadline: float) -> tuple[int, str | None]:
         if self._aborted:
             raise _Failure("connection", "scraper stopped")
+        sock = self._open(deadline)
+        conn = self._connection()
+        conn.sock = sock
         try:
-            conn.connect()
-            # The socket itself: http.client drops conn.sock once a reply that closes the connection
-            # has begun (the reply reads on through its own reference to it).
-            with self._lock:
-                self._sock = conn.sock
-                if self._aborted:
-                    raise _Failure("connection", "scraper stopped")
-            deadline = self._clock() + self._read_timeout
-            self._arm(conn, deadline)
+            reply_by = min(deadline, self._clock() + self._read_timeout)
+            budget = min(self._timeout, self._read_timeout)
+            sock.settimeout(_left(reply_by, self._clock(), budget))  # sendall: one bound for the request
             conn.request("GET", self._path, headers=self._headers)
-            resp = conn.getresponse()
+            # The reply is read through a reader that gives each receive only what is left until
+            # reply_by: http.client's own reads (status line, headers, chunk sizes) get a fresh
+            # socket timeout each, which a server dripping a byte at a time would never reach.
+            resp = http.client.HTTPResponse(
+                cast(socket.socket, _DeadlineReader(sock, reply_by, budget, self._clock)), method="GET"
+            )
+            resp.begin()
             if resp.status != 200:
                 raise _Failure("http_status", f"HTTP {resp.status} {resp.reason}", resp.status)
             length = resp.getheader("Content-Length")
@@ -176,39 +227,22 @@ class Scraper:
             pieces: list[str] = []
             give = sink if sink is not None else pieces.append
             try:
-                for chunk in self._read_body(conn, resp, deadline, gzip=encoding == "gzip"):
+                for chunk in self._read_body(resp, gzip=encoding == "gzip"):
                     give(decoder.decode(chunk))
                 give(decoder.decode(b"", final=True))
             except UnicodeDecodeError as exc:
                 raise _Failure("decode", f"body is not UTF-8: {exc}", resp.status) from exc
             return resp.status, None if sink is not None else "".join(pieces)
         finally:
-            with self._lock:
-                self._sock = None
+            self._hold(None)
             conn.close()
 
-    def _arm(self, conn: http.client.HTTPConnection, deadline: float) -> None:
-        """Give the socket what is left of the read budget (so the whole reply, not each recv, is bounded)."""
-        left = deadline - self._clock()
-        if left <= 0:
-            raise TimeoutError(f"no complete reply within {self._read_timeout}s")
-        if conn.sock is not None:
-            conn.sock.settimeout(left)
-
-    def _read_body(
-        self,
-        conn: http.client.HTTPConnection,
-        resp: http.client.HTTPResponse,
-        deadline: float,
-        *,
-        gzip: bool,
-    ) -> Iterator[bytes]:
-        """The body in pieces as they arrive (inflated), within the deadline and the caps."""
+    def _read_body(self, resp: http.client.HTTPResponse, *, gzip: bool) -> Iterator[bytes]:
+        """The body in pieces as they arrive (inflated), within the caps (the reader keeps the deadline)."""
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
         decoded = 0
         wire = 0
         while True:
-            self._arm(conn, deadline)
             chunk = resp.read1(_CHUNK)
             if self._aborted:  # a body that a shutdown ended is not the whole body
                 raise _Failure("connection", "scraper stopped", resp.status)
@@ -236,3 +270,41 @@ class Scraper:
         if inflater.unconsumed_tail:
             raise _Failure("too_large", f"decoded body over {self._max_bytes} bytes", status)
         return data
+
+
+def _left(deadline: float, now: float, budget: float) -> float:
+    """Seconds until ``deadline``; TimeoutError once it has passed (``budget``: for the message)."""
+    left = deadline - now
+    if left <= 0:
+        raise TimeoutError(f"no complete reply within {budget:g}s")
+    return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The reply's socket as http.client reads it: every receive waits at most until one deadline.
+
+    ``makefile`` is all http.client.HTTPResponse asks of a socket; closing the reader leaves the
+    socket to its connection.
+    """
+
+    def __init__(
+        self, sock: socket.socket, deadline: float, budget: float, clock: Callable[[], float]
+    ) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+        self._budget = budget
+        self._clock = clock
+
+    def makefile(self, mode: str = "rb") -> io.BufferedReader:
+        """A buffered reader over this one (what HTTPResponse reads the reply from)."""
+        return io.BufferedReader(self, _CHUNK)
+
+    def readable(self) -> bool:
+        """Always: this is a reader."""
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        """One receive, waiting only for what is left until the deadline."""
+        self._sock.settimeout(_left(self._deadline, self._clock(), self._budget))
+        return self._sock.recv_into(buffer)

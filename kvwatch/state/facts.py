@@ -14,6 +14,15 @@ every later layer reads them as attributes. Two checks keep a group and its even
 
 ``updated_at`` is the state clock of the last event that set a field of the group (None: never, or
 restored from a state file); it is not part of a group's value (equality, hashing, the state file).
+
+Staleness is decided here, by kind of fact, and nowhere else. A group's ``CADENCE`` says how often
+the engine reports it: ``"startup"`` facts (settings, memory budget, pools, a failure) are printed
+once per start and stay true for the whole epoch, so they never go stale while their source is
+alive; ``"periodic"`` facts (usage: stats lines and every scrape) go stale when they stop arriving
+for the fact TTL. Of the periodic facts, those marked ``WATCHED`` are levels that every stats line
+and every scrape carries whatever the model; only their staleness is exported
+(kvwatch_source_facts_stale), since the others (rates from counter deltas, hybrid-model pools) are
+absent from an idle or a plain engine without anything being wrong (``watched_facts``).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import dataclasses
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel
 
@@ -37,11 +46,17 @@ from kvwatch.core.events import (
 from kvwatch.core.jsontypes import JsonObject, JsonValue
 from kvwatch.core.labels import FailureReason
 
+# How often the engine reports a group: once per start, or over and over while it runs.
+Cadence = Literal["startup", "periodic"]
+# Field metadata of a periodic fact whose staleness is exported (see the module docstring).
+WATCHED: Mapping[str, bool] = types.MappingProxyType({"watched": True})
+
 
 @dataclass(frozen=True, kw_only=True)
 class _Facts:
     """Fields every fact group has."""
 
+    CADENCE: ClassVar[Cadence] = "startup"
     updated_at: float | None = field(default=None, compare=False)
 
     def empty(self) -> bool:
@@ -125,12 +140,14 @@ class PoolFacts(_Facts):
 
 @dataclass(frozen=True, kw_only=True)
 class UsageFacts(_Facts):
-    """How full the pool is and how busy the engine is, as last sampled (UsageSample)."""
+    """How full the pool is and how busy the engine is, as last sampled (UsageSample): the one
+    periodic group. The watched facts are levels every stats line and scrape carries."""
 
-    kv_usage_ratio: float | None = None
-    used_tokens: int | None = None
-    running: int | None = None
-    waiting: int | None = None
+    CADENCE: ClassVar[Cadence] = "periodic"
+    kv_usage_ratio: float | None = field(default=None, metadata=WATCHED)
+    used_tokens: int | None = field(default=None, metadata=WATCHED)
+    running: int | None = field(default=None, metadata=WATCHED)
+    waiting: int | None = field(default=None, metadata=WATCHED)
     swapped: int | None = None
     prefix_cache_hit_ratio: float | None = None
     swa_usage_ratio: float | None = None
@@ -188,6 +205,17 @@ def fact_names(cls: type[_Facts]) -> tuple[str, ...]:
         names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.name != "updated_at")
         _NAME_SETS[cls] = frozenset(names)
     return names
+
+
+def periodic_facts(cls: type[_Facts]) -> tuple[str, ...]:
+    """The facts of a group that go stale when they stop arriving (none for a startup group)."""
+    return fact_names(cls) if cls.CADENCE == "periodic" else ()
+
+
+def watched_facts(cls: type[_Facts]) -> tuple[str, ...]:
+    """The periodic facts of a group whose staleness is exported, in field order."""
+    periodic = set(periodic_facts(cls))
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name in periodic and f.metadata.get("watched"))
 
 
 def changes(event: BaseModel, group: type[_Facts]) -> dict[str, object]:

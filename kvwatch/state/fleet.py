@@ -9,6 +9,14 @@ Epochs: an engine prints its settings, memory budget and pool once per start. A 
 log (an event with ``starts_engine``) or a counter reset on /metrics opens a new epoch: the facts of
 the old epoch are dropped (the pool is replaced, never summed), ``restarts`` goes up, and the
 preemption counter keeps counting so it stays monotonic for Prometheus.
+
+Staleness follows the kind of fact (``CADENCE`` in kvwatch/state/facts.py). Periodic facts (usage)
+that no origin delivered within the fact TTL are left out of snapshots. Startup facts hold for their
+epoch while their source is alive: a pool the log printed stays (a log has no heartbeat: an idle
+engine prints nothing, and a restart prints a new start, which opens a new epoch); a pool only
+/metrics reported stays while /metrics keeps delivering anything for the instance (every scrape is
+a heartbeat), and is left out once it delivered nothing for the TTL (the engine or its endpoint is
+gone).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from kvwatch.core.events import (
     Event,
     MemoryBudget,
     Origin,
+    PoolKind,
     PoolSized,
     Preemption,
     StartupFailure,
@@ -39,16 +48,19 @@ from kvwatch.state.facts import (
     EMPTY_USAGE,
     Failure,
     LastDisagreement,
+    PoolFacts,
     SettingsFacts,
     UsageFacts,
     changes,
     fact_names,
     merged,
+    periodic_facts,
     updated,
+    watched_facts,
     without,
 )
 from kvwatch.state.instance import InstanceSnapshot, InstanceState
-from kvwatch.state.usage_values import BAD_VALUE_FACTS, fold_columns, is_refused, refused_facts
+from kvwatch.state.usage_values import BAD_VALUE_FACTS, fold_columns, implausible, is_refused, refused_facts
 
 # Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
 _POOL_TOLERANCE = 0.0
@@ -57,20 +69,24 @@ _USAGE_TOLERANCE = 0.02
 # recent: three of vLLM's 10 s stats intervals. vLLM V1 stops logging stats when idle, and a
 # stale log figure against every later scrape would count a disagreement per scrape.
 _USAGE_PAIR_SECONDS = 30.0
+# Counters stop here, the largest the state file holds (a signed 64-bit integer): a hostile log's
+# millions of 'Preemptions: 2^40' lines must not make a state kvwatch itself cannot load again.
+_MAX_COUNT = 2**63 - 1
+_MAX_INSTANCE_CHARS = 256
 
 DEFAULT_MAX_INSTANCES = 256
 
 __all__ = ["DISAGREEMENT_FACTS", "STALE_FACTS", "Fleet", "InstanceSnapshot", "InstanceState"]
 
-# Seconds after which a fact that stopped arriving is stale: no longer in snapshots (so no longer
-# exported) and flagged in InstanceSnapshot.stale. vLLM logs stats every 10 s while busy, and the
-# sidecar scrapes /metrics every 5 s, so a minute is six missed log intervals and twelve scrapes.
+# Seconds after which a periodic fact that stopped arriving is stale: no longer in snapshots (so no
+# longer exported) and, when watched, flagged in InstanceSnapshot.stale. vLLM logs stats every 10 s
+# while busy, and the sidecar scrapes /metrics every 5 s, so a minute is six missed log intervals and
+# twelve scrapes.
 DEFAULT_FACT_TTL = 60.0
 
-# The facts whose staleness is exported (kvwatch_source_facts_stale): levels an engine reports on
-# every stats line and every scrape. Rate-derived facts (a prefix hit rate computed from counter
-# deltas) are absent while the engine is idle, so they are dropped after the TTL but never flagged.
-STALE_FACTS: tuple[str, ...] = ("kv_usage_ratio", "used_tokens", "running", "waiting", "pool_tokens")
+# The facts whose staleness is exported (kvwatch_source_facts_stale): the watched periodic facts of
+# kvwatch/state/facts.py. Startup facts (pool, budget, settings) are never among them.
+STALE_FACTS: tuple[str, ...] = watched_facts(UsageFacts)
 # Facts the log and /metrics are cross-checked on (names of InstanceState.disagreements).
 DISAGREEMENT_FACTS: tuple[str, ...] = ("pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio")
 if not set(BAD_VALUE_FACTS) <= {f.name for f in fields(UsageFacts)}:
@@ -87,6 +103,10 @@ _SEEN_KEYS: dict[str, dict[str, str]] = {
 
 # The usage facts in field order, and a getter of their values from a UsageSample's __dict__.
 _USAGE_FACTS = fact_names(UsageFacts)
+# Only periodic facts are timed for staleness (fact_seen); the usage group is the periodic one.
+if set(periodic_facts(UsageFacts)) != set(_USAGE_FACTS):
+    raise TypeError("state: usage facts are timed for staleness but UsageFacts is not periodic")
+_PERIODIC = frozenset(_USAGE_FACTS)
 _USAGE_VALUES = itemgetter(*_USAGE_FACTS)
 if any(UsageSample.model_fields[f].default is not None for f in _USAGE_FACTS):
     raise TypeError("state: a usage fact whose UsageSample default is not None (unset must read as None)")
@@ -170,7 +190,8 @@ class Fleet:
         key = (source, event.instance)
         state = self._instances.get(key)
         if state is None:
-            if len(self._instances) >= self._max:
+            # (An instance name longer than a state file holds is no engine's: dropped, as past the cap.)
+            if len(self._instances) >= self._max or len(event.instance) > _MAX_INSTANCE_CHARS:
                 self.dropped_events += 1
                 return None
             state = InstanceState(source=source, engine=event.engine, instance=event.instance)
@@ -198,7 +219,14 @@ class Fleet:
             # Only a sample the other origin has matched recently is compared (log-only: never).
             if "kv_usage_ratio" in changed and state.usage_seen.get(_other(origin)) is not None:
                 self._cross_check_usage(state, event, now)
-        elif isinstance(event, EngineSettings):
+            return
+        implausible_facts = implausible(event)
+        if implausible_facts:
+            # Refused and counted; the rest of the event is kept (kvwatch.core.events.PLAUSIBLE).
+            for fact in implausible_facts:
+                state.bad_values[fact] = state.bad_values.get(fact, 0) + 1
+            event = event.model_copy(update=dict.fromkeys(implausible_facts))
+        if isinstance(event, EngineSettings):
             if event.starts_engine and state.has_epoch_facts(event.origin):
                 state.new_epoch(now)
             state.settings = merged(state.settings, event, now)
@@ -223,8 +251,6 @@ class Fleet:
             self._record_disagreement(state, event.fact, event.log_value, event.metrics_value)
 
     def _apply_pool(self, state: InstanceState, event: PoolSized, now: float) -> None:
-        if event.pool == "full" and (event.tokens is not None or event.blocks is not None):
-            state.fact_seen[f"{event.origin}:pool_tokens"] = now
         state.pools[event.pool] = merged(state.pools.get(event.pool, EMPTY_POOL), event, now)
         key = (event.origin, event.pool)
         own = state.pools_by_origin[key] = merged(state.pools_by_origin.get(key, EMPTY_POOL), event, now)
@@ -300,17 +326,21 @@ class Fleet:
         else:
             return
         before = max(state.preemption_epoch.values(), default=0)
-        state.preemption_epoch[event.origin] = state.preemption_epoch.get(event.origin, 0) + delta
-        state.preemptions_total += max(state.preemption_epoch.values()) - before
+        epoch = state.preemption_epoch[event.origin] = min(
+            state.preemption_epoch.get(event.origin, 0) + delta, _MAX_COUNT
+        )
+        state.preemptions_total = min(state.preemptions_total + max(epoch, before) - before, _MAX_COUNT)
 
     def _stale(self, st: InstanceState, now: float) -> tuple[dict[tuple[str, str], bool], set[str]]:
-        """Per (origin, tracked fact): stale or not; and the facts no origin keeps fresh."""
+        """Per (origin, watched fact): stale or not; and the periodic facts no origin keeps fresh."""
         stale: dict[tuple[str, str], bool] = {}
         fresh: set[str] = set()
         seen_facts: set[str] = set()
         limit = now - self.fact_ttl
         for key, ts in st.fact_seen.items():
             origin, _, fact = key.partition(":")
+            if fact not in _PERIODIC:
+                continue  # a startup fact timed by an older kvwatch (state file): never stale
             seen_facts.add(fact)
             if ts >= limit:
                 fresh.add(fact)
@@ -318,12 +348,24 @@ class Fleet:
                 stale[(origin, fact)] = ts < limit
         return dict(sorted(stale.items())), seen_facts - fresh
 
+    def _pools(self, st: InstanceState, now: float) -> dict[PoolKind, PoolFacts]:
+        """The pools whose source is alive: any the log printed; one only /metrics reported while
+        /metrics delivered something for the instance within the TTL."""
+        pools = dict(st.pools)
+        metrics_seen = st.last_update.get("metrics")
+        if metrics_seen is not None and metrics_seen >= now - self.fact_ttl:
+            return pools
+        for kind in list(pools):
+            printed = st.pools_by_origin.get(("log", kind))
+            if printed is None or printed.empty():
+                del pools[kind]
+        return pools
+
     def snapshot(self) -> list[InstanceSnapshot]:
         """Frozen copies of every instance, sorted by (source, instance).
 
-        Usage facts that no origin delivered within ``fact_ttl`` are left out (a frozen value must
-        not be exported as if current), and so is a pool only /metrics reported when /metrics
-        stopped reporting it; a pool the log printed at startup is a once-printed fact and stays.
+        Periodic facts that no origin delivered within ``fact_ttl`` are left out (a frozen value must
+        not be exported as if current); startup facts stay while their source is alive (``_pools``).
         """
         with self._lock:
             out = []
@@ -332,11 +374,7 @@ class Fleet:
                 settings = self._source_settings.get(source, EMPTY_SETTINGS).overlaid(st.settings)
                 stale, gone = self._stale(st, now) if st.fact_seen else ({}, set())
                 usage = without(st.usage, gone) if gone else st.usage
-                pools = dict(st.pools)
-                if "pool_tokens" in gone:
-                    printed = st.pools_by_origin.get(("log", "full"))
-                    if printed is None or printed.empty():
-                        pools.pop("full", None)
+                pools = self._pools(st, now)
                 out.append(
                     InstanceSnapshot(
                         source=st.source,
@@ -400,3 +438,13 @@ class Fleet:
         """Settings printed by a source's non-instance processes, for persistence."""
         with self._lock:
             return dict(self._source_settings)
+
+    def forget(self, source: str) -> int:
+        """Drop every instance of a source and its settings (node mode: a deleted pod's container,
+        once its instances expired); returns how many instances went."""
+        with self._lock:
+            gone = [key for key in self._instances if key[0] == source]
+            for key in gone:
+                del self._instances[key]
+            self._source_settings.pop(source, None)
+        return len(gone)

@@ -61,7 +61,7 @@ class InstanceState:
     counter_resets: int = 0
     last_update: dict[str, float] = field(default_factory=dict)
     events: int = 0
-    # "<origin>:<fact>" -> when that fact last arrived from that origin (state clock), for staleness.
+    # "<origin>:<periodic fact>" -> when it last arrived from that origin (state clock), for staleness.
     fact_seen: dict[str, float] = field(default_factory=dict)
     # Values rejected because they lie outside the fact's meaning, per fact.
     bad_values: dict[str, int] = field(default_factory=dict)
@@ -133,7 +133,7 @@ class InstanceSnapshot:
     counter_resets: int
     last_update: Mapping[str, float]
     events: int
-    # (origin, fact) of every tracked fact (STALE_FACTS) seen this epoch -> True when it went stale.
+    # (origin, fact) of every watched periodic fact (STALE_FACTS) seen this epoch -> True when stale.
     stale: Mapping[tuple[str, str], bool] = field(default_factory=dict)
     bad_values: Mapping[str, int] = field(default_factory=dict)
 

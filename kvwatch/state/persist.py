@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -53,6 +56,8 @@ from kvwatch.state.fleet import Fleet, InstanceState
 log = logging.getLogger(__name__)
 
 STATE_FILE = "kvwatch-state.json"
+# Held (flock) by the one sidecar that owns a state dir, with its PID inside for the next one's error.
+LOCK_FILE = "kvwatch-state.lock"
 FORMAT_VERSION = 1
 # A file kvwatch writes for 256 instances is well under 1 MiB; larger is not ours.
 MAX_STATE_BYTES = 32 * 1024 * 1024
@@ -212,6 +217,15 @@ def _decode_instance(data: Mapping[str, JsonValue]) -> InstanceState:
     return InstanceState(**values)
 
 
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
 class _Unusable(ValueError):
     """The state file exists but cannot be used."""
 
@@ -239,6 +253,7 @@ class StateStore:
         self.write_errors = 0
         # State files found unusable and moved aside (exported as kvwatch_state_file_invalid_total).
         self.invalid_files = 0
+        self._lock_fd: int | None = None
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -255,11 +270,65 @@ class StateStore:
                     tmp.unlink()
                     log.info("removed temporary state file of an interrupted save path=%s", tmp)
 
+    def own(self) -> None:
+        """Take the state dir for this process (until ``release`` or exit): two sidecars saving into
+        one dir would overwrite each other's state. ConfigError, naming the holder, when taken."""
+        lock_path = self.path.with_name(LOCK_FILE)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot open lock file {lock_path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ConfigError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
+            who = f"pid {holder}" if holder.isdigit() else "a process whose pid it does not say"
+            raise ConfigError(f"state dir {self.path.parent} is in use by another kvwatch ({who})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def own_and_load(self) -> SavedState:
+        """``own`` the dir, then ``load``; the dir is given up again when the load refuses the file."""
+        self.own()
+        try:
+            return self.load()
+        except ConfigError:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Give the state dir up (the lock file stays: removing it would race the next owner)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _read(self) -> bytes:
+        """The file's bytes. ConfigError when the path is not a regular file: a FIFO would block
+        start-up for ever (and deaf to SIGTERM), a device or directory is no state kvwatch wrote."""
+        kind = stat.S_IFMT(os.stat(self.path).st_mode)
+        if kind != stat.S_IFREG:
+            raise ConfigError(
+                f"state file {self.path} is {_KINDS.get(kind, 'not a regular file')}, not a regular file"
+            )
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # (replaced between the two looks)
+                raise ConfigError(f"state file {self.path} is not a regular file")
+            with os.fdopen(fd, "rb") as fh:
+                fd = -1
+                return fh.read(MAX_STATE_BYTES + 1)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
     def load(self) -> SavedState:
         """The saved state, or an empty one when there is none or it cannot be used (moved aside)."""
         try:
-            with self.path.open("rb") as fh:
-                raw = fh.read(MAX_STATE_BYTES + 1)
+            raw = self._read()
         except FileNotFoundError:
             return SavedState()
         except OSError as exc:

@@ -1,7 +1,9 @@
-"""What a usage value may be: ratios in [0, 1], counts non-negative and finite.
+"""What a fact may be: ratios in [0, 1], counts non-negative and finite, every number of every event
+within its plausibility bound (kvwatch.core.events.PLAUSIBLE), texts within MAX_TEXT_CHARS.
 
-A value outside its meaning (a logged 'GPU KV cache usage: 193.0%') is refused by the state layer,
-counted per fact (kvwatch_bad_values_total) and never exported; the rest of its sample is kept.
+A value outside its meaning (a logged 'GPU KV cache usage: 193.0%', a pool of 1e309 tokens) is
+refused by the state layer, counted per fact (kvwatch_bad_values_total) and never exported; the
+rest of its event is kept.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
+
+from kvwatch.core.events import MAX_TEXT_CHARS, PLAUSIBLE, UNBOUNDED_EVENTS, Event, UsageSample
 
 # Usage facts that must lie in [0, 1] (ratios), and those that must be non-negative (counts). A
 # value outside its meaning (a logged 'GPU KV cache usage: 193.0%') is rejected and counted.
@@ -22,10 +26,42 @@ BAD_VALUE_FACTS: tuple[str, ...] = tuple(sorted(RATIO_FACTS | COUNT_FACTS))
 
 
 # Fact -> the closed range its values must lie in; a NaN fails both bounds, an infinity one.
+# Every usage fact with a bound (the throughputs too), of which the ratios and counts are exported at 0.
 _LIMITS: dict[str, tuple[float, float]] = {
-    **dict.fromkeys(RATIO_FACTS, (0.0, 1.0)),
-    **dict.fromkeys(COUNT_FACTS, (0.0, float(2**63))),
+    fact: PLAUSIBLE[fact] for fact in UsageSample.model_fields if fact in PLAUSIBLE and fact != "rank"
 }
+if any(_LIMITS[fact] != (0.0, 1.0) for fact in RATIO_FACTS):
+    raise AssertionError("a ratio fact's plausible range is not [0, 1]")
+
+
+def implausible(event: Event) -> list[str] | None:
+    """The facts of a startup, pool, preemption or failure event outside their plausibility bound
+    (a number past PLAUSIBLE, a text past MAX_TEXT_CHARS), or None. Usage samples are checked by
+    ``refused_facts`` and ``fold_columns`` (the hot path)."""
+    if isinstance(event, UsageSample) or event.kind in UNBOUNDED_EVENTS:
+        return None
+    bad: list[str] | None = None
+    for fact, value in event.__dict__.items():
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, str):
+            inside = len(value) <= MAX_TEXT_CHARS
+        else:
+            limits = PLAUSIBLE.get(fact)
+            if limits is None:
+                continue
+            inside = _within(value, limits)
+        if not inside:
+            bad = [] if bad is None else bad
+            bad.append(fact)
+    return bad
+
+
+def _within(value: object, limits: tuple[float, float]) -> bool:
+    try:
+        return limits[0] <= value <= limits[1]  # type: ignore[operator]
+    except TypeError:
+        return False
 
 
 def refused_facts(changed: Mapping[str, object]) -> list[str] | None:
@@ -35,11 +71,7 @@ def refused_facts(changed: Mapping[str, object]) -> list[str] | None:
         limits = _LIMITS.get(fact)
         if limits is None:
             continue
-        try:
-            inside = limits[0] <= value <= limits[1]  # type: ignore[operator]
-        except TypeError:
-            inside = False
-        if not inside:
+        if not _within(value, limits):
             bad = [] if bad is None else bad
             bad.append(fact)
     return bad
@@ -47,11 +79,10 @@ def refused_facts(changed: Mapping[str, object]) -> list[str] | None:
 
 def is_refused(fact: str, value: object) -> bool:
     """True when a usage value lies outside what the fact means."""
-    if fact in RATIO_FACTS:
-        return not (isinstance(value, int | float) and math.isfinite(value) and 0.0 <= value <= 1.0)
-    if fact in COUNT_FACTS:
-        return not (isinstance(value, int | float) and math.isfinite(value) and value >= 0)
-    return False
+    limits = _LIMITS.get(fact)
+    if limits is None:
+        return False
+    return not (isinstance(value, int | float) and math.isfinite(value) and _within(value, limits))
 
 
 def fold_columns(

@@ -17,16 +17,13 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ATTENTION, EMBED
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
 from kvwatch.capacity.weights import weight_bytes
-from kvwatch.core.units import GiB, MiB
+from kvwatch.core.units import MiB
 from kvwatch.core.versions import version_tuple
+from kvwatch.engines.sglang import states
 
-# Memory torch.distributed and the CUDA context take before weights load (the 'Init torch
-# distributed ends. mem usage=' line, typically 0.5-0.7 GiB); an estimate when not measured.
-DEFAULT_CONTEXT_BYTES = 6 * GiB // 10
 DEFAULT_PAGE_SIZE = 1
 DSA_PAGE_SIZE = 64
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
-DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 # The rope part of the MLA latent (qk_rope_head_dim) in DeepSeek sparse-attention models.
 _DSA_ROPE_DIM = 64
 
@@ -136,17 +133,53 @@ def piecewise_reserved(model: ModelGeometry | None, d: Deployment, chunked: int)
     return piecewise_capture_sizes(chunked) * 8.0
 
 
+# SGLang's own vision_config classes (by architecture; model_type kimi_k25) whose defaults stand
+# for a tower config.json describes under other names (KimiK25VisionConfig: num_hidden_layers 27,
+# hidden_size 1152, 0.5.9 configs/kimi_k25.py:44-45; config.json's vt_* keys are not read).
+_TOWER_DEFAULTS = {"KimiK25ForConditionalGeneration": (27, 1152)}
+
+
 def vlm_factor(model: ModelGeometry | None) -> float:
     """adjust_mem_fraction_for_vlm (0.5.2 server_args.py:2513-2549; 0.5.9 :5483-5520; 0.5.23
     arg_groups/memory_hook.py:417-462): 0.95 x clamp(1 - 0.1 x (L x H^2 / (24 x 1024^2) - 1), 0.8,
-    1.05) for a model with a vision_config, L and H the tower's layers and width (dims.vision_layers
-    / vision_hidden; SGLang's own getattr defaults 24 and 1024 where the config names neither):
+    1.05) for a model with a vision_config, L and H its num_hidden_layers and hidden_size
+    (dims.vision_layers / vision_hidden), else its SGLang config class's defaults, else getattr's
+    24 and 1024:
     ViT-L/14 gives 0.95, Kimi-K2.5's MoonViT (27 x 1152) 0.9097."""
     dims = model.dims if model is not None else None
     if dims is None or not dims.has_vision_tower:
         return 1.0
-    layers, hidden = dims.vision_layers or 24, dims.vision_hidden or 1024
+    default = _TOWER_DEFAULTS.get(model.architecture, (24, 1024)) if model is not None else (24, 1024)
+    layers, hidden = dims.vision_layers or default[0], dims.vision_hidden or default[1]
     return 0.95 * min(max(1 - 0.1 * (layers * hidden**2 / (24 * 1024**2) - 1), 0.8), 1.05)
+
+
+def _table(parallel: int, v: tuple[int, ...]) -> float:
+    """0.2.15 - 0.4.7's fraction by parallel size (0.81 at 8 ranks from 0.4, 0.83 before)."""
+    table = ((16, 0.79), (8, 0.81 if v >= (0, 4) else 0.83), (4, 0.85), (2, 0.87), (1, 0.88))
+    return next(f for size, f in table if parallel >= size)
+
+
+def _old_fraction(d: Deployment, v: tuple[int, ...], gpu_mb: float) -> StaticFraction:
+    """Before 0.4.8: the table by TP (0.4.3.post4 server_args.py:203-214); 0.4.6 takes
+    (card - 13 GiB) / card above 80 GiB (0.4.6 :224-237); 0.4.7 keeps the table up to 80 GiB, 0.79
+    above 180 GB on CUDA and min(f + 48 GiB x (1 - f) / card, (card - 18 GiB) / card) above 96 GiB
+    (0.4.7 :253-283; the table counts TP x PP from 0.4.7)."""
+    parallel = d.tp * d.pp if v >= (0, 4, 7) else d.tp
+    value = _table(parallel, v)
+    rule = "table by tp"
+    if v >= (0, 4, 7):
+        if gpu_mb > 81920:
+            value = 0.88
+        card = gpus.find(d.gpu_name)
+        if gpu_mb > 180 * 1000 and (card is None or card.vendor == "nvidia"):
+            value, rule = 0.79, "0.79 above 180 GB"
+        elif gpu_mb > 96 * 1024:
+            value = min(value + 48 * 1024 * (1 - value) / gpu_mb, (gpu_mb - 18 * 1024) / gpu_mb)
+            rule = "48 GiB share above 96 GiB"
+    elif v >= (0, 4, 6) and gpu_mb > 81920:
+        value, rule = (gpu_mb - 13 * 1024) / gpu_mb, "card - 13 GiB above 80 GiB"
+    return StaticFraction(value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, rule)
 
 
 def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = None) -> StaticFraction:
@@ -154,32 +187,17 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
     v = version_tuple(d.engine_version)
     parallel = d.tp * d.pp
     gpu_mb = gpu_mem_mib(d)
-    dp_attn = d.dp_attention and d.dp > 1
     if gpu_mb is None:
-        # No GPU information: 0.88, 0.95 from 0.5.20 (arg_groups/memory_hook.py:320 @0.5.20).
-        value = 0.95 if v is None or v >= (0, 5, 20) else 0.88
-        return StaticFraction(value, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known")
+        # No GPU information: 0.88 up to 0.5.19, 0.95 from 0.5.20 (memory_hook.py:320 @0.5.20).
+        fallback = 0.88 if v is not None and v < (0, 5, 20) else 0.95
+        return StaticFraction(
+            fallback, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known"
+        )
     if v is not None and v < (0, 4, 8):
-        # 0.2.15 - 0.4.7: a table by parallel size (0.4.3.post4 server_args.py:204-214), with the
-        # big-card rules of 0.4.6 (server_args.py:224-238) and 0.4.7 (server_args.py:253-283).
-        table = ((16, 0.79), (8, 0.81 if v >= (0, 4) else 0.83), (4, 0.85), (2, 0.87), (1, 0.88))
-        value = next(f for size, f in table if (parallel if v >= (0, 4, 7) else d.tp) >= size)
-        rule = "table by tp"
-        card = gpus.find(d.gpu_name)
-        if v >= (0, 4, 7):
-            if gpu_mb > 81920:
-                value = 0.88
-            if gpu_mb > 180 * 1000 and (card is None or card.vendor == "nvidia"):
-                value, rule = 0.79, "0.79 above 180 GB"
-            elif gpu_mb > 96 * 1024:
-                value = min(value + 48 * 1024 * (1 - value) / gpu_mb, (gpu_mb - 18 * 1024) / gpu_mb)
-                rule = "big card: 48 GiB x (1 - f) more, 18 GiB reserve at most"
-        elif v >= (0, 4, 6) and gpu_mb > 81920:
-            value, rule = (gpu_mb - 13 * 1024) / gpu_mb, "big card: 13 GiB reserve"
-        return StaticFraction(value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, rule)
+        return _old_fraction(d, v, gpu_mb)
     if v is not None and v < (0, 5, 3):
         # 0.4.8 - 0.5.2: a reserve by card size, +4 GiB for DP attention (0.4.8.post1
-        # server_args.py:275-314; 0.5.2 server_args.py:468-496).
+        # server_args.py:287-314; 0.5.2 :452-497), the vision factor from 0.5 (0.5.2 :506).
         if gpu_mb < 35 * 1024:
             reserved = (2.8 + parallel / 10) * 1024
         elif gpu_mb < 90 * 1024:
@@ -188,7 +206,7 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
             reserved = (12 + parallel / 2) * 1024
         else:
             reserved = 32 * 1024
-        if dp_attn:
+        if d.dp_attention and d.dp > 1:
             reserved += 4 * 1024
         value = round((gpu_mb - reserved) / gpu_mb, 3)
         if v >= (0, 5):
@@ -202,7 +220,7 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
     # 0.5.4 server_args.py:764-799; 0.5.9 :1022-1062; 0.5.23 arg_groups/memory_hook.py:281-327.
     reserved = 512 + max(chunked, 2048) * 1.5 + d.tp * d.pp / 8 * 1024 + max_bs * 2
     rule = "512 + activation x 1.5 + tp*pp/8 GiB + graphs x 2"
-    if dp_attn:
+    if d.dp_attention and d.dp > 1:
         reserved += max_bs * d.dp * 3 + (max_bs * d.dp * 1.5 if max_bs > 300 else 0)
         rule += " + DP-attention graphs x dp x 3"
     piecewise = piecewise_reserved(model, d, chunked)
@@ -424,27 +442,9 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
     if available <= 0 or cell == 0:
         return SglangPool(page, cell, 0, None, ("no KV budget left",) if available <= 0 else (), exact)
     if n_state:
-        ratio = DEFAULT_MAMBA_FULL_MEMORY_RATIO
-        # handle_max_mamba_cache (0.5.4 model_runner.py:1433-1476): the state's share of the rest is
-        # ratio/(1+ratio), its slot count then divided by dp under DP attention (each DP rank holds
-        # its own requests' state), and the KV pool gets what is left.
-        share = ratio / (1 + ratio) / (d.dp if d.dp_attention and d.dp > 1 else 1)
-        kv_bytes = int(available * (1 - share))
-        notes.append(
-            f"Mamba/linear-attention state takes {ratio}/(1+{ratio}) of the budget (mamba_full_memory_ratio)"
-            + (f", divided by dp={d.dp}" if share < ratio / (1 + ratio) else "")
-        )
-        v = version_tuple(d.engine_version)
-        if v is not None and v < (0, 5, 4):
-            # 0.5.2-0.5.3 hold a fixed max_mamba_cache_size (max_running_requests, else 512) of
-            # states instead (0.5.2 model_runner.py:308-325, :1126-1131): kvwatch keeps no state
-            # shapes to size it, so the ratio's split stands in.
-            notes.append(
-                "this release holds a fixed 512 request states (max_mamba_cache_size) whose size "
-                "kvwatch does not model; the ratio split of later releases stands in"
-            )
+        kv_bytes, exact, note = states.kv_bytes_beside_states(model, d, available)
+        notes.append(note)
         tokens = kv_bytes // cell
-        exact = False
     elif n_sliding and not n_full:
         # Every layer windowed (Mistral-style): one pool sized over all layers.
         cell = all_layer_cell_size(model, d, elem_bytes)

@@ -47,7 +47,7 @@ _OTHER = (
 _ITEM = f"(?:{_KNOWN}|{_OTHER})"
 _BATCH_BODY = (
     r"(?:Prefill|Decode) batch"
-    r"(?: ?\[[0-9]+\] *,?|\(mixed #running-req: ([0-9]+)\)\.?|[.,])? *(?=#)"
+    r"(?: ?\[[0-9]++\] *+,?|\(mixed #running-req: ([0-9]+)\)\.?|[.,])? *+(?=#)"  # possessive, as there
     rf"(?:{_ITEM}(?:, |,?(?=\r*$)))+\r*"  # (one copy of _ITEM: its groups are the row's)
 )
 # Over many lines joined by b'\n', one findall row per line (the second alternative takes any

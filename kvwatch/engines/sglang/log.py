@@ -59,7 +59,8 @@ _KV_ALLOC = re.compile(
     re.VERBOSE,
 )
 # The word just before 'KV Cache' names a 0.5.23 sub-pool ('Full', 'SWA', '... index').
-_LABEL = re.compile(r"(?P<label>[\w.\-]+)\ $")
+# (search: the lookbehind keeps an attempt from starting again inside the run an earlier one read.)
+_LABEL = re.compile(r"(?<![\w.\-])(?P<label>[\w.\-]++)\ $")
 
 
 def _parse_kv_alloc(body: str, meta: LineMeta) -> tuple[Event, ...]:

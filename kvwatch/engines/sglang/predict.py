@@ -16,7 +16,8 @@ from kvwatch.capacity.envelope import conditions, label, not_calibrated_note
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.core.units import format_bytes
-from kvwatch.engines.sglang import budget
+from kvwatch.core.versions import version_tuple
+from kvwatch.engines.sglang import budget, calibration
 from kvwatch.engines.sglang.envelope import CURRENT
 
 
@@ -39,7 +40,7 @@ class BandTerms:
     fraction: float
 
 
-BAND = BandTerms(weights=0.059, pre_load=0.025, fraction=0.0)
+BAND = BandTerms(weights=0.059, pre_load=0.036, fraction=0.0)
 _band = [BAND]
 
 
@@ -133,7 +134,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 non_torch = d.non_torch_bytes
                 inputs["non_torch"] = "given"
             else:
-                non_torch = budget.DEFAULT_CONTEXT_BYTES
+                # Before the weights load (calibration.py: FITTED on the startups that print it).
+                non_torch = calibration.context_bytes(calibration.current(), version_tuple(d.engine_version))
                 inputs["non_torch"] = "estimated"
                 assumptions.append(
                     f"CUDA context + torch.distributed before weights = {format_bytes(non_torch)} (estimate)"

@@ -120,7 +120,9 @@ def parse_server_args(body: str, meta: LineMeta) -> tuple[Event, ...]:
 
 # `python -m sglang.check_env`, pasted with the log (SGLang never logs its own version):
 # "sglang: 0.4.6.post1"
-_VERSION = re.compile(r"\s*sglang:\ *(?P<version>\d+\.\d+[\w.+\-]*)\s*", re.VERBOSE)
+_VERSION = re.compile(
+    r"\s*+sglang:\ *+(?P<version>\d++\.\d++[\w.+\-]*+)\s*+", re.VERBOSE
+)  # possessive: linear
 
 
 def parse_version(body: str, meta: LineMeta) -> tuple[Event, ...]:

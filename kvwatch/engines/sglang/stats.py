@@ -25,15 +25,16 @@ from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 # 0.2-0.3.4    "Prefill batch(mixed #running-req: 3). #new-seq: 1, #new-token: 512, ..."
 # 0.5.4        "[2025-10-01 10:00:41 TP0] Decode batch [1240], #running-req: 12, #token: 23110, ..."
 # 0.5.5+       "[2026-07-21 15:00:13 TP0 EP0] Decode batch, #running-req: 24, #token: 233600, ..."
+# (Possessive blanks: a run of them before a non-# is one failed attempt, not one per split.)
 _BATCH_HEAD = re.compile(
     r"""
     (?P<phase>Prefill|Decode)\ batch
     (?:
-        \ ?\[\d+\]\ *,?                                  # ' [1240],' (0.5.4, SGLANG_LOG_FORWARD_ITERS)
+        \ ?\[\d++\]\ *+,?                                # ' [1240],' (0.5.4, SGLANG_LOG_FORWARD_ITERS)
       | \(mixed\ \#running-req:\ (?P<mixed>\d+)\)\.?     # mixed chunked prefill (0.2.x-0.3.4)
       | [.,]
     )?
-    \ *(?=\#)                                            # the key/value list starts with '#new-seq' or '#running-req'
+    \ *+(?=\#)                                           # the key/value list starts with '#new-seq' or '#running-req'
     """,
     re.VERBOSE,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from kvwatch.capacity.envelope import Current, Envelope
 
 # The newest release whose source kvwatch's rules were read from (memory.py, budget.py).
-NEWEST_READ = "0.33.0"
+NEWEST_READ = "0.33"
 
 # --- envelope: begin
 ENVELOPE = Envelope(
@@ -34,11 +34,11 @@ ENVELOPE = Envelope(
     widening={
         "card": 0.0337,
         "release": 0.0211,
-        "architecture": 0.0211,
-        "modality": 0.0211,
+        "architecture": 0.0209,
+        "modality": 0.0209,
         "quantization": 0.101,
         "parallelism": 0.365,
-        "connector": 0.0211,
+        "connector": 0.0209,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",

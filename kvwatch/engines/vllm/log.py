@@ -2,9 +2,9 @@
 
 Input is a message body with every prefix already removed (see kvwatch/parsers/prefix.py). Formats
 and the versions that print them are catalogued in docs/parse.md and the vLLM formats reference;
-each pattern quotes one real line. ``parse`` walks one table of (anchor, handler): the first anchor
-found in the body whose handler answers (a handler answers None for a line that is not its own)
-decides, and ``ANCHORS`` -- the pipeline's cheap pre-filter -- is derived from that table. Settings
+each pattern quotes one real line. ``parse`` walks one table of (anchor, handler): the first row
+whose anchor is in the body and whose handler answers (a handler answers None for a line that is
+not its own) decides, and ``ANCHORS`` -- the pipeline's cheap pre-filter -- is derived from that table. Settings
 lines live in settings.py, the stats-line fast path in fastpath.py.
 """
 
@@ -65,7 +65,7 @@ _AVAILABLE = re.compile(r"^Available KV cache memory: (?P<v>" + NUM + r") ?(?P<u
 # 0.6.4: 'Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB
 # peak_torch_memory=17.06GiB memory_usage_post_profile=15.35GiB non_torch_memory=0.35GiB
 # kv_cache_size=3.81GiB gpu_memory_utilization=0.90'
-_PROFILE_RESULTS = re.compile(r"(?P<key>[a-z_]+)=(?P<v>" + NUM + r")(?P<u>GiB|GB)?")
+_PROFILE_RESULTS = re.compile(r"(?<![a-z_])(?P<key>[a-z_]++)=(?P<v>" + NUM + r")(?P<u>GiB|GB)?")
 
 # 0.6.5-0.10.2 V0, 2nd physical line of the breakdown: 'the current vLLM instance can use
 # total_gpu_memory (79.11GiB) x gpu_memory_utilization (0.90) = 71.20GiB'
@@ -135,7 +135,7 @@ _PREEMPTED = re.compile(
 )
 
 
-def _pool(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _pool(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _BLOCKS.match(body)
     if m is not None:
         dev = m.group("dev")
@@ -144,48 +144,63 @@ def _pool(body: str, meta: LineMeta) -> tuple[Event, ...]:
         if dev.upper() == "CPU" and cpu is None:
             return (PoolSized(**ident(meta), blocks=n),)
         return (PoolSized(**ident(meta), blocks=n, cpu_blocks=int(cpu) if cpu is not None else None),)
-    return NO_EVENTS
+    return None
 
 
-def _kv_cache_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
-    """Lines containing 'KV cache': pool size, available memory, stats, preemption, errors."""
-    if "throughput" in body:
-        m = _STATS_HEAD.match(body)
-        if m is not None:
-            return _stats(body, m, meta)
+# The handlers of the table below: each answers None for a line that is not its own, so the next
+# row is tried; () only for a line it owns that carries no fact.
+def _stats_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    m = _STATS_HEAD.match(body) if "throughput" in body else None
+    return _stats(body, m, meta) if m is not None else None
+
+
+def _kv_size(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _KV_SIZE.match(body) if "KV cache size" in body else None
-    if m is not None:
-        fields: dict[str, Any] = {"tokens": to_int(m.group("tokens"))}
-        c = _CONCURRENCY.search(body, m.end())
-        if c is not None:
-            fields["max_concurrency_tokens"] = to_int(c.group("len"))
-            fields["max_concurrency"] = float(c.group("x"))
-        return (PoolSized(**ident(meta), **fields),)
-    if body.startswith("Auto-fit"):
-        a = _AUTO_FIT.match(body)
-        if a is not None:
-            return (EngineSettings(**ident(meta), max_model_len=int(a.group("to") or a.group("full"))),)
+    if m is None:
+        return None
+    fields: dict[str, Any] = {"tokens": to_int(m.group("tokens"))}
+    c = _CONCURRENCY.search(body, m.end())
+    if c is not None:
+        fields["max_concurrency_tokens"] = to_int(c.group("len"))
+        fields["max_concurrency"] = float(c.group("x"))
+    return (PoolSized(**ident(meta), **fields),)
+
+
+def _auto_fit(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    a = _AUTO_FIT.match(body) if body.startswith("Auto-fit") else None
+    return (
+        (EngineSettings(**ident(meta), max_model_len=int(a.group("to") or a.group("full"))),) if a else None
+    )
+
+
+def _available(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _AVAILABLE.match(body) if body.startswith("Available") else None
-    if m is not None:
-        return _budget(MemoryBudget(**ident(meta), available_kv_bytes=gib(m.group("v"), m.group("u"))), meta)
-    if "weights memory" in body:
-        d = _PROFILE_DEBUG.search(body)
-        if d is not None:
-            return (
-                MemoryBudget(
-                    **ident(meta),
-                    activation_bytes=gib(d.group("act")),
-                    non_torch_bytes=gib(d.group("nt")),
-                    weights_bytes=gib(d.group("w")),
-                ),
-            )
-    if body.startswith("CUDA graph memory"):
-        return _cuda_graph(body, meta)
-    if "preempted" in body:
-        p = _PREEMPTED.search(body)
-        if p is not None:
-            return (Preemption(**ident(meta), mechanism="preempt", total=int(p.group("n"))),)
-    return failures.failure(body, meta)
+    if m is None:
+        return None
+    return _budget(MemoryBudget(**ident(meta), available_kv_bytes=gib(m.group("v"), m.group("u"))), meta)
+
+
+def _profile_debug(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    d = _PROFILE_DEBUG.search(body) if "weights memory" in body else None
+    if d is None:
+        return None
+    return (
+        MemoryBudget(
+            **ident(meta),
+            activation_bytes=gib(d.group("act")),
+            non_torch_bytes=gib(d.group("nt")),
+            weights_bytes=gib(d.group("w")),
+        ),
+    )
+
+
+def _preempted(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    p = _PREEMPTED.search(body) if "preempted" in body else None
+    return (Preemption(**ident(meta), mechanism="preempt", total=int(p.group("n"))),) if p else None
+
+
+def _failure(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    return failures.failure(body, meta) or None
 
 
 # Where a failure message starts when a serving framework re-logs it under its own logger, e.g.
@@ -245,11 +260,11 @@ def _stats(body: str, head: re.Match[str], meta: LineMeta) -> tuple[Event, ...]:
     return tuple(events)
 
 
-def _budget_breakdown(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _budget_breakdown(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     """V0 budget: the 3rd line of the 0.6.5+ breakdown ('KV Cache is N GiB')."""
     m = _BREAKDOWN.search(body)
     if m is None:
-        return NO_EVENTS
+        return None
     budget = MemoryBudget(
         **ident(meta),
         weights_bytes=gib(m.group("w")),
@@ -268,7 +283,7 @@ def _budget(budget: MemoryBudget, meta: LineMeta) -> tuple[Event, ...]:
     return (budget, StartupFailure(**ident(meta), reason="negative_kv_budget", available_kv_bytes=kv))
 
 
-def _total_memory(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _total_memory(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _CAN_USE.search(body)
     if m is not None:
         return (
@@ -294,33 +309,33 @@ def _total_memory(body: str, meta: LineMeta) -> tuple[Event, ...]:
             gpu_memory_utilization=float(util) if util is not None else None,
         )
         return _budget(budget, meta)
-    return NO_EVENTS
+    return None
 
 
-def _cuda_graph(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _cuda_graph(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _GRAPH_ESTIMATE.match(body)
     if m is not None:
         return (MemoryBudget(**ident(meta), cuda_graph_bytes=gib(m.group("v"), m.group("u"))),)
     m = _CURRENT_UTIL.search(body)
     if m is not None and body.startswith("CUDA graph memory profiling is enabled"):
         return (EngineSettings(**ident(meta), gpu_memory_utilization=float(m.group("u"))),)
-    return NO_EVENTS
+    return None
 
 
-def _took(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _took(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _WEIGHTS.match(body)
     if m is not None:
         return (MemoryBudget(**ident(meta), weights_bytes=gib(m.group("v"), m.group("u"))),)
     m = _GRAPHS.match(body)
     if m is not None:
         return (MemoryBudget(**ident(meta), cuda_graph_bytes=gib(m.group("v"), m.group("u"))),)
-    return NO_EVENTS
+    return None
 
 
-def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     """Lines with 'blocks': the V0 pool, the no-memory failure, cache_config_info, the override."""
     if "No available memory" in body:
-        return failures.failure(body, meta)
+        return _failure(body, meta)
     if "num_gpu_blocks" in body:
         m = _CACHE_CONFIG_INFO.match(body)
         if m is not None:
@@ -335,7 +350,7 @@ def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
             return NO_EVENTS
         if o is not None and body.startswith("Overriding num_gpu_blocks"):
             return (PoolSized(**ident(meta), blocks=int(o.group("n"))),)
-        return NO_EVENTS
+        return None
     return _pool(body, meta)
 
 
@@ -346,15 +361,15 @@ def _blocks_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
 _INIT_SNAPSHOT = re.compile(r"^worker init memory snapshot: .*?\btotal_memory=(?P<v>" + NUM + r")GiB")
 
 
-def _init_snapshot(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _init_snapshot(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _INIT_SNAPSHOT.match(body)
-    return (MemoryBudget(**ident(meta), total_bytes=gib(m.group("v"))),) if m else NO_EVENTS
+    return (MemoryBudget(**ident(meta), total_bytes=gib(m.group("v"))),) if m else None
 
 
-def _concurrency(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _concurrency(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _CONCURRENCY.match(body)
     if m is None:
-        return NO_EVENTS
+        return None
     return (
         PoolSized(
             **ident(meta),
@@ -364,10 +379,10 @@ def _concurrency(body: str, meta: LineMeta) -> tuple[Event, ...]:
     )
 
 
-def _requested(body: str, meta: LineMeta) -> tuple[Event, ...]:
+def _requested(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _REQUESTED.search(body)
     if m is None:
-        return NO_EVENTS
+        return None
     if m.group("a") is not None:
         return (MemoryBudget(**ident(meta), requested_bytes=gib(m.group("a"))),)
     return (
@@ -388,10 +403,17 @@ def _v0_hit_rate(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
 
 Handler = Callable[[str, LineMeta], "tuple[Event, ...] | None"]
 
-# (anchor, handler) in the order the anchors must be tried: an earlier anchor wins over a later one
-# on a line that has both ('KV cache' lines mention blocks; settings lines mention everything).
+# (anchor, handler) in the order the rows are tried: of two rows that would both answer a line, the
+# earlier wins ('KV cache' lines mention blocks; settings lines mention everything). A new line is
+# one row (its anchor may repeat an earlier row's): every row before it answers None for it.
 _TABLE: tuple[tuple[str, Handler], ...] = (
-    ("KV cache", _kv_cache_line),
+    ("KV cache", _stats_line),
+    ("KV cache", _kv_size),
+    ("KV cache", _auto_fit),
+    ("KV cache", _available),
+    ("KV cache", _profile_debug),
+    ("KV cache", _preempted),
+    ("KV cache", _failure),
     ("KV Cache", _budget_breakdown),
     ("blocks", _blocks_line),
     ("Maximum concurrency", _concurrency),

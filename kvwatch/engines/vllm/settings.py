@@ -19,9 +19,9 @@ from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 # 'vLLM server version 0.20.2, serving model Qwen/Qwen2.5-7B-Instruct'; batch runner 'vLLM batch processing
 # API version 0.6.0'; 0.15+ logo line '  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.20.2'.
 _VERSION = re.compile(
-    r"^(?:vLLM (?:API server|server|batch processing API) version (?P<v>\d+\.\d+[\w.+\-]*)"
+    r"^(?:vLLM (?:API server|server|batch processing API) version (?P<v>\d++\.\d++[\w.+\-]*+)"
     r"(?:, serving model (?P<model>\S+))?"
-    r"|Launching vLLM \(v(?P<headless>\d+\.\d+[^)\s]*)\) headless)"
+    r"|Launching vLLM \(v(?P<headless>\d++\.\d++[^)\s]*+)\) headless)"
 )
 # The logo's text column: searched from the first '█' that starts it, then the part before it is checked
 # to be logo art (a pattern with the art as a repeated class backtracks quadratically on long lines).
