@@ -69,7 +69,7 @@ bench: $(STAMP)
 
 # The a-priori model against the real startups of tests/apriori (also part of `make bench`).
 accuracy: $(STAMP)
-	$(BIN)/python -m bench accuracy
+	$(BIN)/python -m bench accuracy accuracy-sglang
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

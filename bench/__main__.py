@@ -13,7 +13,7 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     here = Path(__file__).parent
-    available = sorted(p.stem.removeprefix("bench_") for p in here.glob("bench_*.py"))
+    available = sorted(p.stem.removeprefix("bench_") for p in here.glob("bench_*.py")) + ["accuracy-sglang"]
     chosen = argv or available
     failed = []
     for name in chosen:
@@ -21,7 +21,9 @@ def main(argv: list[str]) -> int:
             print(f"unknown benchmark {name!r}; available: {', '.join(available)}", file=sys.stderr)
             return 2
         print(f"== bench {name}", flush=True)
-        module = importlib.import_module(f"bench.bench_{name}")
+        module = importlib.import_module(
+            "bench.accuracy_sglang" if name == "accuracy-sglang" else f"bench.bench_{name}"
+        )
         if module.main() != 0:
             failed.append(name)
     if failed:

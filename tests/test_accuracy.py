@@ -15,51 +15,117 @@ from pathlib import Path
 
 import pytest
 
+from bench import accuracy_fit
 from bench import bench_accuracy as acc
+from bench.accuracy_cases import load_cases, load_config, predictable
+from bench.accuracy_loso import Models, Row, run
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.units import GiB
+from kvwatch.engines.sglang import calibration as sglang_calibration
+from kvwatch.engines.sglang import envelope as sglang_envelope
+from kvwatch.engines.vllm import calibration
+from kvwatch.engines.vllm import envelope as vllm_envelope
 from kvwatch.sources.pipeline import replay
 
 APRIORI = Path(__file__).parent / "apriori"
-ROWS = [acc.evaluate(c) for c in acc.load_cases()]
+CASES = load_cases()
+REPORT = run(CASES)
+REPORT_MODELS = Models()
+CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark", "release-sweep")
+# What `make accuracy` measured when these cases were added (rounded the safe way): a regression in
+# any modelled term, rule or fit moves one of them. Raised when the model improves, never lowered.
+MEASURED = {
+    "h100_in_median": 0.02,
+    "h100_in_mean": 0.07,
+    "h100_in_band": 0.97,
+    "loso_cases": 62,
+    "loso_median": 0.16,
+    "loso_mean": 2.35,
+    "loso_within_5": 0.91,
+    "loso_band": 0.96,
+    "loso_failed_predicted": 2,
+    "loso_off_band": 0.94,
+}
 
 
-def test_every_case_with_a_config_is_evaluated() -> None:
+def _h100(rows: list[Row]) -> list[Row]:
+    return [r for r in rows if r.case.source in CALIBRATION_SOURCES]
+
+
+def test_every_case_is_read_and_each_unpredicted_one_says_why() -> None:
     cases = json.loads((APRIORI / "cases.json").read_text(encoding="utf-8"))
-    with_config = sum(1 for c in cases if c.get("model_config"))
-    assert len(ROWS) == with_config + len(list((APRIORI / "version-sweep").glob("*.json")))
-    assert len(ROWS) >= 46
+    public = sum(
+        len(json.loads(p.read_text(encoding="utf-8"))) for p in (APRIORI / "public").glob("*/cases.json")
+    )
+    assert len(CASES) == len(cases) + len(list((APRIORI / "version-sweep").glob("*.json"))) + public
+    usable = [c for c in CASES if predictable(c)]
+    assert len(usable) >= 72
+    assert sum(c.engine == "sglang" for c in usable) >= 7
+    for c in CASES:
+        assert predictable(c) or c.skip or any(r.refused for r in REPORT.in_sample if r.case.id == c.id), c.id
 
 
-def test_headline_kv_error_within_the_issue_targets() -> None:
-    s = acc.summary(ROWS)
-    assert s["kv_median_abs_pct"] <= acc.MEDIAN_TARGET_PCT
-    assert s["kv_mean_abs_pct"] <= acc.MEAN_TARGET_PCT
+def test_the_shipped_coefficients_are_the_fit_on_every_case() -> None:
+    """calibration.FITTED is what bench/accuracy_fit.py gives on the cases (python -m bench.bench_accuracy --write)."""
+    fitted = accuracy_fit.rounded(accuracy_fit.fit([c for c in CASES if predictable(c)], REPORT_MODELS))
+    assert fitted == calibration.FITTED
+    assert set(calibration.CASES) == set(calibration.FITTED.__dict__)
+    sglang_fitted, used = accuracy_fit.fit_sglang(CASES)
+    assert sglang_fitted == sglang_calibration.FITTED
+    assert used["context_gib"] and used["context_gib_04"]
+    assert set(sglang_calibration.CASES) == set(sglang_calibration.FITTED.__dict__)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str) -> None:
+    shipped = {"vllm": vllm_envelope.ENVELOPE, "sglang": sglang_envelope.ENVELOPE}[engine]
+    fitted = REPORT.envelopes[engine]
+    assert shipped.covered == fitted.covered
+    assert shipped.term_bands == fitted.term_bands
+    assert shipped.widening == fitted.widening
+    for axis in shipped.covered:
+        assert f"widening {axis}" in shipped.cases
+
+
+def test_in_sample_on_the_h100_calibration_set() -> None:
+    s = acc.stats(_h100(REPORT.in_sample))
+    assert s["cases"] >= 44
+    assert s["median_pct"] <= MEASURED["h100_in_median"]
+    assert s["mean_pct"] <= MEASURED["h100_in_mean"]
+    assert s["inside_band"] >= MEASURED["h100_in_band"]
     # Only cases whose recorded settings contradict their own logged terms are left out.
-    left_out = [r.case.id for r in ROWS if not r.consistent]
-    assert left_out == ["llmdbench-emp-gpt-oss-120b-tp1-mml16000"]
+    assert [r.case.id for r in REPORT.in_sample if not r.consistent] == [
+        "llmdbench-emp-gpt-oss-120b-tp1-mml16000"
+    ]
 
 
-@pytest.mark.parametrize("row", [r for r in ROWS if r.case.started and r.consistent], ids=lambda r: r.case.id)
-def test_case_inside_its_band(row: acc.Row) -> None:
-    observed, predicted = row.case.observed["kv"], row.predicted["kv"]
-    assert row.band_gib > 0
-    assert abs(predicted - observed) <= acc.BAND_MULTIPLE * row.band_gib, (observed, predicted, row.band_gib)
+def test_leave_one_source_out_overall_and_off_h100() -> None:
+    """The figures `make accuracy` reports, held where they were measured (never loosened)."""
+    s = acc.stats(REPORT.loso)
+    assert s["cases"] >= MEASURED["loso_cases"]
+    assert s["median_pct"] <= MEASURED["loso_median"]
+    assert s["mean_pct"] <= MEASURED["loso_mean"]
+    assert s["within_5pct"] >= MEASURED["loso_within_5"]
+    assert s["inside_band"] >= MEASURED["loso_band"]
+    assert s["failed_predicted"] >= MEASURED["loso_failed_predicted"]
+    off = acc.stats([r for r in REPORT.loso if r.case.source not in CALIBRATION_SOURCES])
+    assert off["inside_band"] >= MEASURED["loso_off_band"]
 
 
-def test_failed_starts_are_predicted_to_fail() -> None:
-    failed = [r for r in ROWS if not r.case.started]
+def test_failed_starts_of_the_calibration_set_are_predicted_to_fail() -> None:
+    failed = [r for r in _h100(REPORT.in_sample) if not r.case.started]
     assert failed
     for r in failed:
         assert r.predicted_fail, r.case.id
-        assert r.prediction.failure is not None and "No available memory" in r.prediction.failure
+        assert r.prediction is not None and r.prediction.failure is not None
+        assert "No available memory" in r.prediction.failure
 
 
 @pytest.mark.parametrize("term", ["weights", "activation", "non_torch"])
 def test_each_term_is_reported_and_close(term: str) -> None:
-    s = acc.summary(ROWS)
-    assert s[f"{term}_cases"] >= 40
-    assert s[f"{term}_mean_abs_gib"] <= 0.05
+    s = acc.term_stats(_h100(REPORT.in_sample), term)
+    assert s["cases"] >= 40
+    assert s["mean_gib"] <= 0.05
 
 
 def _log_cases() -> list[dict[str, object]]:
@@ -119,7 +185,7 @@ def test_sidecar_config_basis_lands_on_the_logged_budget(case: dict[str, object]
     log.write_bytes(gzip.decompress((APRIORI / "logs" / f"{case['_log']}.gz").read_bytes()))
     config = tmp_path / "config.json"
     config.write_text(
-        json.dumps(acc._config(str(case["model_config"]), str(case["model"]))), encoding="utf-8"
+        json.dumps(load_config(str(case["model_config"]), str(case["model"]))), encoding="utf-8"
     )
     (snap,) = replay([str(log)]).fleet.snapshot()
     result = Predictor(model_config=lambda source: config).predict(snap)

@@ -6,9 +6,19 @@ below (parameter counts against the published sizes).
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
+from kvwatch.analysis.predict import predict
 from kvwatch.capacity.architectures import ARCHITECTURES, GENERIC, architecture, wrapper_text_model_type
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import geometry_from_config, load_model
+from kvwatch.core.errors import ModelConfigError, UnmodelledError
+from kvwatch.core.jsontypes import JsonObject
+from kvwatch.core.kinds import EngineName
 
 
 @pytest.mark.parametrize(
@@ -36,3 +46,132 @@ def test_the_wrapper_rule_needs_the_exact_model_type() -> None:
     assert wrapper_text_model_type("gemma3") == "gemma3_text"
     assert wrapper_text_model_type("gemma3n") is None
     assert wrapper_text_model_type("llava") is None
+
+
+# --- unknown is said, never guessed as zero -------------------------------------------------------
+
+_TESTS = Path(__file__).parent
+_BASE: JsonObject = {
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+}
+
+
+def _every_config_in_tests() -> list[Path]:
+    """Every config.json-like file under tests/ (model_configs, apriori and its public cases, any other)."""
+    out = []
+    for path in sorted(_TESTS.rglob("*.json")):
+        if path.name == "manifest.json" or path.name.endswith((".summary.json", ".events.json")):
+            continue
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(raw, dict) and ("model_type" in raw or "architectures" in raw):
+            out.append(path)
+    return out
+
+
+CONFIGS = _every_config_in_tests()
+
+
+def test_the_walk_finds_the_configs() -> None:
+    assert len(CONFIGS) >= 28
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(_TESTS)))
+def test_no_config_in_tests_is_sized_at_zero_bytes_per_token(path: Path, engine: EngineName) -> None:
+    """Each config is either sized above 0 B per token or refused with the unknown thing named."""
+    try:
+        model = load_model(path)
+        d = Deployment(engine=engine, engine_version=None, gpu_memory_bytes=80 * 2**30, max_model_len=4096)
+        pred = predict(model, d)
+    except ModelConfigError as exc:
+        # Refused by name: what kvwatch has no rule for (unmodelled) or the field a config lacks.
+        assert exc.prediction_state in ("unmodelled", "bad_model_config", "unsupported_model")
+        assert str(exc) and "\n" not in str(exc) and ("'" in str(exc) or "model_type" in str(exc))
+        return
+    assert pred.bytes_per_token > 0
+    assert pred.weights_bytes is not None and pred.weights_bytes > 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        # Jamba: attention every attn_layer_period-th layer, Mamba between (read as attention everywhere before).
+        ({"model_type": "jamba", "attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_period"),
+        ({"model_type": "minimax_text_01", "attn_type_list": [0, 1, 0, 1]}, "attn_type_list"),
+        ({"model_type": "kimi_linear", "linear_attn_config": {"kda_layers": [1, 2]}}, "linear_attn_config"),
+        # A state-only model: sized at 0 B per token before.
+        ({"model_type": "mamba2", "layer_types": ["mamba"] * 4}, "state-only"),
+        ({"model_type": "llama", "layer_types": ["full_attention", "ring_attention"] * 2}, "ring_attention"),
+        # Quantisation methods kvwatch cannot weigh: weighed as unquantised before.
+        ({"model_type": "llama", "quantization_config": {"quant_method": "hqq"}}, "'hqq'"),
+        ({"model_type": "llama", "quantization_config": {"bits": 4}}, "no quant_method"),
+        ({"model_type": "llama", "quantization_config": {"quant_method": "gptq", "bits": 3}}, "3-bit"),
+        (
+            {
+                "model_type": "llama",
+                "quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"},
+            },
+            "MIXED_PRECISION",
+        ),
+        # A mixed fp8/fp4 checkpoint: weighed as if every tensor were the first group's (fp8) before.
+        (
+            {
+                "model_type": "llama",
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "config_groups": {
+                        "attn": {
+                            "targets": ["re:.*self_attn.*"],
+                            "weights": {"num_bits": 8, "type": "float"},
+                        },
+                        "experts": {
+                            "targets": ["re:.*experts.*"],
+                            "weights": {"num_bits": 4, "type": "float"},
+                        },
+                    },
+                },
+            },
+            "mixes weight formats",
+        ),
+    ],
+)
+def test_what_kvwatch_cannot_size_is_refused_by_name(extra: JsonObject, named: str) -> None:
+    with pytest.raises(UnmodelledError, match=re.escape(named)) as caught:
+        geometry_from_config({**_BASE, **extra})
+    assert caught.value.prediction_state == "unmodelled"
+
+
+@pytest.mark.parametrize(
+    ("quant", "scheme"),
+    [
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "nvfp4"),
+        ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
+        ({"quant_method": "auto-round", "bits": 4, "group_size": 128}, "w4a16"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": {"weights": {"num_bits": 4, "type": "float"}}},
+            },
+            "nvfp4",
+        ),
+    ],
+)
+def test_quantisation_methods_kvwatch_weighs(quant: JsonObject, scheme: str) -> None:
+    model = geometry_from_config({**_BASE, "model_type": "llama", "quantization_config": quant})
+    assert model.dims is not None and model.dims.checkpoint_quant == scheme
+
+
+def test_an_all_sliding_model_costs_its_window_bytes_per_token() -> None:
+    """Mistral-style: every layer windowed, none growing: a token in the window still costs bytes."""
+    cfg: JsonObject = {**_BASE, "model_type": "mistral", "sliding_window": 4096, "num_key_value_heads": 8}
+    pred = predict(
+        geometry_from_config(cfg),
+        Deployment(engine="vllm", gpu_memory_bytes=80 * 2**30, max_model_len=8192),
+    )
+    assert pred.bytes_per_token == 4 * 8 * 64 * 2 * 2

@@ -19,11 +19,13 @@ from hypothesis import strategies as st
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
+from kvwatch.capacity.dims import ATTENTION, EMBED
 from kvwatch.capacity.geometry import geometry_from_config, load_model
-from kvwatch.capacity.weights import weights_per_rank
+from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
 from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.units import GiB, KiB, MiB, parse_size
+from kvwatch.engines.sglang import budget, states
 from kvwatch.engines.sglang import budget as sglang_budget
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
 from kvwatch.state.facts import MemoryFacts, SettingsFacts
@@ -264,14 +266,28 @@ def test_sglang_428569_tokens_same_pool() -> None:
 
 
 def test_sglang_mem_fraction_static_h100() -> None:
-    frac = default_mem_fraction_static(Deployment(engine="sglang", gpu_memory_bytes=H100))
+    frac = default_mem_fraction_static(
+        Deployment(engine="sglang", engine_version="0.5.9", gpu_memory_bytes=H100)
+    )
     # 512 + 8192 x 1.5 + 1 x 1 / 8 x 1024 + 256 x 2 = 13,440 MB, above the 10,240 floor
     assert frac.reserved_mb == 512 + 8192 * 1.5 + 1 * 1 / 8 * 1024 + 256 * 2 == 13440
     assert frac.value == round((81559 - 13440) / 81559, 3) == 0.835
 
 
+def test_sglang_mem_fraction_static_h100_keeps_the_prefill_graphs_from_0510() -> None:
+    """Piecewise CUDA graphs on by default from 0.5.10: 58 capture sizes up to 8192 x 8 MiB (the
+    engine notes' worked example: 13,904 MiB, 0.830)."""
+    frac = default_mem_fraction_static(
+        Deployment(engine="sglang", engine_version="0.5.23", gpu_memory_bytes=H100)
+    )
+    assert frac.reserved_mb == 13440 + 58 * 8 == 13904
+    assert frac.value == 0.830
+
+
 def test_sglang_mem_fraction_static_h200_tp8() -> None:
-    frac = default_mem_fraction_static(Deployment(engine="sglang", gpu_memory_bytes=143771 * MiB, tp=8))
+    frac = default_mem_fraction_static(
+        Deployment(engine="sglang", engine_version="0.5.9", gpu_memory_bytes=143771 * MiB, tp=8)
+    )
     # chunked 8192, cuda_graph_max_bs 512 at tp >= 4
     assert frac.value == round((143771 - (512 + 8192 * 1.5 + 8 / 8 * 1024 + 512 * 2)) / 143771, 3)
 
@@ -556,12 +572,45 @@ def test_mla_block_size_default_64() -> None:
     assert p.page_bytes == 64 * 576 * 2
 
 
-def test_linear_attention_model_is_flagged_estimate() -> None:
-    p = predict(
-        model("Qwen--Qwen3-Next-80B-A3B-Thinking"), Deployment(available_kv_bytes=GiB, max_model_len=8192)
+@pytest.mark.parametrize(
+    ("name", "kv_dtype", "block"),
+    [
+        # Qwen3.5's recurrent state is fp32 (mamba_ssm_dtype): 2,146,304 B a layer at TP 1. Its
+        # startups log 'Setting attention block size to 1056 tokens' (bf16 KV) and 2096 (fp8 KV).
+        ("Qwen--Qwen3.5-35B-A3B", "auto", 1056),
+        ("Qwen--Qwen3.5-35B-A3B", "fp8", 2096),
+        # Qwen3-Next keeps it in bf16: 1,097,728 B, 16 x ceil(1097728 / (16 x 2048)) = 544.
+        ("Qwen--Qwen3-Next-80B-A3B-Thinking", "auto", 544),
+    ],
+)
+def test_vllm_raises_the_attention_block_to_hold_a_state_layer(name: str, kv_dtype: str, block: int) -> None:
+    d = Deployment(
+        available_kv_bytes=10 * GiB, max_model_len=32768, kv_cache_dtype=kv_dtype, engine_version="0.25.1"
     )
+    p = predict(model(name), d)
+    assert p.block_size == block
+    assert p.exact
+    # One full-attention layer in four: groups of n_full layers, one of attention and three of state;
+    # the state groups take two blocks a request (mamba_cache_mode 'align', prefix caching on).
+    full = model(name).count("full")
+    page = block * p.bytes_per_token // full
+    assert p.kv_pool_blocks == 10 * GiB // (page * full)
+    assert p.max_concurrency == pytest.approx(p.kv_pool_blocks / (-(-32768 // block) + 3 * 2))  # type: ignore[operator]
+
+
+def test_linear_attention_without_its_state_shape_is_refused_by_name() -> None:
+    cfg = json.loads((CONFIGS / "Qwen--Qwen3-Next-80B-A3B-Thinking.json").read_text())
+    del cfg["linear_num_value_heads"]
+    with pytest.raises(ModelConfigError, match="linear_num"):
+        geometry_from_config(cfg)
+
+
+def test_a_mamba_layer_without_its_state_shape_is_flagged_estimate() -> None:
+    cfg = json.loads((CONFIGS / "nvidia--Nemotron-H-56B-Base-8K.json").read_text())
+    del cfg["mamba_num_heads"]
+    p = predict(geometry_from_config(cfg), Deployment(available_kv_bytes=GiB, max_model_len=8192))
     assert not p.exact
-    assert any("Mamba" in a or "linear" in a for a in p.assumptions)
+    assert any("state shape is not in config.json" in a for a in p.assumptions)
 
 
 def test_weights_mxfp4_only_experts() -> None:
@@ -864,3 +913,103 @@ def test_sglang_budget_from_its_own_load_weight_figures() -> None:
     assert p.available_kv_bytes == expected
     assert p.kv_pool_tokens == expected // (2 * 32 * 8 * 128 * 2)
     assert p.inputs["free_after_weights"] == "given"
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.10"])
+def test_sglang_hybrid_swa_split_by_memory_from_059(version: str) -> None:
+    """0.5.9 mixin:251-335: full = tokens x (F + S) / (F + r x S), by bytes, not layer counts; it
+    differs from the old layer-count share where a full and a window layer cost different bytes
+    (Gemma-4: 2 x 512 global heads against 8 x 256 window heads)."""
+    m = model("google--gemma-4-26B-A4B")
+    d = Deployment(engine="sglang", engine_version=version, max_model_len=8192)
+    full = budget.cell_size(m, d, 2)
+    swa = budget.all_layer_cell_size(m, d, 2) - full
+    assert full != swa * m.count("full") / max(m.count("sliding"), 1)
+    available = 40 * GiB
+    base = available // (full + swa)
+    assert budget.pool(m, d, 2, available).tokens == int(base * (full + swa) / (full + 0.8 * swa))
+
+
+@pytest.mark.parametrize(("version", "padding_slot"), [("0.5.16", False), ("0.5.17", True)])
+def test_sglang_keeps_whole_request_states_for_a_hybrid_model(version: str, padding_slot: bool) -> None:
+    """Qwen3-Next at TP 4: 36 GDN layers of (8192 / 4 x 3 conv in bf16 + 8 x 128 x 128 recurrent in
+    fp32) = 2,801,664 B a request; 0.9 / 1.9 of the budget holds whole slots (one more for the
+    pool's padding from 0.5.17) and the KV cache gets the rest."""
+    m = model("Qwen--Qwen3-Next-80B-A3B-Thinking")
+    d = Deployment(engine="sglang", engine_version=version, tp=4, max_model_len=8192)
+    per_req = states.state_bytes_per_request(m, d)
+    assert per_req == 36 * (8192 // 4 * 3 * 2 + 8 * 128 * 128 * 4)
+    available = 40 * GiB
+    share = available * 0.9 / 1.9
+    slots = int((share - per_req) // per_req) + 1 if padding_slot else int(share // per_req)
+    cell = budget.cell_size(m, d, 2)
+    assert budget.pool(m, d, 2, available).tokens == (available - slots * per_req) // cell
+
+
+def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_embedding_whole() -> None:
+    """--enable-dp-attention --dp 8 at TP 8: attention over attn_tp = 1 and a whole embedding on
+    every rank (VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())), experts still 1/8."""
+    m = model("deepseek-ai--DeepSeek-V3")
+    d = Deployment(
+        engine="sglang", engine_version="0.5.9", tp=8, gpu_memory_bytes=143771 * MiB, max_model_len=8192
+    )
+    plain = predict(m, d)
+    dp = predict(m, d.with_(dp=8, dp_attention=True))
+    attention, embed = weight_bytes_of(m, ATTENTION), weight_bytes_of(m, EMBED)
+    extra = int(attention - attention / 8) + int(embed - embed / 8)
+    assert dp.weights_bytes - plain.weights_bytes == extra  # type: ignore[operator]
+    assert dp.bytes_per_token == plain.bytes_per_token  # an MLA latent is not split by heads
+
+
+def test_sglang_up_to_053_keeps_512_fixed_state_slots_for_a_gdn_model() -> None:
+    """0.5.2/0.5.3 (model_runner.py:308-325): radix cache off, max_mamba_cache_size 512 slots, the
+    KV cache gets the rest -- the Qwen3-Next TP 4 startup on 0.5.2 (sglang#10407) logs 2,896,645
+    tokens."""
+    m = model("Qwen--Qwen3-Next-80B-A3B-Thinking")
+    d = Deployment(engine="sglang", engine_version="0.5.2", tp=4, max_model_len=8192)
+    per_req = states.state_bytes_per_request(m, d)
+    available = 40 * GiB
+    assert budget.pool(m, d, 2, available).tokens == (available - 512 * per_req) // budget.cell_size(m, d, 2)
+
+
+@pytest.mark.parametrize(
+    ("version", "gpu_mib", "tp", "dp_attention", "value"),
+    [
+        ("0.4.3", 81559, 8, False, 0.81),  # the table by TP (0.4.3.post4 server_args.py:203-214)
+        ("0.4.6", 143771, 8, False, (143771 - 13 * 1024) / 143771),  # card - 13 GiB above 80 GiB
+        ("0.4.7", 183359, 8, False, 0.79),  # above 180 GB
+        ("0.4.7", 143771, 8, False, min(0.88 + 48 * 1024 * 0.12 / 143771, (143771 - 18 * 1024) / 143771)),
+        (
+            "0.5.2",
+            143771,
+            8,
+            True,
+            round((143771 - (12 + 4) * 1024 - 4 * 1024) / 143771, 3),
+        ),  # DP attention +4 GiB
+    ],
+)
+def test_sglang_default_fraction_before_053_per_release(
+    version: str, gpu_mib: int, tp: int, dp_attention: bool, value: float
+) -> None:
+    d = Deployment(
+        engine="sglang",
+        engine_version=version,
+        gpu_memory_bytes=gpu_mib * MiB,
+        tp=tp,
+        dp=8 if dp_attention else 1,
+        dp_attention=dp_attention,
+    )
+    assert default_mem_fraction_static(d).value == pytest.approx(value)
+
+
+@pytest.mark.parametrize(("version", "fixed"), [("0.5.6", True), ("0.5.9", False)])
+def test_sglang_mamba2_models_keep_fixed_slots_while_the_radix_cache_is_off(
+    version: str, fixed: bool
+) -> None:
+    """Nemotron-H (Mamba2): radix cache off and 512 state slots up to 0.5.6 (0.5.4 model_runner.py:402-405)."""
+    m = model("nvidia--Nemotron-H-56B-Base-8K")
+    d = Deployment(engine="sglang", engine_version=version, tp=4, max_model_len=8192)
+    per_req = states.state_bytes_per_request(m, d)
+    available = 40 * GiB
+    tokens = budget.pool(m, d, 2, available).tokens
+    assert (tokens == (available - 512 * per_req) // budget.cell_size(m, d, 2)) is fixed

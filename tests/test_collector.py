@@ -206,7 +206,8 @@ def test_fast_render_is_byte_identical_to_prometheus_client() -> None:
     assert collector.render() == generate_latest(registry)
 
 
-def test_unsupported_model_state(tmp_path: Path) -> None:
+def test_unmodelled_model_state(tmp_path: Path) -> None:
+    """A layer kind kvwatch has no rule for is said (state unmodelled), never sized as 0 B per token."""
     cfg = json.loads(LLAMA_8B.read_text())
     cfg["hybrid_override_pattern"] = "*X" * 16
     odd = tmp_path / "config.json"
@@ -214,4 +215,5 @@ def test_unsupported_model_state(tmp_path: Path) -> None:
     fleet = Fleet()
     _feed(fleet, "v", VLLM_LINES)
     reg, _ = _registry(fleet, model_config=odd)
-    assert reg.get_sample_value(names.PREDICTION_AVAILABLE.name, {**LAB, "state": "unsupported_model"}) == 1
+    assert reg.get_sample_value(names.PREDICTION_AVAILABLE.name, {**LAB, "state": "unmodelled"}) == 1
+    assert reg.get_sample_value(names.PREDICTION_AVAILABLE.name, {**LAB, "state": "ok"}) == 0

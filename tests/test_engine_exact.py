@@ -17,6 +17,7 @@ from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.core.events import EngineSettings, PoolSized
 from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.units import GiB
+from kvwatch.engines.vllm import memory
 from kvwatch.export import names
 from kvwatch.export.collector import KvwatchCollector
 from kvwatch.sources.pipeline import LinePipeline
@@ -124,6 +125,38 @@ def test_gpt_oss_hybrid_tokens_by_release(version: str) -> None:
     old = version in ("0.10.1", "0.20.0")
     assert tokens == _vllm_logged_tokens("0.20.0" if old else version, 9798, 2, request_blocks, 131072)
     assert tokens == (78_384 if old else 147_393)
+
+
+@pytest.mark.parametrize(("version", "sliding_blocks"), [("0.25.1", 521), ("0.26.0", 1033), ("0.33.0", 1033)])
+def test_gpt_oss_counts_the_tokens_async_scheduling_keeps_in_flight_from_026(
+    version: str, sliding_blocks: int
+) -> None:
+    """From 0.26 a sliding-window request holds window - 1 + max_in_flight_tokens, 2 x 8192 at PP 1
+    with async scheduling (0.26.0 v1/kv_cache_interface.py:584, config/vllm.py:525-534; 0.33.0
+    :916-940): the sliding group takes cdiv(127 + 16384, 16) + 1 = 1033 blocks per request, the
+    pool is unchanged and the logged tokens and concurrency drop by 5.5 %."""
+    m = load_model(CONFIGS / "openai--gpt-oss-120b.json")
+    page = 16 * 2 * 8 * 64 * 2
+    available = 9798 * page * 18
+    d = Deployment(engine="vllm", engine_version=version, max_model_len=131072, max_num_batched_tokens=8192)
+    tokens, blocks = pool_from_available(m, d, available)
+    assert blocks == 9798
+    request_blocks = sliding_blocks + 131072 // 16
+    assert tokens == int(9798 / request_blocks * 131072)
+    p = predict(m, d.with_(available_kv_bytes=available))
+    assert p.max_concurrency == pytest.approx(9798 / request_blocks)
+
+
+@pytest.mark.parametrize(("pp", "version", "batches"), [(1, "0.33.0", 2), (2, "0.29.0", 3), (2, "0.31.0", 2)])
+def test_mistral_window_per_request_by_batches_in_flight(pp: int, version: str, batches: int) -> None:
+    """All layers windowed (4096): cdiv(min(4095 + batches x 8192, 32768), 16) + 1 blocks a request."""
+    m = geometry_from_config(MISTRAL_7B, name="mistralai/Mistral-7B-v0.1")
+    d = Deployment(
+        engine="vllm", engine_version=version, max_model_len=32768, max_num_batched_tokens=8192, pp=pp
+    )
+    p = predict(m, d.with_(available_kv_bytes=AVAILABLE))
+    per_request = cdiv(min(4095 + batches * 8192, 32768), 16) + 1
+    assert p.max_concurrency == pytest.approx(p.kv_pool_blocks / per_request)  # type: ignore[operator]
 
 
 def _mistral_startup(version: str) -> list[str]:
@@ -369,3 +402,20 @@ def test_sglang_dsa_default_kv_dtype_follows_the_card(gpu: str | None, per_layer
     # pages of 64 tokens for DSA on CUDA (0.5.9 server_args.py:1256-1259)
     assert p.kv_pool_tokens == 40 * GiB // (61 * per_layer) // 64 * 64
     assert p.block_size == 64
+
+
+@pytest.mark.parametrize(
+    ("version", "tokens"),
+    [("0.19.0", 8192), ("0.20.0", 16384), ("0.21.0", 8192), ("0.27.1", 8192), ("0.28.0", 16384)],
+)
+def test_batched_tokens_default_on_a_160_gib_card_by_release(version: str, tokens: int) -> None:
+    """>= 160 GiB: 16384 tokens in 0.20 and from 0.28 (0.28.0 engine/arg_utils.py:2582-2591); 0.21-0.27 have no such branch."""
+    assert memory.default_batch_limits(version, 180 * GiB, "B200-180GB", 8192) == (1024, tokens)
+
+
+@pytest.mark.parametrize(
+    ("version", "sm", "sizes"), [("0.27.1", 10, 51), ("0.28.0", 10, 83), ("0.28.0", 9, 51)]
+)
+def test_capture_sizes_reach_1024_on_sm100_from_028(version: str, sm: int, sizes: int) -> None:
+    """0.28.0 config/vllm.py:1936-1943: the top capture size is 1024 on the SM100 family, 512 elsewhere."""
+    assert memory.capture_sizes(1024, 8192, version, sm) == sizes

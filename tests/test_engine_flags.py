@@ -71,7 +71,10 @@ def test_sglang_launch_server_line() -> None:
             "--cuda-graph-max-bs",
             "128",
             "--disable-cuda-graph",
+            "--dp-size",
+            "8",
             "--enable-dp-attention",
+            "--enable-torch-compile",
         ],
         SGLANG,
     )
@@ -83,8 +86,10 @@ def test_sglang_launch_server_line() -> None:
         "chunked_prefill_size": 4096,
         "cuda_graph_max_bs": 128,
         "enforce_eager": True,
+        "dp": 8,
+        "dp_attention": True,
     }
-    assert r.ignored == ["--enable-dp-attention"]
+    assert r.ignored == ["--enable-torch-compile"]
 
 
 @pytest.mark.parametrize(

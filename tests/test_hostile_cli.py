@@ -96,7 +96,7 @@ def test_implausible_config_in_explain(tmp_path: Path, capsys: pytest.CaptureFix
         ),
         (["--gpu", "h100", "--tp", "100000"], "tp 100000 is over the plausible maximum 4,096"),
         (["--gpu", "h100", "--engine-version", "banana"], "kvwatch knows vLLM 0.3 to 0.33"),
-        (["--gpu", "h100", "--engine-version", "0.99"], "vLLM 0.3 to 0.33"),
+        (["--gpu", "h100", "--engine-version", "7.0"], "vLLM 0.3 to 0.33"),
         (["--gpu", "h100", "--engine", "sglang", "--engine-version", "9.9"], "SGLang 0.1 to 0.5.23"),
         (["--tp", "x"], "argument --tp: not an integer"),
         (["--no-such-flag"], "unrecognized arguments"),

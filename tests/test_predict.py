@@ -12,6 +12,7 @@ import pytest
 from kvwatch.cli import main
 
 CONFIGS = Path(__file__).parent / "model_configs"
+LOG_SAMPLE = Path(__file__).parent / "log_samples" / "vllm" / "001-llama31-8b-rtx3090-profiling-20k.log"
 LLAMA8 = str(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
 
 JSON_KEYS = {
@@ -27,6 +28,8 @@ JSON_KEYS = {
     "fits",
     "estimated_max_model_len",
     "assumptions",
+    "available_kv_band_bytes",
+    "not_calibrated",
 }
 
 
@@ -45,7 +48,7 @@ def test_demo_command_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "79.19 GiB" in out
     assert "72.85 GiB (0.92)" in out
     assert "14.99 GiB per GPU" in out
-    assert "54.94 GiB ±" in out
+    assert "54.95 GiB ±" in out
     assert "x 16 tokens" in out
     bar = next(line for line in out.splitlines() if line.startswith("["))
     assert bar.index("W") < bar.index("A") < bar.index(".") < bar.index("K")
@@ -82,11 +85,29 @@ def test_available_kv_memory_is_the_engines_figure(capsys: pytest.CaptureFixture
     assert sg["kv_pool_blocks"] is None
 
 
-def test_sglang_default_fraction(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("version", "fraction"),
+    [
+        # 512 + 8192 x 1.5 + 1/8 GiB + 256 x 2 = 13,440 MiB of an 81,559 MiB card.
+        ("0.5.9", 0.835),
+        # 13,440 MiB + the prefill CUDA graphs' 58 x 8 MiB (on by default from 0.5.10).
+        ("0.5.23", 0.83),
+    ],
+)
+def test_sglang_default_fraction(capsys: pytest.CaptureFixture[str], version: str, fraction: float) -> None:
     data = run_json(
-        capsys, LLAMA8, "--engine", "sglang", "--gpu-memory", "81559MiB", "--max-model-len", "8192"
+        capsys,
+        LLAMA8,
+        "--engine",
+        "sglang",
+        "--engine-version",
+        version,
+        "--gpu-memory",
+        "81559MiB",
+        "--max-model-len",
+        "8192",
     )
-    assert data["mem_fraction_static"] == 0.835
+    assert data["mem_fraction_static"] == fraction
     assert data["inputs"] == {**data["inputs"], "mem_fraction_static": "engine_default"}  # type: ignore[dict-item]
 
 
@@ -183,3 +204,82 @@ def test_subprocess_demo_command() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "KV pool" in out.stdout
+
+
+# --- predictions that know their limits -----------------------------------------------------------
+
+
+def _band(data: dict[str, object]) -> float:
+    band, kv = data["available_kv_band_bytes"], data["available_kv_bytes"]
+    assert isinstance(band, int) and isinstance(kv, int) and kv > 0
+    return band / kv
+
+
+def test_inside_the_envelope_nothing_is_named_and_the_band_is_narrow(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """H100, vLLM 0.19, a dense text model at TP 1: what the calibration set covers."""
+    data = run_json(capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.19.0", "--max-model-len", "8192")
+    assert data["not_calibrated"] == []
+    assert _band(data) < 0.01
+
+
+def test_each_uncovered_condition_is_named_and_widens_the_band(capsys: pytest.CaptureFixture[str]) -> None:
+    inside = run_json(
+        capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.19.0", "--max-model-len", "8192"
+    )
+    outside = run_json(
+        capsys, LLAMA8, "--gpu", "b200", "--engine-version", "0.8.0", "--max-model-len", "8192"
+    )
+    assert outside["not_calibrated"] == ["B200 class", "release 0.8"]
+    assert _band(outside) > _band(inside)
+    assert (
+        main(["predict", LLAMA8, "--gpu", "b200", "--engine-version", "0.8.0", "--max-model-len", "8192"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "not calibrated      B200 class, release 0.8" in out
+
+
+def test_a_release_newer_than_any_read_is_predicted_with_the_newest_rules_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    newest = run_json(
+        capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.33.0", "--max-model-len", "8192"
+    )
+    newer = run_json(capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.40.1", "--max-model-len", "8192")
+    assert newer["available_kv_bytes"] == newest["available_kv_bytes"]
+    assert "release newer than 0.33" in newer["not_calibrated"]  # type: ignore[operator]
+    assert _band(newer) >= _band(newest)
+    assumptions = newer["assumptions"]
+    assert isinstance(assumptions, list)
+    assert any("rules of the newest release read, 0.33" in str(a) for a in assumptions)
+
+
+@pytest.mark.parametrize("command", ["predict", "plan", "explain"])
+def test_an_unmodelled_config_is_one_line_and_exit_2(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Jamba's attn_layer_period: refused by name in every command, never sized as plain attention."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "jamba",
+                "num_hidden_layers": 8,
+                "num_attention_heads": 8,
+                "hidden_size": 512,
+                "intermediate_size": 1024,
+                "attn_layer_period": 8,
+            }
+        ),
+        encoding="utf-8",
+    )
+    argv = {
+        "predict": ["predict", str(cfg), "--gpu", "h100"],
+        "plan": ["plan", str(cfg), "--gpu", "h100", "--workload", "4x1000"],
+        "explain": ["explain", str(LOG_SAMPLE), "--model-config", str(cfg)],
+    }[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "attn_layer_period" in err

@@ -13,7 +13,7 @@ from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
 from kvwatch.capacity.model import ModelGeometry, stage_layers
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weights_per_rank
-from kvwatch.core.errors import ConfigError, NoGpuMemoryError
+from kvwatch.core.errors import ConfigError, NoGpuMemoryError, UnmodelledError
 from kvwatch.engines import registry
 from kvwatch.engines.base import Engine
 
@@ -21,11 +21,22 @@ __all__ = ["Prediction", "pool_from_available", "predict"]
 
 
 def _bytes_per_token(engine: Engine, model: ModelGeometry, d: Deployment, elem: int) -> tuple[int, int]:
-    """(per rank on the fullest pipeline stage, summed over every rank) for the growing layers."""
+    """(per rank on the fullest pipeline stage, summed over every rank) for the growing layers; a
+    model whose every cached layer is windowed (Mistral-style) counts those, what a token inside the
+    window costs -- never 0 B per token."""
+    grows = any(layer.grows for layer in model.layers)
     stages = [
-        sum(engine.layer_bytes(layer, d, elem) for layer in stage if layer.grows)
+        sum(
+            engine.layer_bytes(layer, d, elem)
+            for layer in stage
+            if (layer.grows if grows else layer.is_paged)
+        )
         for stage in stage_layers(model.layers, d.pp)
     ]
+    if max(stages) <= 0:
+        raise UnmodelledError(
+            f"{model.name}: kvwatch sizes its KV cache at 0 B per token; its layers are not modelled"
+        )
     return max(stages), sum(stages) * d.tp
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvwatch.core.errors import ModelConfigError, UnsupportedModelError
+from kvwatch.core.errors import ModelConfigError, UnmodelledError
 from kvwatch.core.jsontypes import JsonObject, JsonValue
 
 # A layer pattern: the kind of every layer, or None to fall back to the generic window rule.
@@ -178,6 +178,64 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
+# Families whose layers are plain (grouped-query or MLA) attention read from the standard fields, no
+# row needed: what `not calibrated: architecture ...` does not name. A model_type under none of these
+# prefixes and no row above is still sized from the standard fields, and the prediction says so.
+STANDARD_MODEL_TYPES: frozenset[str] = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "kimi_k2",
+        "glm",
+        "internlm",
+        "granite",
+        "olmo",
+        "cohere",
+        "exaone",
+        "minimax_m2",
+        "baichuan",
+        "gpt_oss",
+        "ernie",
+        "hunyuan",
+        "seed_oss",
+        "smollm",
+        "stablelm",
+        "yi",
+    }
+)
+
+# Fields that describe layers kvwatch does not read (Jamba's attention period, Zamba's and MiniMax's
+# per-layer block types, Kimi-Linear's linear-attention config, DeepSeek-V4's compressed attention):
+# a config carrying one would be sized as plain attention on every layer, so it is refused by name.
+UNREAD_LAYOUT_KEYS: tuple[str, ...] = (
+    "layers_block_type",
+    "layer_block_types",
+    "attn_type_list",
+    "linear_attn_config",
+    "full_attn_idxs",
+    "attn_layer_indices",
+    "attn_layer_period",
+    "block_types",
+    "ssm_cfg",
+    "compress_ratios",
+)
+
+
+def is_read(model_type: str) -> bool:
+    """Whether kvwatch has read this model_type's family (a row above or a standard family)."""
+    keys = (*ARCHITECTURES, *STANDARD_MODEL_TYPES)
+    return any(model_type.startswith(key) for key in keys)
+
+
+def unread_layout(cfg: Mapping[str, JsonValue]) -> str | None:
+    """The first field of UNREAD_LAYOUT_KEYS the config carries, if any."""
+    return next((key for key in UNREAD_LAYOUT_KEYS if cfg.get(key) not in (None, [], {})), None)
+
+
 def architecture(model_type: str) -> Architecture:
     """The row whose key is the longest prefix of model_type (GENERIC when none is)."""
     best = max((key for key in ARCHITECTURES if model_type.startswith(key)), key=len, default=None)
@@ -217,9 +275,7 @@ def layer_kinds(config: Mapping[str, JsonValue], n_layers: int) -> list[str]:
         kinds = []
         for t in types:
             if t not in LAYER_TYPE_KINDS:
-                raise UnsupportedModelError(
-                    f"config.json layer_types has {t!r}, a layer kind kvwatch cannot size"
-                )
+                raise UnmodelledError(f"config.json layer_types has {t!r}, a layer kind kvwatch cannot size")
             kinds.append(LAYER_TYPE_KINDS[t])
         return kinds
     row = architecture(str(cfg.get("model_type") or ""))

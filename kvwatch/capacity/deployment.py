@@ -35,6 +35,7 @@ MAX_SEQS = 1 << 20  # max_num_seqs, cuda_graph_max_bs: 1,048,576
 _COUNT_BOUNDS: dict[str, int] = {
     "tp": MAX_RANKS,
     "pp": MAX_RANKS,
+    "dp": MAX_RANKS,
     "dcp": MAX_RANKS,
     "block_size": MAX_BLOCK_TOKENS,
     "page_size": MAX_BLOCK_TOKENS,
@@ -95,6 +96,12 @@ class Deployment:
     enforce_eager: bool | None = None
     dtype: str | None = None
     quantization: str | None = None
+    # Data-parallel ranks, and whether attention is data-parallel inside the TP group (SGLang
+    # --enable-dp-attention); a KV-transfer connector (vLLM --kv-transfer-config, SGLang disaggregation).
+    # Neither is modelled yet: each is a condition the calibration envelope names (capacity/envelope.py).
+    dp: int = 1
+    dp_attention: bool = False
+    kv_connector: str | None = None
 
     def with_(self, **changes: DeploymentValue) -> Deployment:
         """A copy with some fields changed (None values are ignored)."""
@@ -217,6 +224,7 @@ def deployment_from_settings(
         tp=_first(s.tensor_parallel_size, Deployment.tp),
         pp=_first(s.pipeline_parallel_size, Deployment.pp),
         dcp=_first(s.decode_context_parallel_size, Deployment.dcp),
+        dp=_first(s.data_parallel_size, Deployment.dp),
         kv_cache_dtype=_first(s.kv_cache_dtype, Deployment.kv_cache_dtype),
         block_size=s.block_size,
         page_size=s.page_size,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvwatch.core.errors import UnmodelledError
 from kvwatch.core.jsontypes import JsonValue
 
 # Parameter groups of the itemised count (kvwatch.capacity.weights.count_params).
@@ -46,13 +47,19 @@ class ModelDims:
     top_k: int
     moe_intermediate_size: int
     dtype_bytes: int  # the checkpoint's torch_dtype
-    # 'fp8' | 'int8' | 'w4a16' | 'mxfp4' | None, from quantization_config; and its group size.
+    # 'fp8' | 'int8' | 'w4a16' | 'mxfp4' | 'nvfp4' | None, from quantization_config; and its group size.
     checkpoint_quant: str | None
     quant_group: int
     has_vision_tower: bool
+    # Parameters of the vision / audio towers and their projectors (estimated from vision_config /
+    # audio_config: tower_params); the engines load them beside the text decoder, in the model dtype.
+    vision_params: int
     # Length and width of the rotary cos/sin cache the loader builds.
     rope_positions: int
     rotary_dim: int
+    # The vision tower's depth and width (0 without one): SGLang's default static fraction reads them.
+    vision_layers: int = 0
+    vision_hidden: int = 0
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -63,9 +70,42 @@ def _int(cfg: Mapping[str, Any], *keys: str) -> int:
     return 0
 
 
+def _ct_scheme(groups: object) -> tuple[str, int]:
+    """(scheme, group size) of compressed-tensors ``config_groups``: one weight format in every group
+    (vLLM compressed_tensors.py picks a scheme per target; several formats in one checkpoint are not
+    weighed per tensor here, so they are refused rather than weighed as the first)."""
+    formats: dict[tuple[int, str], int] = {}
+    for group in groups.values() if isinstance(groups, Mapping) else ():
+        found = group.get("weights") if isinstance(group, Mapping) else None
+        weights: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        if not weights:
+            continue
+        key = (_int(weights, "num_bits") or 8, str(weights.get("type") or "int"))
+        formats[key] = _int(weights, "group_size") or formats.get(key, 0)
+    if not formats:
+        raise UnmodelledError(
+            "quantization_config compressed-tensors has no config_groups weights kvwatch can weigh"
+        )
+    if len(formats) > 1:
+        named = ", ".join(f"{kind}{bits}" for bits, kind in formats)
+        raise UnmodelledError(
+            f"quantization_config mixes weight formats ({named}) across config_groups: per-tensor "
+            "quantization of mixed checkpoints is not modelled"
+        )
+    ((bits, kind), group), *_ = formats.items()
+    if bits == 4 and kind == "float":
+        return "nvfp4", group or 16
+    if bits <= 4 and kind == "int":
+        return "w4a16", group or 128
+    if bits == 8:
+        return ("fp8" if kind == "float" else "int8"), 128
+    raise UnmodelledError(f"quantization_config compressed-tensors {kind}{bits} weights are not modelled")
+
+
 def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
     """(scheme, group size) a checkpoint's quantization_config declares (absent or not an object:
-    none)."""
+    none). A method or format kvwatch cannot weigh raises UnmodelledError naming it: weighing it as
+    unquantised (the old silent default) puts the weights off by 2-4x."""
     if not isinstance(config, Mapping):
         return None, 128
     # A document of any shape: read dynamically here, each value checked.
@@ -75,20 +115,29 @@ def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
         return "mxfp4", 32
     if method in ("fp8", "fbgemm_fp8"):
         return "fp8", 128
-    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
-        return "w4a16", _int(quant, "group_size") or 128
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round", "auto_round"):
+        bits = _int(quant, "bits", "w_bit") or 4
+        if bits == 8:
+            return "int8", 128
+        if bits == 4:
+            return "w4a16", _int(quant, "group_size", "q_group_size") or 128
+        raise UnmodelledError(f"quantization_config {method} with {bits}-bit weights is not modelled")
+    if method == "modelopt":
+        # NVIDIA ModelOpt checkpoints (vLLM quantization/modelopt.py): FP8 per tensor, or NVFP4 (4-bit
+        # values with an fp8 scale per 16). MIXED_PRECISION names a scheme per layer, not modelled.
+        algo = str(quant.get("quant_algo") or "").upper()
+        if algo == "FP8":
+            return "fp8", 128
+        if algo == "NVFP4":
+            return "nvfp4", _int(quant, "group_size") or 16
+        raise UnmodelledError(f"quantization_config modelopt quant_algo {algo or '(none)'!r} is not modelled")
     if method == "compressed-tensors":
-        groups = quant.get("config_groups")
-        first: object = next(iter(groups.values()), None) if isinstance(groups, Mapping) else None
-        found = first.get("weights") if isinstance(first, Mapping) else None
-        weights: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-        bits = _int(weights, "num_bits") or 8
-        if bits <= 4:
-            return "w4a16", _int(weights, "group_size") or 128
-        return ("fp8" if str(weights.get("type")) == "float" else "int8"), 128
+        return _ct_scheme(quant.get("config_groups"))
     if method == "bitsandbytes":
         return ("int8" if quant.get("load_in_8bit") else "w4a16"), 64
-    return None, 128
+    if not method:
+        raise UnmodelledError("config.json quantization_config has no quant_method: kvwatch cannot weigh it")
+    raise UnmodelledError(f"quantization_config.quant_method {method!r} is not one kvwatch can weigh")
 
 
 def _rope_positions(cfg: Mapping[str, Any], max_position: int) -> int:
@@ -109,6 +158,60 @@ def _rope_positions(cfg: Mapping[str, Any], max_position: int) -> int:
     return max_position
 
 
+_TOWER_KEYS = {
+    "hidden": ("hidden_size", "embed_dim", "vt_hidden_size", "d_model", "width"),
+    "inter": ("intermediate_size", "vt_intermediate_size", "encoder_ffn_dim", "mlp_dim"),
+    "layers": (
+        "num_hidden_layers",
+        "depth",
+        "vt_num_hidden_layers",
+        "encoder_layers",
+        "num_layers",
+        "layers",
+    ),
+}
+
+
+def tower_params(config: Mapping[str, JsonValue]) -> int:
+    """Parameters of the encoder towers a multimodal config carries (vision_config, audio_config).
+
+    A transformer encoder: layers x (4 H^2 attention + 2 or 3 (gated) H x I MLP), plus the
+    projector into the text model (H x text hidden). What a checkpoint without its
+    model.safetensors.index.json at hand would otherwise leave out of the weights (SigLIP-400M:
+    27 x (4 x 1152^2 + 2 x 1152 x 4304) = 411M; Qwen2.5-VL-7B's 32-layer SwiGLU tower 630M).
+    """
+    cfg: Mapping[str, Any] = config
+    inner = cfg.get("text_config")
+    text: Mapping[str, Any] = inner if isinstance(inner, Mapping) else cfg
+    text_hidden = _int(text, "hidden_size")
+    total = 0
+    for key in ("vision_config", "audio_config"):
+        tower = cfg.get(key)
+        if not isinstance(tower, Mapping):
+            continue
+        hidden = _int(tower, *_TOWER_KEYS["hidden"])
+        layers = _int(tower, *_TOWER_KEYS["layers"])
+        inter = _int(tower, *_TOWER_KEYS["inter"])
+        ratio = tower.get("mlp_ratio")
+        if not inter and isinstance(ratio, int | float) and not isinstance(ratio, bool) and ratio > 0:
+            inter = int(hidden * ratio)
+        inter = inter or 4 * hidden
+        act = str(tower.get("hidden_act") or tower.get("hidden_activation") or "")
+        matrices = 3 if "silu" in act or "swiglu" in act else 2
+        total += layers * (4 * hidden * hidden + matrices * hidden * inter) + hidden * text_hidden
+    return total
+
+
+def vision_shape(config: Mapping[str, JsonValue]) -> tuple[int, int]:
+    """(num_hidden_layers, hidden_size) of the vision_config, 0 where absent: the two attributes
+    SGLang's adjust_mem_fraction_for_vlm reads by these names only (0.5.3 server_args.py:3115-3116),
+    so a tower that names its depth 'depth' counts as the 24-layer default there."""
+    tower = config.get("vision_config")
+    if not isinstance(tower, Mapping):
+        return 0, 0
+    return _int(tower, "num_hidden_layers"), _int(tower, "hidden_size")
+
+
 def dims_from_config(
     config: Mapping[str, JsonValue],
     params: Mapping[str, int],
@@ -116,6 +219,8 @@ def dims_from_config(
     num_layers: int,
     dtype_bytes: int,
     has_vision_tower: bool,
+    vision_params: int = 0,
+    vision_shape: tuple[int, int] = (0, 0),
 ) -> ModelDims:
     """The shapes of a text config (``params`` is its itemised count by the groups above)."""
     cfg: Mapping[str, Any] = config  # a document of any shape, read dynamically
@@ -150,6 +255,9 @@ def dims_from_config(
         checkpoint_quant=quant,
         quant_group=group,
         has_vision_tower=has_vision_tower,
+        vision_params=vision_params,
+        vision_layers=vision_shape[0],
+        vision_hidden=vision_shape[1],
         rope_positions=_rope_positions(cfg, max_position),
         rotary_dim=rotary,
     )

@@ -21,13 +21,15 @@ from kvwatch.capacity.architectures import (
     layer_kinds,
     normalise,
     sliding_window,
+    unread_layout,
     wrapper_text_model_type,
 )
-from kvwatch.capacity.dims import dims_from_config
+from kvwatch.capacity.dims import dims_from_config, tower_params, vision_shape
 from kvwatch.capacity.dtypes import served_dtype
 from kvwatch.capacity.model import LayerKind, LayerSpec, ModelGeometry
+from kvwatch.capacity.states import state_layer
 from kvwatch.capacity.weights import count_params
-from kvwatch.core.errors import ModelConfigError, UnsupportedModelError
+from kvwatch.core.errors import ModelConfigError, UnmodelledError, UnsupportedModelError
 from kvwatch.core.jsontypes import JsonObject, JsonValue
 
 # Far above any real model; guards against a corrupt file asking for billions of layer records.
@@ -270,11 +272,11 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
             if kind == "full":
                 layers.append(LayerSpec("full", kv_heads, hk, hv))
             elif kind == "mamba":
-                layers.append(LayerSpec("mamba"))
+                layers.append(state_layer(cfg, "mamba"))
             elif kind == "none":
                 layers.append(LayerSpec("none"))
             else:
-                raise UnsupportedModelError(
+                raise UnmodelledError(
                     f"config.json hybrid_override_pattern has {ch!r}, a layer kvwatch cannot size"
                 )
         notes.append("hybrid_override_pattern: only '*' layers hold a KV cache; 'M' layers keep Mamba state")
@@ -340,7 +342,7 @@ def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
         elif kind == "chunked":
             layers.append(LayerSpec("chunked", kv_heads, hk, hv, window=int(chunk) if chunk else None))
         elif kind in ("linear", "mamba"):
-            layers.append(LayerSpec("linear" if kind == "linear" else "mamba"))
+            layers.append(state_layer(cfg, "linear" if kind == "linear" else "mamba"))
     if g_heads or g_dim:
         notes.append("full-attention layers use num_global_key_value_heads / global_head_dim")
     if cfg.get("attention_k_eq_v"):
@@ -400,9 +402,22 @@ def _geometry(
     # config.json is a document of any shape: read dynamically here, checked by the helpers.
     cfg: Mapping[str, Any] = text_config(raw)
     _check_bounds(cfg)
+    model_type = str(cfg.get("model_type") or "")
+    unread = unread_layout(cfg)
+    if unread is not None:
+        raise UnmodelledError(
+            f"model_type {model_type or '(none)'!r}: config.json field {unread!r} describes layers kvwatch "
+            "cannot size (it would be read as plain attention on every layer)"
+        )
     layers, notes = _layers(cfg)
     if not layers:
         raise ModelConfigError("config.json describes no decoder layers")
+    if not any(layer.is_paged for layer in layers):
+        kinds = sorted({layer.kind for layer in layers})
+        raise UnmodelledError(
+            f"model_type {model_type or '(none)'!r}: no layer keeps a per-token KV cache ({', '.join(kinds)} "
+            "only); kvwatch does not size state-only models"
+        )
     dtype, dtype_bytes = _dtype(cfg)
     archs = cfg.get("_wrapper_architectures") or cfg.get("architectures") or raw.get("architectures") or []
     architecture = (
@@ -419,6 +434,8 @@ def _geometry(
         num_layers=len(layers),
         dtype_bytes=dtype_bytes,
         has_vision_tower=isinstance(raw.get("vision_config"), dict),
+        vision_params=tower_params(raw),
+        vision_shape=vision_shape(raw),
     )
     return ModelGeometry(
         dims=dims,

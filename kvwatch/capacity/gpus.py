@@ -106,6 +106,9 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         sm_major=9,
     ),
     GpuSpec("H20-96GB", _mib(97871), ("h20",), sm_count=78, sm_major=9),
+    # China-market Hopper/Ampere parts: the H100 / A100 memory, fewer NVLink lanes.
+    GpuSpec("H800-SXM-80GB", _mib(81559), ("h800", "h800-80gb"), sm_count=132, sm_major=9),
+    GpuSpec("A800-SXM-80GB", _mib(81920), ("a800", "a800-80gb"), sm_count=108),
     GpuSpec("GH200-96GB", _mib(97871), ("gh200",), sm_count=132, sm_major=9),
     GpuSpec("B200-180GB", _mib(183359), ("b200",), sm_count=148, sm_major=10),
     GpuSpec(
@@ -166,6 +169,8 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         note="ECC off",
         sm_count=84,
     ),
+    GpuSpec("A40-48GB", _mib(46068), ("a40",), note="ECC on", sm_count=84),
+    GpuSpec("RTX-A5000-24GB", _mib(24564), ("a5000", "rtx-a5000"), sm_count=64),
     GpuSpec("RTX-6000-Ada-48GB", _mib(49140), ("rtx6000-ada", "6000-ada"), note="ECC off", sm_count=142),
     GpuSpec("RTX-PRO-6000-96GB", _mib(97887), ("rtx-pro-6000", "pro6000"), sm_count=188, sm_major=12),
     GpuSpec(

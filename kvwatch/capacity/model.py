@@ -38,6 +38,14 @@ class LayerSpec:
     head_size_v: int = 0
     window: int | None = None
     extra_bytes_per_token: int = 0
+    # Fixed per-request state of a linear-attention / Mamba layer, before TP: conv channels and the
+    # conv window kept (kernel - 1), state heads and elements per head (GDN v_dim x k_dim, Mamba2
+    # head_dim x state_size), and whether the recurrent state is kept in fp32 (mamba_ssm_dtype).
+    state_conv_channels: int = 0
+    state_conv_width: int = 0
+    state_heads: int = 0
+    state_head_elems: int = 0
+    state_ssm_fp32: bool = False
 
     @property
     def is_paged(self) -> bool:
@@ -46,6 +54,17 @@ class LayerSpec:
     @property
     def grows(self) -> bool:
         return self.kind in GROWING_KINDS
+
+    def state_bytes(self, tp: int, elem_bytes: int) -> int:
+        """One request's state in this layer on one rank (0 when its shape is not known): the conv
+        window in the model dtype, the recurrent state in fp32 where the config says so."""
+        conv = self.state_conv_channels // tp * self.state_conv_width * elem_bytes
+        ssm = (
+            max(1, self.state_heads // tp)
+            * self.state_head_elems
+            * (4 if self.state_ssm_fp32 else elem_bytes)
+        )
+        return conv + ssm if self.state_heads else 0
 
     def heads_per_rank(self, tp: int) -> int:
         """KV heads one tensor-parallel rank stores: max(1, h_kv // tp); MLA latents are not split."""

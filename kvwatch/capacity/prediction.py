@@ -62,11 +62,15 @@ class Prediction:
     failure: str | None
     inputs: dict[str, InputSource] = field(default_factory=dict)
     assumptions: tuple[str, ...] = ()
-    # Expected error of available_kv_bytes (about one standard error of the accuracy report) when the
-    # figure is modelled before launch; None when it was given or came from the engine's own terms.
+    # Expected error of available_kv_bytes when the figure is modelled before launch (sized so that
+    # about 80 % of real startups land inside it out of sample, widened for every condition outside
+    # the calibration envelope); None when it was given or came from the engine's own terms.
     available_kv_band_bytes: int | None = None
     # Whether the CUDA-graph figure is part of the budget (vLLM from 0.20); None when not applicable.
     cuda_graphs_subtracted: bool | None = None
+    # The conditions no calibration case covers ('A100 class', 'release 0.10', 'vision tower'): each
+    # widened the band (capacity/envelope.py).
+    not_calibrated: tuple[str, ...] = ()
 
     @property
     def error_band_ratio(self) -> float | None:
@@ -118,6 +122,7 @@ class Prediction:
             "weights_scheme": self.weights_scheme,
             "available_kv_bytes": self.available_kv_bytes,
             "available_kv_band_bytes": self.available_kv_band_bytes,
+            "not_calibrated": list(self.not_calibrated),
             "cuda_graphs_subtracted": self.cuda_graphs_subtracted,
             "kv_pool_tokens": self.kv_pool_tokens,
             "kv_pool_blocks": self.kv_pool_blocks,

@@ -184,6 +184,9 @@ def _count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[s
             out[NORMS] -= norm  # Nemotron-H blocks have a single norm
             continue
         if _is_moe_layer(cfg, i, n_experts):
+            if cfg.get("enable_moe_block") is True and inter:
+                # Gemma-4: the routed experts run beside the layer's dense MLP, not instead of it.
+                out[DENSE_MLP] += gated * hidden * inter
             out[EXPERTS] += n_experts * 3 * hidden * moe_inter
             out[ROUTER] += hidden * n_experts
             shared = _i(cfg, "n_shared_experts")
@@ -233,18 +236,30 @@ def _quant_scheme(quant: Mapping[str, Any] | None) -> tuple[str, float, frozense
         groups.discard(DENSE_MLP)
     if method == "mxfp4":
         return "mxfp4", 4.25, frozenset({EXPERTS} & groups)
-    if method in ("fp8", "fbgemm_fp8", "modelopt"):
+    if method in ("fp8", "fbgemm_fp8") or (
+        method == "modelopt" and str(quant.get("quant_algo")).upper() == "FP8"
+    ):
         return "fp8", 8.0, frozenset(groups)
-    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round"):
+    if method == "modelopt":
+        # NVFP4: 4-bit values and an fp8 scale per 16 (the only other algo dims.checkpoint_quant admits).
+        return "nvfp4", 4.5, frozenset(groups)
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "auto-round", "auto_round"):
         bits = int(quant.get("bits") or quant.get("w_bit") or 4)
         group = int(quant.get("group_size") or quant.get("q_group_size") or _INT4_DEFAULT_GROUP)
         group = group if group > 0 else 4096
         return f"int{bits} {method}", bits + 16 / group + bits / group, frozenset(groups)
+    if method == "bitsandbytes":
+        # 8-bit int8 rows, or 4-bit NF4/FP4 values with an fp32 absmax per 64 (bitsandbytes' default).
+        if quant.get("load_in_8bit"):
+            return "int8 bitsandbytes", 8.0, frozenset(groups)
+        return "int4 bitsandbytes", 4.5, frozenset(groups)
     if method == "compressed-tensors":
         cg = quant.get("config_groups") or {}
         first: Mapping[str, Any] = next(iter(cg.values()), {}) if isinstance(cg, dict) else {}
         w = first.get("weights") or {}
         bits = int(w.get("num_bits") or 8)
+        if bits == 4 and w.get("type") == "float":
+            return "nvfp4 compressed-tensors", 4.5, frozenset(groups)
         if bits >= 8:
             return f"{w.get('type', 'int')}{bits} compressed-tensors", 8.0, frozenset(groups)
         group = int(w.get("group_size") or _INT4_DEFAULT_GROUP)
@@ -286,7 +301,16 @@ def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tupl
     for group, count in params.items():
         bits = scheme[1] if scheme is not None and group in scheme[2] else base_bits
         total_bits += count * bits
+    # Vision / audio towers, in the model dtype (checkpoints keep them unquantised).
+    total_bits += (model.dims.vision_params if model.dims is not None else 0) * base_bits
     return int(total_bits // 8), scheme[0] if scheme is not None else model.dtype
+
+
+def weight_bytes_of(model: ModelGeometry, group: str) -> int:
+    """Bytes of one parameter group (dims.ATTENTION, ...) as the checkpoint stores it."""
+    scheme = _quant_scheme(model.quantization)
+    bits = scheme[1] if scheme is not None and group in scheme[2] else model.dtype_bytes * 8
+    return int(model.params.get(group, 0) * bits // 8)
 
 
 def weights_per_rank(

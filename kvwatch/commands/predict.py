@@ -244,6 +244,9 @@ def render(p: Prediction) -> str:
     if p.available_kv_band_bytes is not None:
         kv += f" ± {format_bytes(p.available_kv_band_bytes)} (modelled before launch)"
     rows.append(("available KV", kv))
+    if p.not_calibrated:
+        # Conditions no real startup of the calibration set covers: each widened the band.
+        rows.append(("not calibrated", ", ".join(p.not_calibrated)))
     if p.kv_pool_blocks is not None:
         rows.append(
             (

@@ -5,6 +5,8 @@ KvwatchError
  │    └── NoGpuMemoryError   a prediction that needs the card's memory, and none was given or printed
  └── ModelConfigError        a config.json kvwatch cannot size (names the missing field)
       └── UnsupportedModelError  a layer kind or dtype kvwatch does not model
+           └── UnmodelledError   something kvwatch cannot size (an architecture, layer kind,
+                                 quantization method or KV layout), named, never sized as zero
 
 Each class names the ``kvwatch_prediction_available{state}`` it means (names.PREDICTION_STATES), so
 the sidecar reports why it has no prediction without reading messages. The CLI prints
@@ -41,4 +43,15 @@ class ModelConfigError(KvwatchError):
 class UnsupportedModelError(ModelConfigError):
     """A config.json whose layer kinds or dtype kvwatch does not model."""
 
-    prediction_state = "unsupported_model"
+    prediction_state: ClassVar[PredictionState] = "unsupported_model"
+
+
+class UnmodelledError(UnsupportedModelError):
+    """A model_type, layer kind, quantization method or KV layout kvwatch has no rule for.
+
+    Raised instead of a silent default (0 B per token, an unquantised weight count): the message
+    names what is unknown, ``predict``/``plan``/``explain`` print it and exit 2, and the sidecar
+    exports ``kvwatch_prediction_available{state="unmodelled"}`` (no prediction, so no drift page).
+    """
+
+    prediction_state: ClassVar[PredictionState] = "unmodelled"

@@ -31,6 +31,8 @@ PredictionState = Literal[
     "no_model_config",
     "bad_model_config",
     "unsupported_model",
+    # something in the config kvwatch has no rule for (named in the reason; never sized as zero)
+    "unmodelled",
     "no_gpu_memory",
 ]
 # reason of kvwatch_scrape_errors_total.

@@ -112,7 +112,7 @@ KV_POOL_GAP_RATIO = _m(
 KV_POOL_PREDICTION_ERROR_RATIO = _m(
     "kvwatch_kv_pool_prediction_error_ratio",
     "gauge",
-    "Expected relative error of the predicted pool (about one standard error of the a-priori model on real startups); the drift alert's config-basis tolerance follows it.",
+    "The band of the predicted pool as a share of it (sized so that at least 80 % of real startups land inside it out of sample, widened for every condition outside the calibration set); the drift alert's config-basis tolerance follows it.",
     "basis",
 )
 KV_BYTES_PER_TOKEN = _m(

@@ -10,21 +10,20 @@ the rest aside for state first (mamba_full_memory_ratio).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.dims import ATTENTION, EMBED
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
-from kvwatch.core.units import GiB, MiB
+from kvwatch.capacity.weights import weight_bytes
+from kvwatch.core.units import MiB
 from kvwatch.core.versions import version_tuple
+from kvwatch.engines.sglang import states
 
-# Memory torch.distributed and the CUDA context take before weights load (the 'Init torch
-# distributed ends. mem usage=' line, typically 0.5-0.7 GiB); an estimate when not measured.
-DEFAULT_CONTEXT_BYTES = 6 * GiB // 10
 DEFAULT_PAGE_SIZE = 1
 DSA_PAGE_SIZE = 64
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
-DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 # The rope part of the MLA latent (qk_rope_head_dim) in DeepSeek sparse-attention models.
 _DSA_ROPE_DIM = 64
 
@@ -40,11 +39,45 @@ class StaticFraction:
     rule: str
 
 
-def gpu_defaults(gpu_mem_mb: float, tp: int) -> tuple[int, int]:
-    """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks for a card of this size."""
+def attention_tp(d: Deployment) -> int:
+    """The attention tensor-parallel size: tp / dp under --enable-dp-attention, else tp
+    (compute_dp_attention_world_info, 0.5.4 layers/dp_attention.py:208-214; 0.5.9 :230-244).
+    KV heads, the attention weights and (DeepSeek) the embedding are split over this group only."""
+    if d.dp_attention and d.dp > 1:
+        return max(1, d.tp // d.dp)
+    return d.tp
+
+
+def heads_tp(d: Deployment) -> int:
+    """The TP size the KV heads of one rank are divided by: attention TP, over DCP (0.5.18
+    get_num_kv_heads(attn_tp, dcp), pool_configurator.py:327)."""
+    return max(1, attention_tp(d) // d.dcp)
+
+
+def gpu_mem_mib(d: Deployment) -> float | None:
+    """The card size SGLang's heuristic reads: nvidia-smi's memory.total (get_device_memory_capacity,
+    0.5.8 utils/common.py:1663-1698), which is the catalogue's nvidia-smi figure, not torch's total."""
+    card = gpus.find(d.gpu_name)
+    if card is not None:
+        return card.memory_bytes / MiB
+    return d.gpu_memory_bytes / MiB if d.gpu_memory_bytes is not None else None
+
+
+def gpu_defaults(gpu_mem_mb: float, tp: int, version: str | None = None) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks for a card of this size.
+
+    Cards under 35 GiB: chunk 2048 and graphs up to 16 (tp < 4) / 80 in 0.5.3-0.5.4 (0.5.4
+    server_args.py:685-697), 24 / 80 in 0.5.6-0.5.19 (0.5.9 server_args.py:953-955), 4096 and
+    48 / 160 from 0.5.20 (arg_groups/memory_hook.py:100-117 @0.5.20).
+    """
+    v = version_tuple(version)
     if gpu_mem_mb < 20 * 1024:
         return 2048, 8
     if gpu_mem_mb < 35 * 1024:
+        if v is not None and v < (0, 5, 5):
+            return 2048, 16 if tp < 4 else 80
+        if v is not None and v < (0, 5, 20):
+            return 2048, 24 if tp < 4 else 80
         return 4096, 48 if tp < 4 else 160
     if gpu_mem_mb < 60 * 1024:
         return 4096, 32 if tp < 4 else 160
@@ -53,21 +86,118 @@ def gpu_defaults(gpu_mem_mb: float, tp: int) -> tuple[int, int]:
     return 16384, 512
 
 
-def default_mem_fraction_static(d: Deployment) -> StaticFraction:
-    """SGLang's default mem_fraction_static for this GPU, parallelism and version."""
+def piecewise_capture_sizes(max_tokens: int) -> int:
+    """How many prefill (piecewise) CUDA-graph sizes SGLang captures up to ``max_tokens``: 4..32 by
+    4, 48..256 by 16, 288..512 by 32, 576..1024 by 64, 1280..4096 by 256, then by 512
+    (0.5.12 server_args.py:1657-1675; 0.5.23 arg_groups/cuda_graph_hook.py:480-497)."""
+    steps = (
+        (4, 32, 4),
+        (48, 256, 16),
+        (288, 512, 32),
+        (576, 1024, 64),
+        (1280, 4096, 256),
+        (4608, max_tokens, 512),
+    )
+    return sum(1 for lo, hi, step in steps for n in range(lo, hi + 1, step) if n <= max_tokens)
+
+
+def piecewise_reserved(model: ModelGeometry | None, d: Deployment, chunked: int) -> float:
+    """The prefill CUDA-graph term of the reserve (MB): on by default from 0.5.10
+    (disable_piecewise_cuda_graph=False, 0.5.10.post1 server_args.py:637; term :1308, MLA 1.5 GiB
+    :1311; 0.5.23 arg_groups/memory_hook.py:383-390), except where SGLang turns the graphs off before
+    sizing: DP attention (0.5.10-0.5.22; 0.5.23 only on ROCm), PP > 1, DCP > 1 (0.5.23), multimodal,
+    non-CUDA cards, and the architectures of piecewise_cuda_graph_disabled_model_archs
+    (Qwen3-Next and DeepSeek-V4 in every release; DeepSeek sparse attention -- DeepseekV32,
+    GlmMoeDsa -- up to 0.5.12: 0.5.12.post1 configs/model_config.py:1558-1566, gone from 0.5.13.post1
+    :1579-1585) (0.5.12.post1 server_args.py:1301-1370; 0.5.23 arg_groups/cuda_graph_hook.py,
+    configs/model_config.py:2475-2483)."""
+    v = version_tuple(d.engine_version)
+    if v is not None and v < (0, 5, 10):
+        return 0.0
+    card = gpus.find(d.gpu_name)
+    rocm = card is not None and card.vendor != "nvidia"
+    if d.dp_attention and d.dp > 1 and (rocm or (v is not None and v < (0, 5, 23))):
+        return 0.0
+    if d.pp > 1 or rocm or (d.dcp > 1 and (v is None or v >= (0, 5, 23))):
+        return 0.0
+    if model is not None:
+        dims = model.dims
+        if dims is not None and dims.has_vision_tower:
+            return 0.0
+        if model.architecture.startswith(("Qwen3Next", "DeepseekV4")):
+            return 0.0
+        if any(is_dsa(layer) for layer in model.layers) and v is not None and v < (0, 5, 13):
+            return 0.0
+        if model.is_mla:
+            return 1.5 * 1024
+    return piecewise_capture_sizes(chunked) * 8.0
+
+
+# SGLang's own vision_config classes (by architecture; model_type kimi_k25) whose defaults stand
+# for a tower config.json describes under other names (KimiK25VisionConfig: num_hidden_layers 27,
+# hidden_size 1152, 0.5.9 configs/kimi_k25.py:44-45; config.json's vt_* keys are not read).
+_TOWER_DEFAULTS = {"KimiK25ForConditionalGeneration": (27, 1152)}
+
+
+def vlm_factor(model: ModelGeometry | None) -> float:
+    """adjust_mem_fraction_for_vlm (0.5.2 server_args.py:2513-2549; 0.5.9 :5483-5520; 0.5.23
+    arg_groups/memory_hook.py:417-462): 0.95 x clamp(1 - 0.1 x (L x H^2 / (24 x 1024^2) - 1), 0.8,
+    1.05) for a model with a vision_config, L and H its num_hidden_layers and hidden_size
+    (dims.vision_layers / vision_hidden), else its SGLang config class's defaults, else getattr's
+    24 and 1024:
+    ViT-L/14 gives 0.95, Kimi-K2.5's MoonViT (27 x 1152) 0.9097."""
+    dims = model.dims if model is not None else None
+    if dims is None or not dims.has_vision_tower:
+        return 1.0
+    default = _TOWER_DEFAULTS.get(model.architecture, (24, 1024)) if model is not None else (24, 1024)
+    layers, hidden = dims.vision_layers or default[0], dims.vision_hidden or default[1]
+    return 0.95 * min(max(1 - 0.1 * (layers * hidden**2 / (24 * 1024**2) - 1), 0.8), 1.05)
+
+
+def _table(parallel: int, v: tuple[int, ...]) -> float:
+    """0.2.15 - 0.4.7's fraction by parallel size (0.81 at 8 ranks from 0.4, 0.83 before)."""
+    table = ((16, 0.79), (8, 0.81 if v >= (0, 4) else 0.83), (4, 0.85), (2, 0.87), (1, 0.88))
+    return next(f for size, f in table if parallel >= size)
+
+
+def _old_fraction(d: Deployment, v: tuple[int, ...], gpu_mb: float) -> StaticFraction:
+    """Before 0.4.8: the table by TP (0.4.3.post4 server_args.py:203-214); 0.4.6 takes
+    (card - 13 GiB) / card above 80 GiB (0.4.6 :224-237); 0.4.7 keeps the table up to 80 GiB, 0.79
+    above 180 GB on CUDA and min(f + 48 GiB x (1 - f) / card, (card - 18 GiB) / card) above 96 GiB
+    (0.4.7 :253-283; the table counts TP x PP from 0.4.7)."""
+    parallel = d.tp * d.pp if v >= (0, 4, 7) else d.tp
+    value = _table(parallel, v)
+    rule = "table by tp"
+    if v >= (0, 4, 7):
+        if gpu_mb > 81920:
+            value = 0.88
+        card = gpus.find(d.gpu_name)
+        if gpu_mb > 180 * 1000 and (card is None or card.vendor == "nvidia"):
+            value, rule = 0.79, "0.79 above 180 GB"
+        elif gpu_mb > 96 * 1024:
+            value = min(value + 48 * 1024 * (1 - value) / gpu_mb, (gpu_mb - 18 * 1024) / gpu_mb)
+            rule = "48 GiB share above 96 GiB"
+    elif v >= (0, 4, 6) and gpu_mb > 81920:
+        value, rule = (gpu_mb - 13 * 1024) / gpu_mb, "card - 13 GiB above 80 GiB"
+    return StaticFraction(value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, rule)
+
+
+def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = None) -> StaticFraction:
+    """SGLang's default mem_fraction_static for this GPU, parallelism, model and version."""
     v = version_tuple(d.engine_version)
     parallel = d.tp * d.pp
-    if d.gpu_memory_bytes is None:
-        return StaticFraction(0.88, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known")
-    gpu_mb = d.gpu_memory_bytes / MiB
-    if v is not None and v < (0, 4, 9):
-        # 0.2.15 - 0.4.8: a table by parallel size.
-        table = ((16, 0.79), (8, 0.81 if v >= (0, 4) else 0.83), (4, 0.85), (2, 0.87), (1, 0.88))
-        value = next(f for size, f in table if parallel >= size)
+    gpu_mb = gpu_mem_mib(d)
+    if gpu_mb is None:
+        # No GPU information: 0.88 up to 0.5.19, 0.95 from 0.5.20 (memory_hook.py:320 @0.5.20).
+        fallback = 0.88 if v is not None and v < (0, 5, 20) else 0.95
         return StaticFraction(
-            value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, "table by tp"
+            fallback, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known"
         )
+    if v is not None and v < (0, 4, 8):
+        return _old_fraction(d, v, gpu_mb)
     if v is not None and v < (0, 5, 3):
+        # 0.4.8 - 0.5.2: a reserve by card size, +4 GiB for DP attention (0.4.8.post1
+        # server_args.py:287-314; 0.5.2 :452-497), the vision factor from 0.5 (0.5.2 :506).
         if gpu_mb < 35 * 1024:
             reserved = (2.8 + parallel / 10) * 1024
         elif gpu_mb < 90 * 1024:
@@ -76,20 +206,100 @@ def default_mem_fraction_static(d: Deployment) -> StaticFraction:
             reserved = (12 + parallel / 2) * 1024
         else:
             reserved = 32 * 1024
+        if d.dp_attention and d.dp > 1:
+            reserved += 4 * 1024
         value = round((gpu_mb - reserved) / gpu_mb, 3)
+        if v >= (0, 5):
+            value *= vlm_factor(model)
         return StaticFraction(
             value, reserved, d.chunked_prefill_size, d.cuda_graph_max_bs, "reserve by GPU size"
         )
-    chunked, max_bs = gpu_defaults(gpu_mb, d.tp)
+    chunked, max_bs = gpu_defaults(gpu_mb, d.tp, d.engine_version)
     chunked = d.chunked_prefill_size or chunked
     max_bs = d.cuda_graph_max_bs or max_bs
+    # 0.5.4 server_args.py:764-799; 0.5.9 :1022-1062; 0.5.23 arg_groups/memory_hook.py:281-327.
     reserved = 512 + max(chunked, 2048) * 1.5 + d.tp * d.pp / 8 * 1024 + max_bs * 2
+    rule = "512 + activation x 1.5 + tp*pp/8 GiB + graphs x 2"
+    if d.dp_attention and d.dp > 1:
+        reserved += max_bs * d.dp * 3 + (max_bs * d.dp * 1.5 if max_bs > 300 else 0)
+        rule += " + DP-attention graphs x dp x 3"
+    piecewise = piecewise_reserved(model, d, chunked)
+    if piecewise:
+        reserved += piecewise
+        rule += " + prefill graphs"
     if gpu_mb > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     value = round((gpu_mb - reserved) / gpu_mb, 3)
-    return StaticFraction(
-        value, reserved, chunked, max_bs, "512 + activation x 1.5 + tp*pp/8 GiB + graphs x 2"
-    )
+    factor = vlm_factor(model)
+    if factor != 1.0:
+        value *= factor
+        rule += f", x {factor} (vision tower)"
+    return StaticFraction(value, reserved, chunked, max_bs, rule)
+
+
+def vlm_runtime_factor(model: ModelGeometry, d: Deployment) -> float:
+    """0.4.x reduces any mem_fraction_static, given or not, for a multimodal model in the model
+    runner: x 0.95 (0.4.3.post4 model_executor/model_runner.py:235-236), x 0.90 from 0.4.6
+    (0.4.6 model_runner.py:307-308; 0.4.8.post1 :414-415); from 0.5 the server-args default does it
+    instead."""
+    v = version_tuple(d.engine_version)
+    dims = model.dims
+    if v is None or v >= (0, 5) or dims is None or not dims.has_vision_tower:
+        return 1.0
+    return 0.90 if v >= (0, 4, 6) else 0.95
+
+
+# model_types whose SGLang attention is built over the attention-TP group (tp_size=attn_tp_size in
+# their QKV and output projections, 0.5.4 models/qwen3.py:102-111, qwen3_moe.py:321-331,
+# qwen2_moe.py:347-357, glm4_moe.py:215-225, gpt_oss.py:256-274, llama4.py:266-276,
+# qwen3_next.py:272-285; MLA models: deepseek_v2.py:1086-1145). Others (llama, qwen2, ...) keep the
+# full TP group in their projections (layers/linear.py:809-812).
+_ATTN_TP_MODEL_TYPES = frozenset(
+    {"qwen3", "qwen3_moe", "qwen2_moe", "glm4_moe", "gpt_oss", "llama4", "llama4_text", "qwen3_next"}
+)
+
+
+def attention_over_attn_tp(model: ModelGeometry) -> bool:
+    """Whether SGLang splits this model's attention weights over the attention-TP group."""
+    return model.is_mla or model.model_type in _ATTN_TP_MODEL_TYPES
+
+
+def dp_attention_weights_extra(model: ModelGeometry, d: Deployment) -> int:
+    """Bytes one rank holds beyond an even TP split when attention is data-parallel.
+
+    The embedding is not split at all (VocabParallelEmbedding(enable_tp=not
+    is_dp_attention_enabled()): 0.5.4 models/deepseek_v2.py:2647-2651, and qwen2, qwen2_moe,
+    qwen3_next, gpt_oss, glm4_moe, llama4 alike); the attention of MLA models and of
+    _ATTN_TP_MODEL_TYPES is split over the attention-TP group only (its layers, like every
+    decoder layer, over the PP stages).
+    """
+    attn_tp = attention_tp(d)
+    if attn_tp == d.tp:
+        return 0
+    extra = 0.0
+    groups = [(EMBED, 1, 1)]
+    if attention_over_attn_tp(model):
+        groups.append((ATTENTION, attn_tp, max(d.pp, 1)))
+    # The group alone, less what weight_bytes counts for no group (a vision tower).
+    none, _ = weight_bytes(replace(model, params={}), d.weights_dtype)
+    for group, split, stages in groups:
+        count = model.params.get(group, 0)
+        if count:
+            part = weight_bytes(replace(model, params={group: count}), d.weights_dtype)[0] - none
+            extra += (part / split - part / d.tp) / stages
+    return int(extra)
+
+
+def multimodal_reservation(model: ModelGeometry, d: Deployment) -> int:
+    """Bytes a multimodal model's KV budget keeps back from 0.5.18 for allocations made after the pool:
+    SGLANG_VLM_CACHE_SIZE_MB, 100 by default (mm_runtime_reservation_gb, 0.5.18
+    mem_cache/kv_cache_configurator.py:130-147; environ.py:1146), plus the feature-transport pools
+    only when --mm-feature-transport is cuda_ipc / cuda_vmm (not the default)."""
+    v = version_tuple(d.engine_version)
+    dims = model.dims
+    if dims is None or not dims.has_vision_tower or (v is not None and v < (0, 5, 18)):
+        return 0
+    return 100 * MiB
 
 
 def is_dsa(layer: LayerSpec) -> bool:
@@ -161,7 +371,7 @@ def buffer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int, version: s
 
 def cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Bytes per token over one rank's growing KV layers (largest pipeline stage)."""
-    tp_for_heads = max(1, d.tp // d.dcp)
+    tp_for_heads = heads_tp(d)
     elem = dsa_kv_elem_bytes(model, d, elem_bytes)
     return max(
         sum(layer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.grows)
@@ -171,7 +381,7 @@ def cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
 
 def buffer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Bytes per token of the pool's buffers on one rank (the printed 'KV size' / #tokens)."""
-    tp_for_heads = max(1, d.tp // d.dcp)
+    tp_for_heads = heads_tp(d)
     elem = dsa_kv_elem_bytes(model, d, elem_bytes)
     return max(
         sum(buffer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.grows)
@@ -181,7 +391,7 @@ def buffer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> in
 
 def all_layer_cell_size(model: ModelGeometry, d: Deployment, elem_bytes: int) -> int:
     """Cell size counting every attention layer, sliding ones included (hybrid SWA sizing)."""
-    tp_for_heads = max(1, d.tp // d.dcp)
+    tp_for_heads = heads_tp(d)
     elem = dsa_kv_elem_bytes(model, d, elem_bytes)
     return max(
         sum(layer_cell(layer, tp_for_heads, elem, d.engine_version) for layer in stage if layer.is_paged)
@@ -232,13 +442,9 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
     if available <= 0 or cell == 0:
         return SglangPool(page, cell, 0, None, ("no KV budget left",) if available <= 0 else (), exact)
     if n_state:
-        ratio = DEFAULT_MAMBA_FULL_MEMORY_RATIO
-        kv_bytes = int(available / (1 + ratio))
-        notes.append(
-            f"Mamba/linear-attention state takes {ratio}/(1+{ratio}) of the budget (mamba_full_memory_ratio)"
-        )
+        kv_bytes, exact, note = states.kv_bytes_beside_states(model, d, available)
+        notes.append(note)
         tokens = kv_bytes // cell
-        exact = False
     elif n_sliding and not n_full:
         # Every layer windowed (Mistral-style): one pool sized over all layers.
         cell = all_layer_cell_size(model, d, elem_bytes)
@@ -249,12 +455,18 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
         swa_cell = all_layer_cell_size(model, d, elem_bytes) - cell
         notes.append(f"sliding-window pool holds swa_full_tokens_ratio={ratio} of the full pool's tokens")
         v = version_tuple(d.engine_version)
-        if v is not None and v < (0, 5, 19):
-            # set_num_token_hybrid (0.4.10-0.5.x): all-layer tokens shared out by layer counts.
-            base = available // (cell + swa_cell)
+        base = available // (cell + swa_cell)
+        if v is not None and v < (0, 5, 9):
+            # set_num_token_hybrid (0.4.10-0.5.8): all-layer tokens shared out by layer counts
+            # (0.5.6 model_executor/model_runner.py:1587-1600).
             tokens = int(base * (n_sliding + n_full) / (ratio * n_sliding + n_full))
+        elif v is not None and v < (0, 5, 11):
+            # 0.5.9-0.5.10: the profiled tokens' bytes shared out by bytes per token
+            # (0.5.9 model_executor/model_runner_kv_cache_mixin.py:297-330).
+            tokens = int(base * (cell + swa_cell) / (cell + ratio * swa_cell))
         else:
-            # HybridSWAPoolConfigurator: one token costs the full layers plus ratio x the SWA layers.
+            # HybridSWAPoolConfigurator (0.5.11 pool_configurator.py:184; 0.5.23 :656-920): one
+            # token costs the full layers plus ratio x the SWA layers.
             tokens = int(available // (cell + ratio * swa_cell))
         tokens = tokens // page * page
         swa_tokens = int(tokens * ratio) // page * page

@@ -93,7 +93,7 @@ class Sglang:
     def layer_bytes(self, layer: LayerSpec, d: Deployment, elem_bytes: int) -> int:
         from kvwatch.engines.sglang import budget
 
-        return budget.layer_cell(layer, max(1, d.tp // d.dcp), elem_bytes)
+        return budget.layer_cell(layer, budget.heads_tp(d), elem_bytes)
 
     def needs_gpu_memory(self, d: Deployment) -> bool:
         # SGLang's own 'Load weight end' figure replaces the card's size.

@@ -20,6 +20,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--model-path", "--model"), "model"),
     Flag(("--tp-size", "--tp", "--tensor-parallel-size"), "tp", positive_int),
     Flag(("--pp-size", "--pipeline-parallel-size"), "pp", positive_int),
+    Flag(("--dp-size", "--dp", "--data-parallel-size"), "dp", positive_int),
+    Flag(("--enable-dp-attention",), "dp_attention", switch=True),
     Flag(("--mem-fraction-static",), "mem_fraction_static", _static_fraction),
     Flag(("--context-length",), "max_model_len", human_int),
     Flag(("--chunked-prefill-size",), "chunked_prefill_size", positive_int),

@@ -6,11 +6,62 @@ budget together from what was measured, given or estimated and records which.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.envelope import conditions, label, not_calibrated_note
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.core.units import format_bytes
-from kvwatch.engines.sglang import budget
+from kvwatch.core.versions import version_tuple
+from kvwatch.engines.sglang import budget, calibration
+from kvwatch.engines.sglang.envelope import CURRENT
+
+
+@dataclass(frozen=True)
+class BandTerms:
+    """The error band of SGLang's KV budget, per estimated term, as fractions.
+
+    ``weights``: of the weights when estimated from config.json; ``pre_load``: of the free memory
+    before weights when the CUDA context and torch.distributed are estimated (the error reaches the
+    budget x mem_fraction_static); ``fraction``: the absolute error of a default mem_fraction_static
+    (terms of the heuristic kvwatch does not see: speculative decoding, the vision tower's size,
+    a card shared with another process), times the free memory before weights. Each is the 80th
+    percentile of that term's error over the real startups of tests/apriori/public/sglang, written by
+    ``python -m bench accuracy-sglang --fit`` (bench/accuracy_sglang.py), which refits them per
+    held-out source for its leave-one-source-out figures.
+    """
+
+    weights: float
+    pre_load: float
+    fraction: float
+
+
+BAND = BandTerms(weights=0.059, pre_load=0.036, fraction=0.0)
+_band = [BAND]
+
+
+@contextmanager
+def band_terms(terms: BandTerms) -> Iterator[None]:
+    """Predict with other band terms (the accuracy report's leave-one-source-out folds)."""
+    _band.append(terms)
+    try:
+        yield
+    finally:
+        _band.pop()
+
+
+def _band_bytes(weights: int, pre_load: int, mfs: float, inputs: Mapping[str, str]) -> int:
+    t = _band[-1]
+    parts = [
+        t.weights * weights if inputs.get("weights") in ("estimated", "derived") else 0.0,
+        t.pre_load * pre_load * mfs if inputs.get("non_torch") == "estimated" else 0.0,
+        t.fraction * pre_load if inputs.get("mem_fraction_static") == "engine_default" else 0.0,
+    ]
+    return int(math.sqrt(sum(x * x for x in parts)))
 
 
 def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
@@ -31,7 +82,17 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         )
     total = d.gpu_memory_bytes
     mfs = d.mem_fraction_static
-    usable = activation = non_torch = None
+    usable = activation = non_torch = band = None
+    envelope = CURRENT.get()
+    if weights_rank is not None and d.weights_bytes is None and d.dp_attention and d.dp > 1:
+        extra = budget.dp_attention_weights_extra(model, d)
+        if extra:
+            weights_rank = basis.weights_bytes = weights_rank + extra
+            assumptions.append(
+                f"DP attention: attention TP {budget.attention_tp(d)}; the embedding"
+                + (" and the attention" if budget.attention_over_attn_tp(model) else "")
+                + f" are not split over all {d.tp} ranks (+{format_bytes(extra)} per rank)"
+            )
     if d.available_kv_bytes is not None:
         available = d.available_kv_bytes
         inputs["available_kv"] = "given"
@@ -41,7 +102,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         if total is not None:
             inputs["gpu_memory"] = "given"
         if mfs is None:
-            frac = budget.default_mem_fraction_static(d)
+            frac = budget.default_mem_fraction_static(d, model)
             mfs = frac.value
             inputs["mem_fraction_static"] = "engine_default"
             assumptions.append(
@@ -55,6 +116,12 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             )
         else:
             inputs["mem_fraction_static"] = "given"
+        runtime = budget.vlm_runtime_factor(model, d)
+        if runtime != 1.0:
+            mfs = round(mfs * runtime, 6)
+            assumptions.append(
+                f"multimodal model: this release's model runner scales mem_fraction_static by {runtime}"
+            )
         if d.free_after_weights_bytes is not None:
             # SGLang's own figures: free before weights = free after weights + weights loaded.
             pre_load = d.free_after_weights_bytes + weights_rank
@@ -67,7 +134,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 non_torch = d.non_torch_bytes
                 inputs["non_torch"] = "given"
             else:
-                non_torch = budget.DEFAULT_CONTEXT_BYTES
+                # Before the weights load (calibration.py: FITTED on the startups that print it).
+                non_torch = calibration.context_bytes(calibration.current(), version_tuple(d.engine_version))
                 inputs["non_torch"] = "estimated"
                 assumptions.append(
                     f"CUDA context + torch.distributed before weights = {format_bytes(non_torch)} (estimate)"
@@ -76,6 +144,21 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         usable = int(pre_load * mfs)
         activation = pre_load - usable
         available = usable - weights_rank
+        reservation = budget.multimodal_reservation(model, d)
+        if reservation:
+            available -= reservation
+            assumptions.append(
+                f"multimodal model: {format_bytes(reservation)} of the budget kept for the encoder cache"
+            )
+        band = _band_bytes(weights_rank, pre_load, mfs, inputs)
+    uncovered = envelope.uncovered(conditions(model, d, envelope.newest_read))
+    if band is not None and usable is not None:
+        # The conditions no calibration case covers widen the band (capacity/envelope.py).
+        band = envelope.widen(band, usable, uncovered)
+        if uncovered:
+            assumptions.append(
+                not_calibrated_note(uncovered, "SGLang", d.engine_version, envelope.newest_read)
+            )
     sg = budget.pool(model, d, elem, available)
     assumptions.extend(sg.notes)
     if d.page_size is None and d.block_size is None:
@@ -113,4 +196,6 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         mem_fraction_static=mfs,
         exact=sg.exact,
         failure=failure,
+        available_kv_band_bytes=band,
+        not_calibrated=tuple(label(axis, value) for axis, value in uncovered) if band is not None else (),
     )

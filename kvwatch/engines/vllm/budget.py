@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, ceil_div, stage_layers
@@ -38,6 +38,36 @@ def logs_tokens_from_concurrency(version: str | None) -> bool:
     return v is None or v >= (0, 20, 1)
 
 
+def max_concurrent_batches(d: Deployment) -> int:
+    """Batches in flight at once (VllmConfig.max_concurrent_batches, 0.26.0 config/vllm.py:512-522;
+    0.33.0 :588-598): async scheduling (on by default) keeps 2 at PP 1; at PP > 1 the V1 runner
+    keeps pp and the V2 runner pp + 1 -- V2 is the default for every model in 0.29-0.30 and PP with
+    async scheduling falls back to V1 from 0.31 (0.31.0 config/vllm.py:3124). 0.26-0.28 run dense
+    models on V2 too (pp + 1 there); taken as V1 (pp) here."""
+    v = version_tuple(d.engine_version)
+    if d.pp <= 1:
+        return 2
+    if v is not None and (0, 29) <= v[:2] < (0, 31):
+        return d.pp + 1
+    return d.pp
+
+
+def in_flight_tokens(d: Deployment, max_num_batched_tokens: int) -> int:
+    """The tokens a sliding-window or chunked-local layer keeps beyond its window per request.
+
+    From 0.26.0 SlidingWindowSpec / ChunkedLocalAttentionSpec count max_in_flight_tokens =
+    max_concurrent_batches x max_num_batched_tokens (0.26.0 config/vllm.py:525-534,
+    v1/kv_cache_interface.py:584 and :517; 0.33.0 :916-940, :864-887): async scheduling's second
+    batch in flight doubles it at PP 1. Up to 0.25.1 (0.25.1 kv_cache_interface.py:561) the
+    max_num_batched_tokens alone. It changes the blocks one request takes (concurrency, the logged
+    token count, the fit check), not the pool.
+    """
+    v = version_tuple(d.engine_version)
+    if v is not None and v < (0, 26):
+        return max_num_batched_tokens
+    return max_concurrent_batches(d) * max_num_batched_tokens
+
+
 def hybrid_manager(d: Deployment) -> bool:
     """Whether sliding-window layers get their own KV groups (the hybrid allocator, 0.9.2+, unless disabled)."""
     v = version_tuple(d.engine_version)
@@ -61,13 +91,18 @@ def largest_type_ratio(version: str | None) -> float | None:
 class Spec:
     """vLLM's KVCacheSpec for one layer on one rank."""
 
-    kind: str  # 'full' (FullAttention/MLA), 'sliding', 'chunked'
+    kind: str  # 'full' (FullAttention/MLA), 'sliding', 'chunked', 'state' (Mamba / linear attention)
     window: int | None
     page_bytes: int
     block_size: int
+    # A state layer's blocks per request (MambaSpec.max_memory_usage_bytes: 1 + speculative blocks
+    # in mode 'none', 2 in 'align', the default with prefix caching; 0.33.0 kv_cache_interface.py:1135).
+    state_blocks: int = 0
 
     def max_memory_usage(self, max_model_len: int, max_num_batched_tokens: int, dcp: int) -> int:
         """Bytes one request of max_model_len tokens needs in this layer (spec.max_memory_usage_bytes)."""
+        if self.kind == "state":
+            return self.state_blocks * self.page_bytes
         if self.kind == "sliding" and self.window is not None:
             n = min(self.window - 1 + max_num_batched_tokens, max_model_len)
             return (ceil_div(n, self.block_size) + 1) * self.page_bytes
@@ -124,6 +159,38 @@ def layer_spec(layer: LayerSpec, d: Deployment, elem_bytes: int, block: int, hyb
     )
 
 
+def state_blocks_per_request(d: Deployment) -> int:
+    """Blocks a state layer's group takes per request: 2 in mamba_cache_mode 'align', which prefix
+    caching (on by default) selects from 0.21 (0.21.0 model_executor/models/config.py:357-377; 0.33.0
+    :763-771); 1 before."""
+    v = version_tuple(d.engine_version)
+    return 1 if v is not None and v < (0, 21) else 2
+
+
+def state_block(model: ModelGeometry, d: Deployment, elem_bytes: int, block: int) -> tuple[int, int] | None:
+    """(attention block size, state bytes) of a hybrid model whose state shapes the config gives.
+
+    platforms/interface.py _align_hybrid_block_size (0.21.0 :505-668; 0.33.0 :940-1106): the
+    attention page must hold one layer's state, so the block grows to align x ceil(state / (align x
+    attention bytes per token)), align = max(the backend's kernel block, 16, block_size); the state
+    page is padded to that page. The state is in the model dtype (mamba_cache_dtype 'auto'), its
+    recurrent part in fp32 where config.json's mamba_ssm_dtype says so (Qwen3.5: 1056 tokens at TP 1
+    bf16, 2096 with an fp8 KV cache, as their startups log). None: no state layers, a shape the config
+    leaves out, or attention layers of different widths (not modelled).
+    """
+    states = [layer for layer in model.layers if layer.kind in ("linear", "mamba")]
+    paged = [layer for layer in model.layers if layer.is_paged]
+    if not states or not paged or any(not layer.state_heads for layer in states):
+        return None
+    widths = {layer.bytes_per_token(d.tp, elem_bytes) for layer in paged}
+    if len(widths) != 1:
+        return None
+    per_token = widths.pop()
+    state = max(layer.state_bytes(d.tp, model.dtype_bytes) for layer in states)
+    align = max(DEFAULT_BLOCK_SIZE, block)
+    return max(block, align * ceil_div(state, align * per_token)), state
+
+
 def plan(
     model: ModelGeometry,
     d: Deployment,
@@ -141,11 +208,20 @@ def plan(
     block = block_size_for(model, d)
     notes: list[str] = []
     exact = True
-    if any(layer.kind in ("linear", "mamba") for layer in model.layers):
+    max_num_batched_tokens = in_flight_tokens(d, max_num_batched_tokens)
+    state = state_block(model, d, elem_bytes, block)
+    if state is not None:
+        block = state[0]
+        notes.append(
+            f"hybrid linear-attention/Mamba model: attention block raised to {block} tokens so a page "
+            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(d)} "
+            "block(s) a request"
+        )
+    elif any(layer.kind in ("linear", "mamba") for layer in model.layers):
         exact = False
         notes.append(
-            "hybrid linear-attention/Mamba model: vLLM pads state pages into the KV pool; "
-            "blocks estimated from the attention layers only"
+            "hybrid linear-attention/Mamba model: vLLM pads state pages into the KV pool; its state shape "
+            "is not in config.json, so blocks are estimated from the attention layers only"
         )
     stages = stage_layers(model.layers, d.pp)
     best: VllmPool | None = None
@@ -154,6 +230,14 @@ def plan(
         if not paged:
             continue
         specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in paged]
+        if state is not None:
+            page = specs[0].page_bytes
+            blocks = state_blocks_per_request(d)
+            specs += [
+                Spec("state", None, page, block, blocks)
+                for layer in stage
+                if layer.kind in ("linear", "mamba")
+            ]
         own = stage_available[i] if stage_available is not None else available
         pool = _plan_stage(specs, own, max_model_len, max_num_batched_tokens, d, block, notes)
         if best is None or pool.num_blocks < best.num_blocks:
@@ -214,7 +298,7 @@ def _plan_stage(
             n_groups = ceil_div(len(members), group_size)
             padding += n_groups * group_size - len(members)
             group_list += [
-                Group(Spec(members[0].kind, members[0].window, page, block), group_size, page)
+                Group(replace(members[0], page_bytes=page, block_size=block), group_size, page)
             ] * n_groups
         groups = tuple(group_list)
         tensors = group_size
@@ -277,6 +361,7 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     check counts them (needed_rule); 0.14-0.16 check the global groups, every stage at once."""
     block = block_size_for(model, d)
     rule = needed_rule(d.engine_version)
+    mnbt = in_flight_tokens(d, mnbt)
     v = version_tuple(d.engine_version)
     global_groups = v is not None and (0, 14) <= v < (0, 17)
     stages = [list(model.layers)] if global_groups else stage_layers(model.layers, d.pp)

@@ -8,9 +8,10 @@ The budget identity (vllm 0.19.0 v1/worker/gpu_worker.py:384-421, v1/worker/util
 
 Each term below names the source it is read from (file:line of the release named, from
 ``pip download vllm==X --no-deps``); the few coefficients the source leaves open are fitted on the
-real startups of tests/apriori and say so. Every term carries an error band, sized from the
-accuracy report (bench/accuracy.py), which ``predict`` prints and the drift alert's tolerance
-follows. Weights as loaded are weights.py. Citations are for 0.19.0 unless a line says otherwise.
+real startups of tests/apriori (calibration.py names the cases). Each term's error band is the
+envelope's (envelope.py), sized from the leave-one-source-out error of bench/bench_accuracy.py,
+which ``predict`` prints and the drift alert's tolerance follows. Weights as loaded are
+weights.py. Citations are for 0.19.0 unless a line says otherwise.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.core.units import GiB, MiB
 from kvwatch.core.versions import version_tuple
+from kvwatch.engines.vllm import calibration
 
 # --- engine defaults -----------------------------------------------------------------------------
 
@@ -44,18 +47,22 @@ def default_batch_limits(
 ) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) the API server resolves when the user sets neither.
 
-    V1 (engine/arg_utils.py:2053-2071, the same table 0.11-0.21): a card reporting >= 70 GiB that is
-    not an A100 gets 1024 / 8192, every other card 256 / 2048; >= 160 GiB raises the tokens to 16384
-    from 0.20 (0.20.0 arg_utils.py). V0 (< 0.8) schedules 256 sequences and, without chunked
-    prefill, max(max_model_len, 2048) tokens (config.py SchedulerConfig).
+    V1 (engine/arg_utils.py:2053-2071, the same table 0.11-0.27): a card reporting >= 70 GiB that is
+    not an A100 gets 1024 / 8192, every other card 256 / 2048. >= 160 GiB raises the tokens to 16384
+    in 0.20 (0.20.0 arg_utils.py) and again from 0.28 (0.28.0 arg_utils.py:2582-2591, 0.33.0 :2973);
+    0.21.0-0.27.1 have no such branch (0.21.0 :2217-2266, 0.27.1 :2515-2544). V0 (< 0.8) schedules
+    256 sequences and, without chunked prefill, max(max_model_len, 2048) tokens (config.py
+    SchedulerConfig).
     """
     if not is_v1(version):
         return 256, max(max_model_len, 2048)
     v = version_tuple(version)
     total = total_bytes or 0
+    big = v is None or v[:2] == (0, 20) or v >= (0, 28)
+    if total >= 160 * GiB and big:
+        return 1024, 16384
     if total >= 70 * GiB and "a100" not in (gpu_name or "").lower():
-        tokens = 16384 if total >= 160 * GiB and (v is None or v >= (0, 20)) else 8192
-        return 1024, tokens
+        return 1024, 8192
     return 256, 2048
 
 
@@ -65,12 +72,22 @@ def batch_limits(d: Deployment, max_model_len: int) -> tuple[int, int]:
     return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+def capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, version: str | None = None, sm_major: int = 9
+) -> int:
     """How many CUDA-graph sizes vLLM captures: [1, 2, 4] + 8..248 step 8 + 256.. step 16 up to
-    min(2 x max_num_seqs, 512, max_num_batched_tokens) (config/vllm.py:1349-1353, 1389-1403)."""
-    top = min(max_num_seqs * 2, 512, max_num_batched_tokens)
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
-    return sum(1 for s in sizes if s <= top)
+    min(2 x max_num_seqs, cap, max_num_batched_tokens) (config/vllm.py:1349-1353, 1389-1403), cap 512,
+    1024 on SM100 from 0.28 (0.28.0 config/vllm.py:1936-1943). From 0.21 max_num_batched_tokens is
+    captured too when under the top (0.21.0 :1580), from 0.31 max_num_seqs (0.31.0 :2540)."""
+    v = version_tuple(version)
+    cap = 1024 if sm_major == 10 and (v is None or v >= (0, 28)) else 512
+    top = min(max_num_seqs * 2, cap, max_num_batched_tokens)
+    sizes = {s for s in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)) if s <= top}
+    if (v is None or v >= (0, 21)) and max_num_batched_tokens <= top:
+        sizes.add(max_num_batched_tokens)
+    if (v is None or v >= (0, 31)) and max_num_seqs <= top:
+        sizes.add(max_num_seqs)
+    return len(sizes)
 
 
 def subtracts_cuda_graphs(version: str | None) -> bool:
@@ -92,10 +109,9 @@ def estimates_cuda_graphs(version: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Term:
-    """One modelled term: bytes and the error band (about one standard error of the report)."""
+    """One modelled term: bytes and how it was modelled (its band is the envelope's, envelope.py)."""
 
     bytes: int
-    band: int
     note: str = ""
 
 
@@ -105,26 +121,22 @@ class Term:
 SAMPLER_NATIVE_BYTES = 12
 # 0.15/0.16 sort the whole [rows, vocab] (0.15.0 topk_topp_sampler.py:262): sorted fp32 4 + int64
 # indices 8 + top-k mask 1 + probs_sort 4 + top-p mask 1 + CUB radix double buffers 12, on top of the
-# bf16 (2) and fp32 (4) logits = 36 counted, and 1.9 B FITTED on the 0.15/0.16 startups.
-SAMPLER_SORT_BYTES = 36 + 1.9
+# bf16 (2) and fp32 (4) logits = 36 counted, and calibration.sampler_sort_extra FITTED.
+SAMPLER_SORT_COUNTED = 36
 # FlashInfer (default in 0.11 when installed): the 2 + 4 logits, the top-k masked logits 4, probs 4.
 SAMPLER_FLASHINFER_BYTES = 12
 # V0 (< 0.8): fp32 logits, probs and logprobs over the last token of each scheduled sequence.
 SAMPLER_V0_BYTES = 12
-# Torch's cuBLAS workspace (":4096:8" = 32 MiB on sm90+, ~8 MiB before Hopper) and a FITTED 10 MiB
-# of small tensors alive at the peak.
+# Torch's cuBLAS workspace (":4096:8" = 32 MiB on sm90+, ~8 MiB before Hopper) and the FITTED small
+# tensors alive at the peak (calibration.small_tensors_gib).
 CUBLAS_WORKSPACE_HOPPER = 32 * MiB
 CUBLAS_WORKSPACE = 8 * MiB + 128 * 1024
-SMALL_TENSORS = 10 * MiB
-# V1 forward transient per token, in elements of the activation dtype: FORWARD_H x hidden +
+# V1 forward transient per token, in elements of the activation dtype: forward_h x hidden +
 # 3 x intermediate / tp. Residual, normed input, gate_up (2I) and act (I) are 2H + 3I counted; q/k/v,
-# attention output and torch.compile buffers make the rest, FITTED: 4.5 (CodeLlama-7B, phi-2, the
-# PP stages that do not sample). V0 runs no compile: 2H + 3I, counted.
-FORWARD_H = 4.5
+# attention output and torch.compile buffers make the rest, FITTED (calibration.forward_h). V0 runs no
+# compile: 2H + 3I, counted. Multimodal models add the encoder cache left alive by the encoder
+# profile (gpu_model_runner.py:5721-5780), a FITTED lump (calibration.vision_encoder_gib).
 FORWARD_H_V0 = 2.0
-# Multimodal models: the encoder cache left alive by the encoder profile (gpu_model_runner.py:5721-5780),
-# a FITTED lump (Gemma-3, Kimi-VL startups without a config in the set: not validated).
-VISION_ENCODER = int(0.15 * GiB)
 
 
 def sampler_path(version: str | None) -> str:
@@ -166,7 +178,7 @@ def _sampler_bytes(dims: ModelDims, d: Deployment, rows: int, act: int, sms: int
     logits16 = 2 if act == 2 else 0
     extra = 0
     if path == "sort":
-        per = SAMPLER_SORT_BYTES - (2 - logits16)
+        per = SAMPLER_SORT_COUNTED + calibration.current().sampler_sort_extra - (2 - logits16)
     elif path == "triton":
         per = SAMPLER_NATIVE_BYTES + logits16
         extra = min(sms, rows) * dims.vocab_size * 4
@@ -208,11 +220,16 @@ def activation(
     v1 = is_v1(d.engine_version)
     rows = min(tokens, max_num_seqs)
     hopper = gpu is None or gpu.sm_major >= 9
-    persistent = (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE) + SMALL_TENSORS
+    cal = calibration.current()
+    v = version_tuple(d.engine_version)
+    # From 0.33 the cuBLAS/cuBLASLt handles and their workspace exist before the init snapshot
+    # (0.33.0 v1/worker/gpu_worker.py:520-529): baseline, not profile memory.
+    cublas = 0 if v is None or v >= (0, 33) else (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE)
+    persistent = cublas + int(cal.small_tensors_gib * GiB)
     persistent += _moe_workspace(dims, d.tp, tokens, act)
     if dims.has_vision_tower:
-        persistent += VISION_ENCODER
-    coefficient = FORWARD_H if v1 else FORWARD_H_V0
+        persistent += int(cal.vision_encoder_gib * GiB)
+    coefficient = cal.forward_h if v1 else FORWARD_H_V0
     forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
     sampler = tokens * dims.hidden_size * act + _sampler_bytes(
         dims, d, rows, act, (gpu.sm_count if gpu and gpu.sm_count else 132)
@@ -223,12 +240,7 @@ def activation(
         last = stage == d.pp - 1
         body = max(forward, sampler) if last else forward
         total = persistent + body + pp_buffers
-        band = int(0.05 * total + 0.03 * GiB)
-        if act == 4:
-            band += int(0.35 * GiB)  # fp32 runs TRITON_ATTN, whose buffers are not modelled
-        if not v1:
-            band += int(0.1 * total)  # V0 is checked on one startup only
-        out.append(Term(total, band, "sampler" if last and sampler >= forward else "forward"))
+        out.append(Term(total, "sampler" if last and sampler >= forward else "forward"))
     return out
 
 
@@ -238,34 +250,42 @@ def non_torch(d: Deployment) -> Term:
     cuBLAS/cuBLASLt handles and kernel modules of the first forward at TP1; from 0.18 the CUDA-graph
     profile runs inside the memory_profiling context (gpu_worker.py:366-381), which leaves more; at
     TP >= 2 the communication buffers (NCCL, custom all-reduce) allocated outside torch. With PP the
-    NCCL set-up already sits in the init snapshot. Values FITTED per release class on tests/apriori:
+    NCCL set-up already sits in the init snapshot. Values FITTED per release class (calibration.py):
     the allocation behind the ~2 GiB at TP >= 2 is not traced to one line of the source.
     """
     v = version_tuple(d.engine_version)
     new = v is None or v >= (0, 18)
+    cal = calibration.current()
     if d.tp >= 2:
-        gib, band = (2.07 + 0.045 * (d.tp - 2), 0.08) if new else (0.55, 0.1)
+        gib = (
+            cal.non_torch_tp_gib + cal.non_torch_tp_slope_gib * (d.tp - 2)
+            if new
+            else cal.non_torch_tp_old_gib
+        )
     elif d.pp >= 2:
-        gib, band = 0.07, (0.03 if new else 0.1)
+        gib = cal.non_torch_pp_gib
+    elif not is_v1(d.engine_version):
+        gib = cal.non_torch_v0_gib
     else:
-        gib, band = (0.25, 0.03) if new else (0.135, 0.03)
-    if not is_v1(d.engine_version):
-        band = max(band, 0.15)
-    return Term(int(gib * GiB), int(band * GiB))
+        gib = cal.non_torch_tp1_gib if new else cal.non_torch_tp1_old_gib
+    return Term(int(gib * GiB))
 
 
-# CUDA-graph estimate, FITTED on the 0.19 'Estimated CUDA graph memory' lines: c0 + c1 x layers on the
-# rank x sqrt(sizes / 51) + c2 for MoE, GiB. The estimate itself is the first capture plus (n - 1) x
-# the second (gpu_model_runner.py:5862-5955).
-GRAPHS_BASE, GRAPHS_PER_LAYER, GRAPHS_MOE = 0.35, 0.0135, 0.45
+# CUDA-graph estimate, FITTED (calibration.graphs_*): c0 + c1 x layers on the rank x sqrt(sizes / 51)
+# + c2 for MoE, GiB. The estimate itself is the first capture plus (n - 1) x the second
+# (gpu_model_runner.py:5862-5955).
 
 
 def cuda_graphs(dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, layers: int) -> Term:
     """The estimate 0.18+ prints; none with --enforce-eager (gpu_worker.py:380) or before 0.18."""
     if d.enforce_eager or not estimates_cuda_graphs(d.engine_version):
-        return Term(0, 0, "none")
-    n = capture_sizes(max_num_seqs, tokens)
+        return Term(0, "none")
+    card = gpus.find(d.gpu_name)
+    n = capture_sizes(max_num_seqs, tokens, d.engine_version, card.sm_major if card is not None else 9)
+    cal = calibration.current()
     gib = (
-        GRAPHS_BASE + GRAPHS_PER_LAYER * layers * math.sqrt(n / 51) + (GRAPHS_MOE if dims.n_experts else 0.0)
+        cal.graphs_base_gib
+        + cal.graphs_per_layer_gib * layers * math.sqrt(n / 51)
+        + (cal.graphs_moe_gib if dims.n_experts else 0.0)
     )
-    return Term(int(gib * GiB), int(0.25 * GiB), f"{n} capture sizes")
+    return Term(int(gib * GiB), f"{n} capture sizes")

@@ -13,15 +13,19 @@ from dataclasses import dataclass, field
 
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.envelope import conditions, label, not_calibrated_note
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weight_bytes
 from kvwatch.core.units import GiB, format_bytes
 from kvwatch.engines.vllm import budget, memory, weights
+from kvwatch.engines.vllm.envelope import CURRENT
 
 # Error band of a card total: measured in a log, estimated from nvidia-smi, or given by the user.
 _TOTAL_BAND_MEASURED = int(0.01 * GiB)
 _TOTAL_BAND_ESTIMATED = int(0.15 * GiB)
+# The logs print each term to 0.01 GiB.
+_RESOLUTION = int(0.01 * GiB)
 
 
 @dataclass
@@ -56,7 +60,6 @@ def _terms(
     requested = budget.requested_bytes(total, util)
     seqs, tokens = memory.batch_limits(d, basis.max_model_len)
     notes: list[str] = []
-    w_band = 0
     if d.weights_bytes is not None or dims is None:
         assert basis.weights_bytes is not None
         stage_weights = [basis.weights_bytes] * d.pp
@@ -80,14 +83,13 @@ def _terms(
         basis.weights_bytes, basis.weights_scheme = stage_weights[0], scheme_name
         basis.weights_total_bytes = sum(stage_weights) * d.tp
         inputs["weights"] = "estimated"
-        w_band = int(0.01 * stage_weights[0] + 0.02 * GiB)
         notes.append(
             f"weights: vLLM's loader modelled from config.json ({scheme_name}; vocabulary padded to 64 per "
             "rank, embedding on the first stage, head on the last)"
         )
     inside = d.activation_bytes is not None
     if d.activation_bytes is not None or dims is None:
-        stage_act = [memory.Term(d.activation_bytes or 0, 0, "given")] * d.pp
+        stage_act = [memory.Term(d.activation_bytes or 0, "given")] * d.pp
         inputs["activation"] = "given" if d.activation_bytes is not None else "estimated"
     else:
         stage_act = memory.activation(dims, d, card, seqs, tokens)
@@ -97,13 +99,13 @@ def _terms(
             f"max_num_batched_tokens {tokens}, sampler path {memory.sampler_path(d.engine_version)})"
         )
     if d.non_torch_bytes is not None:
-        nt = memory.Term(d.non_torch_bytes, 0)
+        nt = memory.Term(d.non_torch_bytes)
     else:
-        nt = memory.Term(0, 0) if inside or dims is None else memory.non_torch(d)
+        nt = memory.Term(0) if inside or dims is None else memory.non_torch(d)
     if d.cuda_graph_bytes is not None:
-        graphs = memory.Term(d.cuda_graph_bytes, 0)
+        graphs = memory.Term(d.cuda_graph_bytes)
     elif inside or dims is None:
-        graphs = memory.Term(0, 0)
+        graphs = memory.Term(0)
     else:
         graphs = memory.cuda_graphs(dims, d, seqs, tokens, weights.stage_layers(dims.num_layers, d.pp)[0])
     for name, value in (("non_torch", d.non_torch_bytes), ("cuda_graphs", d.cuda_graph_bytes)):
@@ -116,6 +118,15 @@ def _terms(
     ]
     band = None
     if dims is not None and not (inside and d.weights_bytes is not None):
+        # Each modelled term's band is the fraction of it the leave-one-source-out error gives
+        # (envelope.py), plus the log's 0.01 GiB resolution; a given term has none.
+        f = CURRENT.get().term_bands
+        terms = [
+            (f["weights"] * stage_weights[0] if inputs["weights"] == "estimated" else 0),
+            (f["activation"] * stage_act[0].bytes if inputs["activation"] == "estimated" else 0),
+            (f["non_torch"] * nt.bytes if d.non_torch_bytes is None and not inside else 0),
+            (f["cuda_graphs"] * graphs.bytes if applied and d.cuda_graph_bytes is None else 0),
+        ]
         card_band = 0
         if card is not None and card.total_bytes == total:
             card_band = _TOTAL_BAND_MEASURED if card.total_measured else _TOTAL_BAND_ESTIMATED
@@ -125,13 +136,8 @@ def _terms(
                     f"{gpus.DEFAULT_RESERVED_MIB} MiB (no log has measured this card; --gpu-memory gives "
                     "the driver's figure)"
                 )
-        band = math.isqrt(
-            w_band**2
-            + stage_act[0].band ** 2
-            + nt.band**2
-            + (graphs.band if applied else 0) ** 2
-            + int(card_band * util) ** 2
-        )
+        summed = math.isqrt(sum(int(t + _RESOLUTION) ** 2 for t in terms if t) + int(card_band * util) ** 2)
+        band = int(f.get("scale", 1.0) * summed)
     return _Budget(
         requested,
         stage_weights[0],
@@ -225,6 +231,12 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     else:
         fits = True
     pool_bytes = plan.num_blocks * plan.page_bytes * plan.tensors
+    envelope = CURRENT.get()
+    uncovered = envelope.uncovered(conditions(model, d, envelope.newest_read))
+    if band is not None and requested is not None:
+        band = envelope.widen(band, requested, uncovered)
+        if uncovered:
+            assumptions.append(not_calibrated_note(uncovered, "vLLM", d.engine_version, envelope.newest_read))
     return Prediction(
         **basis.identity(model, d),
         total_bytes=total,
@@ -250,4 +262,5 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         cuda_graphs_subtracted=memory.subtracts_cuda_graphs(d.engine_version) if graphs else None,
         exact=plan.exact,
         failure=failure,
+        not_calibrated=tuple(label(axis, value) for axis, value in uncovered) if band is not None else (),
     )

@@ -12,6 +12,8 @@ Rules (vllm 0.19.0):
 - Linears split 1/tp; norms and the rotary cos/sin cache (max positions x rotary dim, in the
   activation dtype; rotary_embedding get_rope) are replicated on every rank.
 - PP (distributed/utils.py get_pp_indices): the embedding on the first stage, the head on the last.
+- Vision / audio towers (dims.tower_params, estimated from the config when no safetensors index is
+  at hand) in the activation dtype, split over TP, on the first stage.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.engines.vllm.memory import activation_dtype_bytes
 
 # Bytes per quantised parameter, values and scales.
-_QUANT_BYTES = {"fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8}
+# NVFP4 (modelopt / compressed-tensors nvfp4-pack-quantized): packed 4-bit values and one fp8 scale
+# per 16 (quantization/modelopt.py ModelOptNvFp4LinearMethod.create_weights: weight [N, K/2] uint8,
+# weight_scale [N, K/16] fp8).
+_QUANT_BYTES = {"fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8, "nvfp4": 0.5 + 1 / 16}
 _INT4 = ("w4a16", "int4", "awq", "gptq")
 # --weights-dtype / --quantization spellings -> the scheme above.
 _RUNTIME = {
@@ -36,6 +41,7 @@ _RUNTIME = {
     "gptq": "w4a16",
     "bitsandbytes": "w4a16",
     "mxfp4": "mxfp4",
+    "nvfp4": "nvfp4",
 }
 
 
@@ -73,7 +79,7 @@ def scheme(dims: ModelDims, d: Deployment) -> str | None:
     if what_if in _RUNTIME:
         return _RUNTIME[what_if]
     runtime = _RUNTIME.get((d.quantization or "").lower())
-    if runtime is not None and dims.checkpoint_quant not in ("int8", "w4a16", "mxfp4"):
+    if runtime is not None and dims.checkpoint_quant not in ("int8", "w4a16", "mxfp4", "nvfp4"):
         return runtime
     return dims.checkpoint_quant
 
@@ -82,7 +88,7 @@ def weights_per_stage(dims: ModelDims, d: Deployment, gpu: GpuSpec | None) -> tu
     """Bytes on TP rank 0 of each PP stage, and the quantisation applied (None: unquantised)."""
     act = activation_dtype_bytes(dims, d)
     q = scheme(dims, d)
-    linear = _bytes_per_param(q, dims.quant_group) if q in ("fp8", "int8", *_INT4) else act
+    linear = _bytes_per_param(q, dims.quant_group) if q in ("fp8", "int8", "nvfp4", *_INT4) else act
     experts = _bytes_per_param(q, dims.quant_group) if q is not None else act
     if q == "mxfp4" and gpu is not None and gpu.sm_major == 9:
         # Hopper's triton_kernels MX layout pads the 4-bit values' K dimension to a multiple of 256
@@ -94,6 +100,8 @@ def weights_per_stage(dims: ModelDims, d: Deployment, gpu: GpuSpec | None) -> tu
     embed = rows * dims.hidden_size * act
     head = rows * dims.hidden_size * act
     rope = dims.rope_positions * dims.rotary_dim * act
+    # The vision/audio towers, unquantised, split over TP, on the first stage (the encoder runs there).
+    towers = dims.vision_params * act / d.tp
     layers = max(dims.num_layers, 1)
     per_layer = (dims.linear_params * linear + dims.expert_params * experts) / layers / d.tp
     per_layer += dims.other_params * act / layers
@@ -101,7 +109,7 @@ def weights_per_stage(dims: ModelDims, d: Deployment, gpu: GpuSpec | None) -> tu
     for i, n in enumerate(stage_layers(dims.num_layers, d.pp)):
         b = n * per_layer + rope
         if i == 0:
-            b += embed
+            b += embed + towers
         if i == d.pp - 1 and (not dims.tied_embeddings or d.pp > 1):
             b += head
         out.append(int(b))

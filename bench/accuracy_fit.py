@@ -1,0 +1,195 @@
+"""The fits behind kvwatch/engines/vllm/calibration.py, in closed form, on any subset of the cases.
+
+Each coefficient is fitted from the cases that print the term it sets: a non-torch class is the
+median of its cases' non-torch figures (TP >= 2 on 0.18+: least squares on TP); the CUDA-graph
+rule is least squares on the 'Estimated CUDA graph memory' lines; each activation coefficient is
+the median over its cases of the value that makes the modelled activation equal the logged one
+(the model is linear in each, so two evaluations per case give it). A coefficient no case sets is
+left at zero (its term is then unmodelled and the band's widening covers it), never at the value
+fitted with the cases held out. ``fit`` on every case reproduces calibration.FITTED (a test holds
+them equal); the leave-one-source-out report calls it without the source it holds out.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from bench.accuracy_cases import Case, deployment
+from kvwatch.capacity import gpus
+from kvwatch.capacity.model import ModelGeometry
+from kvwatch.core.units import GiB
+from kvwatch.core.versions import version_tuple
+from kvwatch.engines.sglang import calibration as sglang_calibration
+from kvwatch.engines.vllm import calibration, memory, weights
+from kvwatch.engines.vllm.calibration import Calibration
+
+_FIELDS = ("forward_h", "sampler_sort_extra", "vision_encoder_gib", "small_tensors_gib")
+
+
+def _model_len(case: Case, model: ModelGeometry) -> int:
+    return int(case.settings.get("max_model_len") or model.max_position_embeddings or 4096)
+
+
+def _activation(case: Case, model: ModelGeometry, cal: Calibration) -> float:
+    """The modelled activation of the case's first stage (GiB), with ``cal``."""
+    d = deployment(case)
+    assert model.dims is not None
+    seqs, tokens = memory.batch_limits(d, _model_len(case, model))
+    with calibration.using(cal):
+        return memory.activation(model.dims, d, gpus.find(d.gpu_name), seqs, tokens)[0].bytes / GiB
+
+
+def _implied(
+    cases: Sequence[tuple[Case, ModelGeometry]], cal: Calibration, name: str, used: list[str]
+) -> float | None:
+    """The median value of one activation coefficient its cases imply (None: no case sets it)."""
+    step = 1.0 if name in ("forward_h", "sampler_sort_extra") else 0.1
+    values = []
+    used.clear()
+    for case, model in cases:
+        here = getattr(cal, name)
+        low = _activation(case, model, cal)
+        high = _activation(case, model, replace(cal, **{name: here + step}))
+        slope = (high - low) / step
+        if slope > 1e-4:
+            values.append(here + (case.observed["activation"] - low) / slope)
+            used.append(case.id)
+    return statistics.median(values) if values else None
+
+
+# Each single-value non-torch class and the coarser class that stands in when no case measures it.
+_NON_TORCH_FALLBACK: dict[str, str | None] = {
+    "non_torch_v0_gib": "non_torch_tp1_old_gib",
+    "non_torch_tp1_old_gib": "non_torch_tp1_gib",
+    "non_torch_tp1_gib": None,
+    "non_torch_pp_gib": "non_torch_tp1_gib",
+    "non_torch_tp_old_gib": "non_torch_tp_gib",
+}
+
+
+def non_torch_class(case: Case) -> str:
+    v = version_tuple(case.engine_version)
+    new = v is None or v >= (0, 18)
+    if case.tp >= 2:
+        return "non_torch_tp_gib" if new else "non_torch_tp_old_gib"
+    if case.pp >= 2:
+        return "non_torch_pp_gib"
+    if v is not None and v < (0, 8):
+        return "non_torch_v0_gib"
+    return "non_torch_tp1_gib" if new else "non_torch_tp1_old_gib"
+
+
+def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float] | None:
+    """Normal equations for a handful of unknowns (None when singular)."""
+    n = len(rows[0]) if rows else 0
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    b = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            return None
+        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
+        for r in range(n):
+            if r != col:
+                k = a[r][col] / a[col][col]
+                a[r] = [x - k * y for x, y in zip(a[r], a[col], strict=True)]
+                b[r] -= k * b[col]
+    return [b[i] / a[i][i] for i in range(n)]
+
+
+def _graph_features(case: Case, model: ModelGeometry) -> list[float]:
+    d = deployment(case)
+    seqs, tokens = memory.batch_limits(d, _model_len(case, model))
+    card = gpus.find(d.gpu_name)
+    n = memory.capture_sizes(seqs, tokens, d.engine_version, card.sm_major if card is not None else 9)
+    layers = weights.stage_layers(model.num_layers, d.pp)[0]
+    moe = 1.0 if model.dims is not None and model.dims.n_experts else 0.0
+    return [1.0, layers * math.sqrt(n / 51), moe]
+
+
+def fit(cases: Sequence[Case], models: Callable[[Case], ModelGeometry]) -> Calibration:
+    """The calibration these (vLLM) cases give."""
+    return fit_with_cases(cases, models)[0]
+
+
+def fit_with_cases(
+    cases: Sequence[Case], models: Callable[[Case], ModelGeometry]
+) -> tuple[Calibration, dict[str, list[str]]]:
+    """The calibration these (vLLM) cases give, and the ids of the cases behind each coefficient."""
+    used: dict[str, list[str]] = {}
+    with_model = [(c, models(c)) for c in cases if c.engine == "vllm"]
+    cal = calibration.FITTED
+    # Non-torch, by class.
+    by_class: dict[str, list[Case]] = {}
+    for c, _ in with_model:
+        # A card outside the catalogue (a vGPU profile, an unnamed card) measures its own driver, not
+        # the engine's class: it does not set a class's figure.
+        if "non_torch" in c.observed and gpus.find(c.gpu_name) is not None:
+            by_class.setdefault(non_torch_class(c), []).append(c)
+    changes: dict[str, float] = {}
+    for name in _NON_TORCH_FALLBACK:
+        # A class no case measures takes the next coarser class's cases (V0 -> 0.8-0.17 -> 0.18+).
+        key: str | None = name
+        while key is not None and not by_class.get(key):
+            key = _NON_TORCH_FALLBACK[key]
+        group = by_class.get(key, []) if key is not None else []
+        changes[name] = statistics.median(c.observed["non_torch"] for c in group) if group else 0.0
+        used[name] = [c.id for c in group]
+    tp = by_class.get("non_torch_tp_gib", []) or by_class.get("non_torch_tp_old_gib", [])
+    used["non_torch_tp_gib"] = used["non_torch_tp_slope_gib"] = [c.id for c in tp]
+    line = _least_squares([[1.0, c.tp - 2.0] for c in tp], [c.observed["non_torch"] for c in tp])
+    if line is not None and len({c.tp for c in tp}) >= 2:
+        changes["non_torch_tp_gib"], changes["non_torch_tp_slope_gib"] = line
+    else:
+        changes["non_torch_tp_gib"] = statistics.median(c.observed["non_torch"] for c in tp) if tp else 0.0
+        changes["non_torch_tp_slope_gib"] = 0.0
+    # CUDA-graph estimate.
+    graphed = [(c, m) for c, m in with_model if "cuda_graphs" in c.observed]
+    coef = _least_squares(
+        [_graph_features(c, m) for c, m in graphed], [c.observed["cuda_graphs"] for c, _ in graphed]
+    )
+    if coef is not None:
+        changes["graphs_base_gib"], changes["graphs_per_layer_gib"], changes["graphs_moe_gib"] = coef
+    for name in ("graphs_base_gib", "graphs_per_layer_gib", "graphs_moe_gib"):
+        used[name] = [c.id for c, _ in graphed] if coef is not None else []
+    cal = replace(cal, **changes)
+    # Activation coefficients, two passes (they share cases).
+    act_cases = [(c, m) for c, m in with_model if "activation" in c.observed]
+    for _ in range(2):
+        for name in _FIELDS:
+            used[name] = []
+            value = _implied(act_cases, cal, name, used[name])
+            cal = replace(cal, **{name: value if value is not None else 0.0})
+    return cal, used
+
+
+def fit_sglang(cases: Sequence[Case]) -> tuple[sglang_calibration.Calibration, dict[str, list[str]]]:
+    """SGLang's context before weights: the median of card total - 'Load weight begin. avail mem'
+    over the cases that print it on a catalogued card, with or without a config.json at hand (it
+    needs none), for 0.4.x and from 0.5 apart; a release family no case prints takes the median
+    of all (none at all: zero)."""
+    used = [
+        c
+        for c in cases
+        if c.engine == "sglang" and "pre_load" in c.observed and c.gpu_total_bytes and gpus.find(c.gpu_name)
+    ]
+
+    def median(group: list[Case]) -> float | None:
+        values = [c.gpu_total_bytes / GiB - c.observed["pre_load"] for c in group if c.gpu_total_bytes]
+        return float(f"{statistics.median(values):.4g}") if values else None
+
+    old = [c for c in used if (v := version_tuple(c.engine_version)) is not None and v < (0, 5)]
+    new = [c for c in used if c not in old]
+    every = median(used) or 0.0
+    fitted = sglang_calibration.Calibration(
+        context_gib=median(new) or every, context_gib_04=median(old) or every
+    )
+    return fitted, {"context_gib": [c.id for c in new or used], "context_gib_04": [c.id for c in old or used]}
+
+
+def rounded(cal: Calibration) -> Calibration:
+    """The calibration as the table writes it (4 significant digits)."""
+    return Calibration(**{k: float(f"{v:.4g}") for k, v in cal.__dict__.items()})

@@ -1,0 +1,100 @@
+"""The coefficients of vLLM's memory model that the source leaves open, each with the cases behind it.
+
+Everything else in memory.py is read from vLLM's source. These few are FITTED on real startups
+(tests/apriori), by the closed-form fits of bench/accuracy_fit.py (a median of what each case
+implies, or least squares), never by hand: ``python -m bench accuracy --fit`` prints this table
+from the cases, and tests/test_accuracy.py holds the numbers here to it. The accuracy report's
+leave-one-source-out figures refit them without the source held out (``using``), which is what
+makes those figures out of sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted coefficients (GiB unless named otherwise)."""
+
+    # V1 forward transient per token, in elements of the activation dtype: forward_h x hidden
+    # + 3 x intermediate / tp (memory.activation).
+    forward_h: float
+    # Bytes per [rows x vocab] element the 0.15/0.16 sort sampler adds beyond the 36 counted.
+    sampler_sort_extra: float
+    # Small tensors alive at the profile's peak (GiB).
+    small_tensors_gib: float
+    # The encoder cache a vision tower's profile leaves alive (GiB).
+    vision_encoder_gib: float
+    # Non-torch increase by class (memory.non_torch): TP >= 2 on 0.18+ (intercept at TP 2, slope
+    # per extra rank), PP >= 2 at TP 1 on 0.18+, TP 1 on 0.18+, TP 1 on 0.8-0.17, TP >= 2 before
+    # 0.18, TP 1 on V0 (< 0.8: its own profiler, 'Memory profiling results' non_torch_memory).
+    non_torch_tp_gib: float
+    non_torch_tp_slope_gib: float
+    non_torch_pp_gib: float
+    non_torch_tp1_gib: float
+    non_torch_tp1_old_gib: float
+    non_torch_tp_old_gib: float
+    non_torch_v0_gib: float
+    # CUDA-graph estimate: base + per_layer x layers on the rank x sqrt(sizes / 51) + moe.
+    graphs_base_gib: float
+    graphs_per_layer_gib: float
+    graphs_moe_gib: float
+
+
+# Fitted on tests/apriori (bench/accuracy_fit.py, all sources); the cases behind each coefficient,
+# by source: llm-d-planner = the 50 vLLM 0.19.0 H100 logs, llm-d-benchmark = its 9 transcribed
+# rows, sweep = the Qwen3-14B release sweep 0.15-0.18, public = tests/apriori/public.
+# --- fitted: begin
+FITTED = Calibration(
+    forward_h=4.518,
+    sampler_sort_extra=1.997,
+    small_tensors_gib=0.005154,
+    vision_encoder_gib=0.0,
+    non_torch_tp_gib=2.085,
+    non_torch_tp_slope_gib=0.03583,
+    non_torch_pp_gib=0.07,
+    non_torch_tp1_gib=0.25,
+    non_torch_tp1_old_gib=0.13,
+    non_torch_tp_old_gib=0.545,
+    non_torch_v0_gib=0.35,
+    graphs_base_gib=0.1566,
+    graphs_per_layer_gib=0.02028,
+    graphs_moe_gib=0.03739,
+)
+CASES: dict[str, str] = {
+    "forward_h": "llm-d-incubation/llm-d-planner (3)",
+    "sampler_sort_extra": "llm-d/llm-d-benchmark (8), release-sweep (2)",
+    "small_tensors_gib": "llm-d-incubation/llm-d-planner (34), llm-d/llm-d-benchmark (8), release-sweep (4)",
+    "vision_encoder_gib": "no case",
+    "non_torch_tp_gib": "llm-d-incubation/llm-d-planner (7)",
+    "non_torch_tp_slope_gib": "llm-d-incubation/llm-d-planner (7)",
+    "non_torch_pp_gib": "llm-d-incubation/llm-d-planner (2)",
+    "non_torch_tp1_gib": "llm-d-incubation/llm-d-planner (25), release-sweep (1)",
+    "non_torch_tp1_old_gib": "llm-d/llm-d-benchmark (6), release-sweep (3)",
+    "non_torch_tp_old_gib": "llm-d/llm-d-benchmark (2)",
+    "non_torch_v0_gib": "vllm-project/vllm#10517 (2)",
+    "graphs_base_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",
+    "graphs_per_layer_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",
+    "graphs_moe_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",
+}
+# --- fitted: end
+
+_current = [FITTED]
+
+
+def current() -> Calibration:
+    """The coefficients predictions use now (FITTED, unless the accuracy report swapped in a refit)."""
+    return _current[-1]
+
+
+@contextmanager
+def using(calibration: Calibration) -> Iterator[None]:
+    """Predict with other coefficients inside the block (the report's leave-one-source-out refits)."""
+    _current.append(calibration)
+    try:
+        yield
+    finally:
+        _current.pop()

@@ -1,0 +1,97 @@
+"""The a-priori SGLang model on real SGLang startups (tests/apriori/public/sglang): held where it is.
+
+The thresholds are the figures bench/accuracy_sglang.py measures today (leave-one-source-out, which
+refits SGLang's band terms without the held-out source); a regression in any SGLang rule -- the
+default static fraction, the cell size, the DP-attention split, the SWA and Mamba divisions -- moves
+them and fails here. Every case outside its printed band, and every failed start predicted to
+start, is listed below with the reason; a fix that brings one inside must take it off the list.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import accuracy_sglang as acc
+from kvwatch.engines.sglang.predict import BAND
+
+CASES = Path(__file__).parent / "apriori" / "public" / "sglang" / "cases.json"
+SCORED, EXCLUDED = acc.load_cases()
+IN_SAMPLE, FITTED = acc.in_sample(SCORED)
+LOSO = acc.leave_one_source_out(SCORED)
+
+# Measured 2026-12-01 after the merge with the calibration envelope (leave-one-source-out refits
+# the band terms without the held-out source; the envelope's widening per uncovered condition is
+# the shipped one, fitted by bench/bench_accuracy.py): median 7.93 %, mean 9.37 %, 4 of 11 within
+# 5 %, 11 of 11 inside the printed band; weights median 1.82 % over 7 cases.
+MEDIAN_PCT = 8.0
+MEAN_PCT = 9.4
+WITHIN_5_PCT = 36.0
+INSIDE_BAND_PCT = 100.0
+WEIGHTS_MEDIAN_PCT = 1.9
+
+# Cases whose token count falls outside the band their prediction prints, and why. None today:
+# the four outside the band terms alone (sglang#12419, PR#39713, sglang#10407, Kimi-K2.5; the
+# README of tests/apriori/public/sglang gives each reason) are inside once the band is widened for
+# the conditions no calibration case covers.
+KNOWN_OUTSIDE: dict[str, str] = {}
+# Failed starts (for want of memory) predicted to start, and why.
+KNOWN_FAILED_MISSES = {
+    "sgl-7691-dsr1-rocm-tp8-dp8-dpattn-mfs095-negative-profile": (
+        "the profile printed -561981 tokens, yet the excerpt's own figures give a positive budget "
+        "(21.73 - 188.32 x 0.05 GiB), and its 166.59 GiB of weights are twice the FP8 checkpoint's: "
+        "the cause is outside the excerpt"
+    ),
+}
+
+
+def test_cases_are_scored_or_excluded_with_a_reason() -> None:
+    raw = json.loads(CASES.read_text(encoding="utf-8"))
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 33
+    assert all(why for _, why in EXCLUDED)
+    assert len(SCORED) >= 14
+    assert len({c.source for c in SCORED}) >= 12
+
+
+def test_every_scored_case_is_predicted() -> None:
+    assert [r.case.id for r in IN_SAMPLE if r.prediction is None] == []
+
+
+def test_shipped_band_terms_are_the_fitted_ones() -> None:
+    assert FITTED == BAND
+
+
+def test_leave_one_source_out_holds_the_measured_figures() -> None:
+    s = acc.summary(LOSO)
+    assert s["tokens_n"] == 11
+    assert s["tokens_median"] <= MEDIAN_PCT
+    assert s["tokens_mean"] <= MEAN_PCT
+    assert s["tokens_within5"] >= WITHIN_5_PCT
+    assert s["inside_band"] >= INSIDE_BAND_PCT
+    assert s["weights_median"] <= WEIGHTS_MEDIAN_PCT
+    # The printed pool bytes follow the tokens (the buffers' own bytes per token).
+    assert s["pool_median"] <= MEDIAN_PCT
+
+
+@pytest.mark.parametrize("row", [r for r in LOSO if r.tokens_pct is not None], ids=lambda r: r.case.id)
+def test_case_inside_its_printed_band(row: acc.Row) -> None:
+    assert row.band_pct is not None and row.band_pct > 0
+    if row.case.id in KNOWN_OUTSIDE:
+        assert not row.inside_band, (
+            f"now inside its band: take it off KNOWN_OUTSIDE ({row.tokens_pct:+.2f} %)"
+        )
+    else:
+        assert row.inside_band, (row.tokens_pct, row.band_pct)
+
+
+def test_failed_starts_are_predicted_to_fail() -> None:
+    failed = [r for r in LOSO if r.case.outcome == "failed_sizing"]
+    assert failed
+    for r in failed:
+        assert r.predicted_fail != (r.case.id in KNOWN_FAILED_MISSES), r.case.id
+
+
+def test_started_cases_are_predicted_to_start() -> None:
+    assert acc.summary(LOSO)["started_predicted_fail"] == 0

@@ -1,0 +1,200 @@
+"""SGLang's sizing rules, one release at a time, as its source writes them (file:line in budget.py).
+
+Each figure is the engine's own arithmetic worked by hand from the release's source; the real
+startups that exercise them are tests/test_accuracy_sglang.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.model import LayerSpec, ModelGeometry
+from kvwatch.core.units import GiB, MiB
+from kvwatch.engines.sglang import budget, states
+
+CONFIGS = Path(__file__).parent / "model_configs"
+H100_MIB, H20_MIB, B200_MIB = 81559, 97871, 183359
+
+
+def _model(stem: str) -> ModelGeometry:
+    return load_model(CONFIGS / f"{stem}.json")
+
+
+def _sglang(version: str, gpu: str | None = None, mib: int = H100_MIB, **kw: object) -> Deployment:
+    return Deployment(
+        engine="sglang", engine_version=version, gpu_name=gpu, gpu_memory_bytes=mib * MiB
+    ).with_(**kw)  # type: ignore[arg-type]
+
+
+def test_dp_attention_splits_kv_heads_over_tp_over_dp() -> None:
+    m = _model("meta-llama--Meta-Llama-3.1-70B")  # 8 KV heads x 128, 80 layers
+    plain = _sglang("0.5.9", tp=8)
+    dp = _sglang("0.5.9", tp=8, dp=8, dp_attention=True)
+    assert budget.attention_tp(dp) == 1
+    assert budget.cell_size(m, plain, 2) == 1 * 128 * 2 * 80 * 2
+    assert budget.cell_size(m, dp, 2) == 8 * 128 * 2 * 80 * 2
+    # --dp-size without DP attention replicates whole engines: the attention group stays tp.
+    assert budget.attention_tp(_sglang("0.5.9", tp=8, dp=8)) == 8
+
+
+def test_dp_attention_reserve_in_the_default_fraction() -> None:
+    # 0.5.4 server_args.py:764-799 on a B200 (>= 160 GiB: chunk 16384, graphs 512), tp 8, dp 8.
+    d = _sglang("0.5.4", "B200-180GB", B200_MIB, tp=8, dp=8, dp_attention=True)
+    frac = budget.default_mem_fraction_static(d)
+    assert frac.reserved_mb == 512 + 16384 * 1.5 + 512 * 2 + 8 / 8 * 1024 + 512 * 8 * 3 + 512 * 8 * 1.5
+    assert frac.value == round((B200_MIB - frac.reserved_mb) / B200_MIB, 3) == 0.751
+    # 0.4.8 - 0.5.2: a flat 4 GiB more.
+    old = budget.default_mem_fraction_static(
+        _sglang("0.5.2", "B200-180GB", B200_MIB, tp=8, dp=8, dp_attention=True)
+    )
+    assert old.reserved_mb == 36 * 1024
+
+
+def test_reserve_table_from_0_4_8() -> None:
+    # 0.4.8.post1 server_args.py:287-314: the reserve by card size replaces the table by tp.
+    assert budget.default_mem_fraction_static(
+        _sglang("0.4.8.post1", "H20-96GB", H20_MIB, tp=4)
+    ).value == round((H20_MIB - 14 * 1024) / H20_MIB, 3)
+    # 0.4.7 (server_args.py:253-283): above 96 GiB, 48 GiB x (1 - f) more, 18 GiB reserve at most.
+    h200 = budget.default_mem_fraction_static(_sglang("0.4.7", "H200-SXM-141GB", 143771, tp=4)).value
+    assert h200 == min(0.88 + 48 * 1024 * 0.12 / 143771, (143771 - 18 * 1024) / 143771)
+    # Over 80 GiB but under 96 GiB: 0.88 whatever the TP.
+    assert budget.default_mem_fraction_static(_sglang("0.4.7", "H20-96GB", H20_MIB, tp=4)).value == 0.88
+    assert budget.default_mem_fraction_static(_sglang("0.4.7", "B200-180GB", B200_MIB, tp=8)).value == 0.79
+    # 0.4.6 (server_args.py:224-238): above 80 GiB a 13 GiB reserve; the table by tp below.
+    assert (
+        budget.default_mem_fraction_static(_sglang("0.4.6", "H20-96GB", H20_MIB)).value
+        == (H20_MIB - 13312) / H20_MIB
+    )
+    assert budget.default_mem_fraction_static(_sglang("0.4.6", "H100-SXM-80GB", tp=4)).value == 0.85
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [("0.5.4", (2048, 16)), ("0.5.9", (2048, 24)), ("0.5.19", (2048, 24)), ("0.5.20", (4096, 48))],
+)
+def test_small_card_tiers_per_release(version: str, expected: tuple[int, int]) -> None:
+    assert budget.gpu_defaults(24564, 1, version) == expected
+
+
+def test_prefill_graph_reserve_from_0_5_10() -> None:
+    assert [budget.piecewise_capture_sizes(n) for n in (2048, 4096, 8192, 16384)] == [42, 50, 58, 74]
+    qwen = load_model(Path(__file__).parent / "apriori" / "configs" / "Qwen--Qwen3-0.6B.json")
+    new = budget.default_mem_fraction_static(_sglang("0.5.23", "H100-SXM-80GB"), qwen)
+    # 512 + 8192 x 1.5 + 128 + 256 x 2 + 58 x 8: the 0.83 SGLang printed (sglang PR #39713).
+    assert new.reserved_mb == 13904 and new.value == 0.83
+    assert budget.default_mem_fraction_static(_sglang("0.5.9", "H100-SXM-80GB"), qwen).value == 0.835
+    # MLA reserves 1.5 GiB; DP attention turns the graphs off before sizing (0.5.10 - 0.5.22).
+    v3 = _model("deepseek-ai--DeepSeek-V3")
+    assert budget.piecewise_reserved(v3, _sglang("0.5.15", "H200-SXM-141GB", tp=8), 8192) == 1536
+    assert (
+        budget.piecewise_reserved(
+            v3, _sglang("0.5.15", "H200-SXM-141GB", tp=8, dp=8, dp_attention=True), 8192
+        )
+        == 0
+    )
+
+
+def test_card_size_is_nvidia_smi_s() -> None:
+    # The heuristic reads nvidia-smi's total (81559 MiB on an H100), not torch's (79.19 GiB).
+    d = Deployment(
+        engine="sglang", engine_version="0.5.9", gpu_name="H100-SXM-80GB", gpu_memory_bytes=int(79.19 * GiB)
+    )
+    assert budget.gpu_mem_mib(d) == H100_MIB
+
+
+def test_vision_tower_scales_the_default_fraction() -> None:
+    kimi = _model("moonshotai--Kimi-K2.5")
+    d = _sglang("0.5.8.post1", mib=288 * 1024, tp=8)
+    # 512 + 16384 x 1.5 + 1024 + 512 x 2 = 27136 -> 0.908, x 0.95 x (1 - 0.1 x (27 x 1152^2 /
+    # (24 x 1024^2) - 1)) for MoonViT's 27 layers of width 1152: the 0.8260405859375 that SGLang's
+    # server_args dump printed for this deployment (tests/apriori/public/sglang, sgl-ajith-kimi-k25).
+    assert budget.vlm_factor(kimi) == pytest.approx(0.95 * (1 - 0.1 * (27 * 1152**2 / (24 * 1024**2) - 1)))
+    assert budget.default_mem_fraction_static(d, kimi).value == pytest.approx(0.8260405859375)
+    assert budget.default_mem_fraction_static(d).value == 0.908
+    # 0.4.8's model runner scales any fraction by 0.90; 0.4.3's by 0.95.
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.4.8.post1")) == 0.90
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.4.6")) == 0.90
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.4.3.post4")) == 0.95
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.5.2")) == 1.0
+
+
+def test_dp_attention_weights_not_split() -> None:
+    v3 = _model("deepseek-ai--DeepSeek-V3")
+    d = _sglang("0.5.6", mib=288 * 1024, tp=8, dp=8, dp_attention=True)
+    embed = v3.params["embeddings"] * 2  # bf16
+    attention = v3.params["attention"] * 1  # fp8
+    assert budget.dp_attention_weights_extra(v3, d) == pytest.approx(
+        embed * 7 / 8 + attention * 7 / 8, rel=1e-6
+    )
+    assert budget.dp_attention_weights_extra(v3, _sglang("0.5.6", tp=8)) == 0
+    # Llama keeps its QKV over the full TP group (layers/linear.py:809-812): the embedding only;
+    # Qwen3's attention is built over attn_tp (models/qwen3.py:102-111).
+    llama = _model("meta-llama--Meta-Llama-3.1-70B")
+    qwen = _model("Qwen--Qwen3-32B")
+    dp = _sglang("0.5.6", tp=8, dp=8, dp_attention=True)
+    assert budget.dp_attention_weights_extra(llama, dp) == pytest.approx(
+        llama.params["embeddings"] * 2 * 7 / 8, rel=1e-6
+    )
+    q_embed, q_attn = qwen.params["embeddings"] * 2, qwen.params["attention"] * 2
+    assert budget.dp_attention_weights_extra(qwen, dp) == pytest.approx((q_embed + q_attn) * 7 / 8, rel=1e-6)
+
+
+def _hybrid(full: LayerSpec, sliding: LayerSpec, n: int) -> ModelGeometry:
+    return ModelGeometry(
+        name="hybrid",
+        architecture="TestForCausalLM",
+        model_type="test",
+        dtype="bfloat16",
+        dtype_bytes=2,
+        layers=(full, sliding) * n,
+        hidden_size=1024,
+        num_attention_heads=8,
+        vocab_size=1000,
+        max_position_embeddings=4096,
+        params={},
+        quantization=None,
+    )
+
+
+def test_swa_split_per_release() -> None:
+    # Full layers 8 KV heads, window layers 2 (F = 4 S): only the memory-based split of 0.5.9+
+    # gives the window pool its bytes' worth.
+    m = _hybrid(LayerSpec("full", 8, 128, 128), LayerSpec("sliding", 2, 128, 128, window=1024), 4)
+    f, s = 4 * 8 * 128 * 2 * 2, 4 * 2 * 128 * 2 * 2
+    available = 10 * GiB
+    old = budget.pool(m, _sglang("0.5.8"), 2, available).tokens
+    mid = budget.pool(m, _sglang("0.5.9"), 2, available).tokens
+    new = budget.pool(m, _sglang("0.5.11"), 2, available).tokens
+    base = available // (f + s)
+    assert old == int(base * 8 / (0.8 * 4 + 4))
+    assert mid == int(base * (f + s) / (f + 0.8 * s))
+    assert new == int(available // (f + 0.8 * s))
+    assert old > new >= mid
+
+
+def test_gdn_state_slots_divided_by_dp_in_0_5_4_to_0_5_8_only() -> None:
+    """0.5.4-0.5.6 divide a GDN model's slot count by dp under DP attention (0.5.4
+    model_runner.py:1470-1473); 0.5.9's ratio branch does not (model_runner_kv_cache_mixin.py:186-203)."""
+    m = _model("Qwen--Qwen3-Next-80B-A3B-Thinking")
+    available = 38 * GiB
+    for version, divided in (("0.5.6", True), ("0.5.9", False)):
+        plain = budget.pool(m, _sglang(version, tp=4), 2, available)
+        d = _sglang(version, tp=4, dp=4, dp_attention=True)
+        dp = budget.pool(m, d, 2, available)
+        per_req = states.state_bytes_per_request(m, d)
+        slots = int(available * 0.9 / 1.9 // per_req)
+        assert plain.tokens == (available - slots * per_req) // plain.cell_bytes
+        kept = slots // 4 if divided else slots
+        assert dp.tokens == (available - kept * per_req) // dp.cell_bytes
+
+
+def test_multimodal_reservation_from_0_5_18() -> None:
+    kimi = _model("moonshotai--Kimi-K2.5")
+    assert budget.multimodal_reservation(kimi, _sglang("0.5.18")) == 100 * MiB
+    assert budget.multimodal_reservation(kimi, _sglang("0.5.17")) == 0
+    assert budget.multimodal_reservation(_model("deepseek-ai--DeepSeek-V3"), _sglang("0.5.23")) == 0
