@@ -3,12 +3,12 @@
 Not part of ``make bench`` or the tests: the peers live in their own virtual environments, never the
 project's. Install them (the releases this report was made with):
 
-    python3 -m venv /work/scratch/peers/venv-llm-d-planner
-    /work/scratch/peers/venv-llm-d-planner/bin/pip install llm-d-planner==0.3.3
-    python3 -m venv /work/scratch/peers/venv-aiconfigurator
-    /work/scratch/peers/venv-aiconfigurator/bin/pip install aiconfigurator==0.12.0
-    python3 -m venv /work/scratch/peers/venv-hf-mem
-    /work/scratch/peers/venv-hf-mem/bin/pip install hf-mem==0.5.6
+    python3 -m venv bench/out/peers/venv-llm-d-planner
+    bench/out/peers/venv-llm-d-planner/bin/pip install llm-d-planner==0.3.3
+    python3 -m venv bench/out/peers/venv-aiconfigurator
+    bench/out/peers/venv-aiconfigurator/bin/pip install aiconfigurator==0.12.0
+    python3 -m venv bench/out/peers/venv-hf-mem
+    bench/out/peers/venv-hf-mem/bin/pip install hf-mem==0.5.6
 
 Run: ``.venv/bin/python -m bench.peers [--venvs DIR] [--public DIR] [--json FILE]``, where ``--public``
 holds the public startups (``vllm/cases.json``, ``sglang/cases.json``, ``configs/``). Every tool is
@@ -254,8 +254,10 @@ def failed_starts(rows: list[Row]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--venvs", type=Path, default=Path("/work/scratch/peers"), help="folder of venv-NAME")
-    ap.add_argument("--public", type=Path, default=Path("/work/scratch/apriori-public"))
+    ap.add_argument(
+        "--venvs", type=Path, default=ROOT / "bench" / "out" / "peers", help="folder of venv-NAME"
+    )
+    ap.add_argument("--public", type=Path, default=ROOT / "tests" / "apriori" / "public")
     ap.add_argument("--json", type=Path, help="write every case's figures here")
     args = ap.parse_args(argv)
     cases = peers_cases.load_all(args.public)
