@@ -74,7 +74,7 @@ class Case:
         return geometry_from_config(self.config, name=self.model)
 
 
-def _checkpoint_quant(model: str, setting: str) -> dict[str, Any] | None:
+def checkpoint_quant(model: str, setting: str) -> dict[str, Any] | None:
     """The quantization_config a quantised checkpoint's own config.json carries, from the case's
     checkpoint name and the quantisation its settings record, for a case whose config.json is the
     base model's (what a user predicting from the checkpoint's config gets)."""
@@ -120,7 +120,7 @@ def load_config(name: str, model: str, quantization: str = "") -> dict[str, Any]
         raise FileNotFoundError(name)
     raw: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     has_quant = "quantization_config" in raw or "quantization_config" in (raw.get("text_config") or {})
-    quant = None if has_quant else _checkpoint_quant(model, quantization)
+    quant = None if has_quant else checkpoint_quant(model, quantization)
     if quant is not None:
         # The base model's config stands in for the checkpoint's, which carries this.
         raw = copy.deepcopy(raw)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.accuracy_cases import checkpoint_quant
 from kvwatch.capacity import gpus
 
 ROOT = Path(__file__).resolve().parent.parent / "tests"
@@ -52,32 +53,6 @@ AIC_SYSTEM = {
     "L40S-48GB": "l40s",
     "RTX-PRO-6000-96GB": "rtx_pro_6000_server",
 }
-_CT = {
-    "fp8": {"num_bits": 8, "type": "float"},
-    "w8a8": {"num_bits": 8, "type": "int"},
-    "w4a16": {"num_bits": 4, "type": "int", "group_size": 128},
-}
-
-
-def _checkpoint_quant(model: str, setting: str) -> dict[str, Any] | None:
-    """The quantization_config a quantised checkpoint's own config.json carries, for a case whose
-    config.json is the base model's (the rule of the accuracy benches)."""
-    name, text = model.lower(), setting.lower()
-    if "runtime" in text or "online" in text:
-        return None
-    ct = "redhat" in name or "compressed-tensors" in text or "wna16" in text
-    for key in ("w4a16", "w8a8", "fp8"):
-        if ct and (key in name or (key == "w4a16" and ("int4" in name or "wna16" in text))):
-            return {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": _CT[key]}}}
-    if "gptq" in name or "gptq" in text:
-        return {"quant_method": "gptq", "bits": 8 if "int8" in name else 4, "group_size": 128}
-    if "awq" in name or "awq" in text:
-        return {"quant_method": "awq", "bits": 4, "group_size": 128}
-    if "bnb-4bit" in name or "bitsandbytes" in text:
-        return {"quant_method": "bitsandbytes", "load_in_4bit": True}
-    if "fp8" in name or ("fp8" in text and "checkpoint" in text):
-        return {"quant_method": "fp8"}
-    return None
 
 
 def _user(s: dict[str, Any], key: str) -> Any:
@@ -299,7 +274,7 @@ def _record(c: dict[str, Any], case_set: str, config_dirs: tuple[Path, ...]) -> 
         config = json.loads(path.read_text(encoding="utf-8"))
         inner = config.get("text_config") or {}
         if "quantization_config" not in config and "quantization_config" not in inner:
-            quant = _checkpoint_quant(str(c["model"]), str(s.get("quantization") or ""))
+            quant = checkpoint_quant(str(c["model"]), str(s.get("quantization") or ""))
             if quant is not None:
                 config = copy.deepcopy(config)
                 config["quantization_config"] = quant
