@@ -264,6 +264,34 @@ def _am_alerts(base: str) -> dict[tuple[str, str], str]:
     }
 
 
+def start_alerting(
+    tmp_path: Path,
+    config: dict[str, Any],
+    ports: dict[str, int],
+    prometheus_server: str,
+    alertmanager_server: str,
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    """Alertmanager (the shipped config) and Prometheus (``config`` as its prometheus.yml) on
+    127.0.0.1, their stderr in tmp_path, appended to ``procs`` for the caller to stop."""
+    import yaml
+
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    with (
+        (tmp_path / "prometheus.stderr").open("wb") as p_err,
+        (tmp_path / "am.stderr").open("wb") as a_err,
+    ):
+        procs.append(subprocess.Popen(
+            [alertmanager_server, f"--config.file={TESTS.parent / 'deploy/alertmanager/alertmanager.yml'}",
+             f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{ports['am']}",
+             f"--cluster.listen-address=127.0.0.1:{ports['am_cluster']}"],
+            stdout=subprocess.DEVNULL, stderr=a_err))  # fmt: skip
+        procs.append(subprocess.Popen(
+            [prometheus_server, f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{ports['prom']}"],
+            stdout=subprocess.DEVNULL, stderr=p_err))  # fmt: skip
+
+
 def _substitute(expr: str) -> str:
     """A dashboard query with its variables as 'All' (.*) and Grafana's intervals as values."""
     import re
@@ -275,7 +303,6 @@ def _substitute(expr: str) -> str:
 def test_fleet_pages_name_the_pod_inhibit_per_cause_and_catch_a_frozen_source(
     tmp_path: Path, prometheus_server: str, alertmanager_server: str
 ) -> None:
-    import yaml
 
     from kvwatch.mixin import dashboards as _dashboards  # noqa: F401  (the JSON is read below)
 
@@ -332,20 +359,7 @@ def test_fleet_pages_name_the_pod_inhibit_per_cause_and_catch_a_frozen_source(
                     {"targets": [f"127.0.0.1:{sglang.port}"], "labels": {"namespace": "serving", "pod": "sglang-7"}}]},
             ],
         }  # fmt: skip
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-        with (
-            (tmp_path / "prometheus.stderr").open("wb") as p_err,
-            (tmp_path / "am.stderr").open("wb") as a_err,
-        ):
-            procs.append(subprocess.Popen(
-                [alertmanager_server, f"--config.file={TESTS.parent / 'deploy/alertmanager/alertmanager.yml'}",
-                 f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{ports['am']}",
-                 f"--cluster.listen-address=127.0.0.1:{ports['am_cluster']}"],
-                stdout=subprocess.DEVNULL, stderr=a_err))  # fmt: skip
-            procs.append(subprocess.Popen(
-                [prometheus_server, f"--config.file={tmp_path / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{ports['prom']}"],
-                stdout=subprocess.DEVNULL, stderr=p_err))  # fmt: skip
+        start_alerting(tmp_path, config, ports, prometheus_server, alertmanager_server, procs)
         prom = _Prometheus(ports["prom"])
         am = f"http://127.0.0.1:{ports['am']}"
 

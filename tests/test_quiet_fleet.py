@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from test_prometheus_integration import _EngineEndpoint, _get_json
+from test_prometheus_integration import _EngineEndpoint, _get_json, start_alerting
 from waiting import stop
 
 from kvwatch.mixin import config, rules
@@ -185,20 +184,7 @@ def test_a_quiet_fleet_raises_nothing_then_each_fault_exactly_its_alert(
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports['am']}"]}]}]},
             "scrape_configs": [{"job_name": "kvwatch", "static_configs": targets}],
         }
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(settings), encoding="utf-8")
-        with (
-            (tmp_path / "prometheus.stderr").open("wb") as p_err,
-            (tmp_path / "am.stderr").open("wb") as a_err,
-        ):
-            procs.append(subprocess.Popen(
-                [alertmanager_server, f"--config.file={ROOT / 'deploy/alertmanager/alertmanager.yml'}",
-                 f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{ports['am']}",
-                 f"--cluster.listen-address=127.0.0.1:{ports['am_cluster']}"],
-                stdout=subprocess.DEVNULL, stderr=a_err))  # fmt: skip
-            procs.append(subprocess.Popen(
-                [prometheus_server, f"--config.file={tmp_path / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{ports['prom']}"],
-                stdout=subprocess.DEVNULL, stderr=p_err))  # fmt: skip
+        start_alerting(tmp_path, settings, ports, prometheus_server, alertmanager_server, procs)
         prom, am = f"http://127.0.0.1:{ports['prom']}", f"http://127.0.0.1:{ports['am']}"
 
         # Every pod's pool and usage in Prometheus (bounded), then the quiet period.
