@@ -67,7 +67,7 @@ def gpu_defaults(gpu_mem_mb: float, tp: int, version: str | None = None) -> tupl
     """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks for a card of this size.
 
     Cards under 35 GiB: chunk 2048 and graphs up to 16 (tp < 4) / 80 in 0.5.3-0.5.4 (0.5.4
-    server_args.py:685-697), 24 / 80 in 0.5.6-0.5.19 (0.5.9 server_args.py:953-955), 4096 and
+    server_args.py:685-697), 24 / 80 in 0.5.5-0.5.19 (0.5.9 server_args.py:953-955), 4096 and
     48 / 160 from 0.5.20 (arg_groups/memory_hook.py:100-117 @0.5.20).
     """
     if gpu_mem_mb < 20 * 1024:
