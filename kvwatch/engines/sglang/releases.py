@@ -75,7 +75,7 @@ SMALL_CARD_DEFAULTS: Rule[tuple[int, int, int]] = Rule(
     "small_card_defaults",
     "(chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4) on a 20-35 GiB card",
     Side(None, (2048, 16, 80), "0.5.4 server_args.py:685-697"),
-    Side("0.5.5", (2048, 24, 80), "0.5.9 server_args.py:953-955"),
+    Side("0.5.5", (2048, 24, 80), "0.5.5 server_args.py:707-719; 0.5.9 :953-955"),
     Side("0.5.20", (4096, 48, 160), "0.5.20 arg_groups/memory_hook.py:100-117"),
 )
 
