@@ -101,7 +101,7 @@ PIECEWISE_OFF_DCP: Rule[bool] = Rule(
     "piecewise_off_dcp",
     "DCP > 1 turns the prefill graphs off",
     Side(None, False, "0.5.12.post1 server_args.py:1301-1370 (no DCP condition)"),
-    Side("0.5.23", True, "0.5.23 arg_groups/cuda_graph_hook.py"),
+    Side("0.5.23", True, "0.5.23 arg_groups/cuda_graph_hook.py:212-215"),
 )
 PIECEWISE_OFF_DSA: Rule[bool] = Rule(
     "piecewise_off_dsa",
@@ -128,7 +128,7 @@ DSA_INDEXER_CELL: Rule[bool] = Rule(
     "dsa_indexer_cell",
     "a DSA layer's cell counts the fp8 indexer key with its scales",
     Side(None, False, "0.5.3 model_executor/model_runner.py:1274-1279"),
-    Side("0.5.4", True, "0.5.4 model_executor/model_runner.py ('Add indexer KV cache overhead')"),
+    Side("0.5.4", True, "0.5.4 model_executor/model_runner.py:1406-1412"),
 )
 DSA_INDEXER_BUFFER: Rule[bool] = Rule(
     "dsa_indexer_buffer",

@@ -122,7 +122,7 @@ V2_RUNNER_PP: Rule[bool] = Rule(
     "v2_runner_pp",
     "at PP > 1 the V2 model runner keeps pp + 1 batches in flight (V1: pp)",
     Side(None, False, "0.26.0 config/vllm.py:512-522 (dense models taken as V1)"),
-    Side("0.29", True, "0.29.0 config/vllm.py max_concurrent_batches (V2 the default for every model)"),
+    Side("0.29", True, "0.29.0 config/vllm.py:559-569, :645 (V2 the default for every model)"),
     Side("0.31", False, "0.31.0 config/vllm.py:3124 (PP with async scheduling falls back to V1)"),
 )
 IN_FLIGHT_BATCHES: Rule[bool] = Rule(
