@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.kinds import EngineName
 from kvwatch.engines.base import FractionLever, LogDialect
+from kvwatch.engines.sglang.anchors import ANCHORS
 from kvwatch.engines.sglang.flags import FLAGS
 
 if TYPE_CHECKING:
@@ -40,28 +41,6 @@ PHRASES: tuple[str, ...] = (
     "KV cache pool",
     "Not enough memory",
     "avail mem=",
-)
-
-
-# The log table's anchors (log.ANCHORS, derived from its table; tests/test_pipeline.py holds them
-# equal): the pipeline's pre-filter before the engine is known, without building the dialect.
-ANCHORS: tuple[str, ...] = (
-    "Decode batch",
-    "Prefill batch",
-    "#retracted_reqs",
-    "Cache is allocated",
-    "KV cache allocated",
-    "swa_layer_tokens=",
-    "max_total_num_token",
-    "Load weight ",
-    "Memory pool end",
-    "graph end",
-    "server_args=",
-    "Not enough ",
-    "is too small",
-    "cannot hold even one request",
-    "reduce --mem-fraction-static",
-    "sglang: ",
 )
 
 
@@ -188,7 +167,7 @@ class Sglang:
 def _log_dialect() -> LogDialect:
     from kvwatch.engines.sglang import fastpath, log
 
-    return LogDialect(parse=log.parse, anchors=log.ANCHORS, phrases=PHRASES, fast_path=fastpath.parse_lines)
+    return LogDialect(parse=log.parse, anchors=ANCHORS, phrases=PHRASES, fast_path=fastpath.parse_lines)
 
 
 @functools.cache

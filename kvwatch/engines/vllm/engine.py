@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.kinds import EngineName
 from kvwatch.engines.base import FractionLever, LogDialect
+from kvwatch.engines.vllm.anchors import ANCHORS
 from kvwatch.engines.vllm.flags import FLAGS
 
 if TYPE_CHECKING:
@@ -46,32 +47,6 @@ PHRASES: tuple[str, ...] = (
     "VllmWorker",
     "(Worker_",
     "LLM engine",
-)
-
-
-# The log table's anchors (log.ANCHORS, derived from its table; tests/test_pipeline.py holds them
-# equal): the pipeline's pre-filter before the engine is known, without building the dialect.
-ANCHORS: tuple[str, ...] = (
-    "KV cache",
-    "KV Cache",
-    "blocks",
-    "Maximum concurrency",
-    "took",
-    "total_gpu_memory",
-    "CUDA graph memory",
-    "equested",
-    "max model len",
-    "max_num_batched_tokens",
-    "Defaulting ",
-    "memory snapshot",
-    "block size",
-    "Prefix cache hit rate",
-    "█  model",
-    "█  version",
-    "version",
-    "LLM engine",
-    "args",
-    "headless",
 )
 
 
@@ -218,7 +193,7 @@ def _log_dialect() -> LogDialect:
 
     return LogDialect(
         parse=log.parse,
-        anchors=log.ANCHORS,
+        anchors=ANCHORS,
         phrases=PHRASES,
         fast_path=fastpath.parse_lines,
     )
