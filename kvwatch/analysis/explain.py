@@ -28,6 +28,7 @@ from kvwatch.capacity.prediction import Prediction
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.events import Event, MemoryBudget
 from kvwatch.core.jsontypes import JsonObject
+from kvwatch.core.kinds import EngineName
 from kvwatch.engines import registry
 from kvwatch.state.facts import Failure, SettingsFacts
 from kvwatch.state.fleet import InstanceSnapshot
@@ -76,7 +77,7 @@ class Explanation:
 
     source: str
     instance: str
-    engine: str
+    engine: EngineName
     engine_version: str | None
     model: str | None
     observed: Budget

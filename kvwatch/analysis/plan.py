@@ -24,6 +24,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.jsontypes import JsonObject
+from kvwatch.core.kinds import EngineName
 from kvwatch.engines.base import Engine
 
 # Default utilisation target for the card search: vLLM's own default gpu_memory_utilization and the
@@ -52,7 +53,7 @@ class Plan:
     """The workload against one deployment: bytes per rank, the check on every rank, growth."""
 
     model: str
-    engine: str
+    engine: EngineName
     gpu_name: str | None
     tp: int
     pp: int

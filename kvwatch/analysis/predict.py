@@ -11,15 +11,18 @@ deployment's engine is looked up by its ``EngineName``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
+from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.capacity.model import ModelGeometry, stage_layers
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weights_per_rank
-from kvwatch.core.errors import ConfigError, NoGpuMemoryError, UnmodelledError
+from kvwatch.core.errors import ConfigError, KvwatchError, NoGpuMemoryError, UnmodelledError
 from kvwatch.engines import registry
 from kvwatch.engines.base import Capacity, Engine
 
-__all__ = ["Prediction", "pool_from_available", "predict"]
+__all__ = ["Prediction", "pool_from_available", "predict", "predict_on_cards"]
 
 
 def engine_of(d: Deployment, engine: Engine | None = None) -> Engine:
@@ -82,9 +85,32 @@ def _max_model_len(model: ModelGeometry, d: Deployment) -> int:
 
 def predict(model: ModelGeometry, deployment: Deployment, engine: Engine | None = None) -> Prediction:
     """The engine's KV pool for this model and deployment, with every assumption listed."""
-    d = deployment
-    validate(model, d)
-    capacity = engine_of(d, engine).capacity
+    validate(model, deployment)
+    return _predict(engine_of(deployment, engine).capacity, model, deployment)
+
+
+def predict_on_cards(
+    model: ModelGeometry, base: Deployment, cards: Iterable[GpuSpec], engine: Engine | None = None
+) -> list[Prediction]:
+    """The prediction on each of ``cards`` that holds the deployment, in their order.
+
+    ``base`` is validated once (what the engine refuses on any card: a ConfigError); only the card
+    changes from one prediction to the next, and a card the deployment does not fit is left out.
+    """
+    validate(model, base)
+    capacity = engine_of(base, engine).capacity
+    out = []
+    for card in cards:
+        try:
+            out.append(
+                _predict(capacity, model, base.with_(gpu_memory_bytes=card.total_bytes, gpu_name=card.name))
+            )
+        except KvwatchError:
+            continue
+    return out
+
+
+def _predict(capacity: Capacity, model: ModelGeometry, d: Deployment) -> Prediction:
     if d.gpu_memory_bytes is None and capacity.needs_gpu_memory(d):
         raise NoGpuMemoryError(
             "need the GPU's memory (--gpu NAME or --gpu-memory SIZE) or --available-kv-memory"

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import cast
 
-from kvwatch.analysis.predict import predict
+from kvwatch.analysis.predict import predict, predict_on_cards
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import (
     MAX_GPU_MEMORY_BYTES,
@@ -17,13 +17,12 @@ from kvwatch.capacity.deployment import (
     MIN_TERM_BYTES,
     Deployment,
     DeploymentValue,
-    validate,
 )
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.commands.render import stacked_bar, table
-from kvwatch.core.errors import ConfigError, KvwatchError
+from kvwatch.core.errors import ConfigError
 from kvwatch.core.kinds import DEFAULT_ENGINE, ENGINE_NAMES
 from kvwatch.core.units import MAX_SIZE, format_bytes, parse_size
 from kvwatch.engines import registry
@@ -306,17 +305,10 @@ def _with_flag_notes(p: Prediction, reading: FlagReading, model_config: str) -> 
 
 
 def card_table(model: ModelGeometry, base: Deployment, engine: Engine) -> list[Prediction]:
-    """The prediction on every NVIDIA card of the catalogue that holds the weights, smallest first."""
-    out = []
-    for card in sorted(gpus.CATALOGUE, key=lambda g: g.total_bytes):
-        if card.vendor != "nvidia":
-            continue
-        try:
-            p = predict(model, base.with_(gpu_memory_bytes=card.total_bytes, gpu_name=card.name), engine)
-        except KvwatchError:
-            continue
-        out.append(p)
-    return out
+    """The prediction on every NVIDIA card of the catalogue that holds the weights, smallest first;
+    ConfigError for what the engine refuses on any card (TP split, dtypes)."""
+    cards = sorted((g for g in gpus.CATALOGUE if g.vendor == "nvidia"), key=lambda g: g.total_bytes)
+    return predict_on_cards(model, base, cards, engine)
 
 
 def render_cards(model: ModelGeometry, preds: list[Prediction]) -> str:
@@ -358,7 +350,6 @@ def run(args: argparse.Namespace) -> int:
     request = read_request(args)
     engine, deployment, reading = request.engine, request.deployment, request.flags
     if deployment.gpu_memory_bytes is None and engine.capacity.needs_gpu_memory(deployment):
-        validate(model, deployment)  # what the engine refuses on any card (TP split, dtypes)
         preds = [
             _with_flag_notes(p, reading, args.model_config) for p in card_table(model, deployment, engine)
         ]
