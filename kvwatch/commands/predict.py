@@ -167,8 +167,6 @@ def read_request(args: argparse.Namespace) -> Request:
     """Flags -> the engine, its Deployment (sizes parsed, GPU looked up, release checked) and its own
     flags after ``--``, which win over kvwatch's."""
     engine = registry.get(args.engine)
-    engine.check_version(args.engine_version)
-    reading = engine_flags(args, engine)
     gpu_name = None
     gpu_memory = None
     if args.gpu:
@@ -176,10 +174,10 @@ def read_request(args: argparse.Namespace) -> Request:
         gpu_name, gpu_memory = spec.name, spec.total_bytes
     elif args.gpu_memory:
         gpu_memory = gpu_memory_size(args.gpu_memory)
+    engine.check_version(args.engine_version)
     fraction_flags = engine.flags.deployment_fields(
         args.gpu_memory_utilization, args.mem_fraction_static, args.block_size
     )
-    own = {k: cast(DeploymentValue, v) for k, v in reading.fields.items()}
     deployment = Deployment(
         engine=engine.name,
         engine_version=args.engine_version,
@@ -202,8 +200,10 @@ def read_request(args: argparse.Namespace) -> Request:
         ),
         max_num_batched_tokens=args.max_num_batched_tokens,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-    ).with_(**{**fraction_flags, **own})
-    return Request(engine, deployment, reading)
+    )
+    reading = engine_flags(args, engine)
+    own = {k: cast(DeploymentValue, v) for k, v in reading.fields.items()}
+    return Request(engine, deployment.with_(**{**fraction_flags, **own}), reading)
 
 
 def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:
