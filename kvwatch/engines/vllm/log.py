@@ -5,8 +5,8 @@ and the versions that print them are catalogued in docs/parse.md and the vLLM fo
 each pattern quotes one real line. ``parse`` walks one table of (anchor, handler): the first row
 whose anchor is in the body and whose handler answers (a handler answers None for a line that is
 not its own) decides; each row's anchor is a word of anchors.py (``ANCHORS``, the pipeline's cheap
-pre-filter, declared once there). Settings
-lines live in settings.py, the stats-line fast path in fastpath.py.
+pre-filter, declared once there). Settings lines live in settings.py, the stats-line fast path in
+fastpath.py.
 """
 
 from __future__ import annotations
