@@ -154,7 +154,7 @@ def test_explain_and_sidecar_give_one_answer(case: Case, tmp_path: Path) -> None
         # The parts add up to the gap, and count only terms the release subtracts.
         assert sum(c.bytes for c in a.contributions) == a.gap_bytes
         engine = registry.get(snap.engine)
-        subtracted = engine.budget_terms_for_gap({n: 1 for n in names.MEMORY_TERMS}, snap.settings)
+        subtracted = engine.observed.budget_terms_for_gap({n: 1 for n in names.MEMORY_TERMS}, snap.settings)
         assert a.counted <= {n for n, v in subtracted.items() if v is not None}
 
 
