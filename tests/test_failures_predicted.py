@@ -1,0 +1,73 @@
+"""Failed starts predicted as the engine fails them (issue 20): each test derives its figures from the
+engine's own check, read in the release's source (cited per test), and checks kvwatch's verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvwatch.analysis.predict import predict
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import load_model
+from kvwatch.engines.vllm import memory
+
+PUBLIC_CONFIGS = Path(__file__).parent / "apriori" / "public" / "configs"
+# Qwen2.5-32B (QwQ-32B's architecture): 64 layers, 8 KV heads of 128 -> 32 layers a PP-2 stage, a
+# 16-token block of one stage = 16 x 32 x 2 x 8 x 128 x 2 B = 2 MiB.
+QWEN25_32B = PUBLIC_CONFIGS / "Qwen--Qwen2.5-32B.json"
+STAGE_BLOCK = 16 * 32 * 2 * 8 * 128 * 2
+# vllm#14452 (0.8.5, 2 x RTX 5090, PP 2): the smaller stage leaves 14.26 GiB, 7299 blocks.
+BLOCKS = 7299
+
+
+@pytest.mark.parametrize(
+    ("version", "pp", "v0"),
+    [("0.7.3", 1, True), ("0.8.5", 1, False), ("0.8.5", 2, True), ("0.9.0", 2, True), ("0.9.1", 2, False)],
+)
+def test_pipeline_parallel_falls_back_to_v0_until_0_9_1(version: str, pp: int, v0: bool) -> None:
+    """0.8.5 engine/arg_utils.py:1476-1482 and 0.9.0 :1378-1384 fall back to V0 for PP without a
+    named executor backend; 0.9.1 :1434-1440 accepts the default one."""
+    assert memory.runs_v0(Deployment(engine="vllm", engine_version=version, pp=pp)) is v0
+
+
+@pytest.mark.parametrize(
+    ("version", "max_model_len", "fails"),
+    [
+        # 0.8.5 worker.py:563: max_seq_len = 16 x (7299 // 2) = 58,384 < 60,000 (the log's own figure).
+        ("0.8.5", 60000, True),
+        ("0.8.5", 50000, False),  # the same user's run at 50,000 started
+        # 0.7.3 worker.py:542 counts every block: 16 x 7299 = 116,784 >= 60,000.
+        ("0.7.3", 60000, False),
+        # 0.10.0 runs V1: one request of 60,000 tokens needs 60,000 x 32 x 4 KiB = 7.32 GiB per stage.
+        ("0.10.0", 60000, False),
+    ],
+)
+def test_v0_divides_the_blocks_among_pipeline_virtual_engines(
+    version: str, max_model_len: int, fails: bool
+) -> None:
+    m = load_model(QWEN25_32B)
+    d = Deployment(
+        engine="vllm",
+        engine_version=version,
+        pp=2,
+        max_model_len=max_model_len,
+        available_kv_bytes=BLOCKS * STAGE_BLOCK,
+    )
+    p = predict(m, d)
+    assert p.kv_pool_blocks == BLOCKS
+    assert p.fits is not fails
+    if fails:
+        assert p.failure is not None
+        assert "larger than the maximum number of tokens that can be stored in KV cache (58384)" in p.failure
+        assert p.estimated_max_model_len == 58384
+    else:
+        assert p.failure is None
+
+
+def test_v0_long_context_profiles_a_2048_token_chunk() -> None:
+    """Beyond 32K tokens V0 turns chunked prefill on (0.8.5 engine/arg_utils.py:1504-1533), so the
+    scheduler's default is 2048 tokens (config.py:1968-1978), not max_model_len."""
+    d = Deployment(engine="vllm", engine_version="0.8.5", pp=2, max_model_len=60000)
+    assert memory.batch_limits(d, 60000) == (256, 2048)
+    assert memory.batch_limits(d.with_(max_model_len=20000), 20000) == (256, 20000)
