@@ -10,8 +10,10 @@ import pytest
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
+from kvwatch.core.units import GiB
 from kvwatch.engines.vllm import memory
 
+CONFIGS = Path(__file__).parent / "model_configs"
 PUBLIC_CONFIGS = Path(__file__).parent / "apriori" / "public" / "configs"
 # Qwen2.5-32B (QwQ-32B's architecture): 64 layers, 8 KV heads of 128 -> 32 layers a PP-2 stage, a
 # 16-token block of one stage = 16 x 32 x 2 x 8 x 128 x 2 B = 2 MiB.
@@ -71,3 +73,22 @@ def test_v0_long_context_profiles_a_2048_token_chunk() -> None:
     d = Deployment(engine="vllm", engine_version="0.8.5", pp=2, max_model_len=60000)
     assert memory.batch_limits(d, 60000) == (256, 2048)
     assert memory.batch_limits(d.with_(max_model_len=20000), 20000) == (256, 20000)
+
+
+def test_float32_dtype_keeps_a_4_byte_kv_cache() -> None:
+    """--kv-cache-dtype auto follows the model dtype (0.21.0 utils/torch_utils.py:396-401
+    kv_cache_dtype_str_to_dtype; V0 0.8.5 worker/cache_engine.py:50-51), so --dtype float32 stores
+    4-byte K and V. llm-d-planner's 0.19.0 Llama-3.1-8B run at --dtype float32 on an H100 logged
+    'Available KV cache memory: 42.8 GiB' and 'GPU KV cache size: 175,296 tokens' (10,956 blocks of
+    16 x 32 layers x 2 x 8 x 128 x 4 B)."""
+    m = load_model(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
+    d = Deployment(
+        engine="vllm", engine_version="0.19.0", max_model_len=8192, available_kv_bytes=int(42.8 * GiB)
+    )
+    p = predict(m, d.with_(dtype="float32"))
+    assert p.bytes_per_token == 32 * 2 * 8 * 128 * 4
+    assert (p.kv_pool_blocks, p.kv_pool_tokens) == (10956, 175_296)
+    # --dtype half on the same checkpoint, and no --dtype at all, keep 2 bytes.
+    assert predict(m, d.with_(dtype="half")).kv_pool_tokens == predict(m, d).kv_pool_tokens == 350_608
+    # A quantised cache ignores --dtype.
+    assert predict(m, d.with_(dtype="float32", kv_cache_dtype="fp8")).bytes_per_token == 32 * 2 * 8 * 128

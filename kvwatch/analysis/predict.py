@@ -45,7 +45,7 @@ def pool_from_available(
 ) -> tuple[int, int | None]:
     """(tokens, blocks) the engine makes of ``available_kv_bytes`` on one rank; blocks None for SGLang."""
     validate(model, deployment)
-    elem = kv_elem_bytes(model, deployment.kv_cache_dtype)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
     return registry.get(deployment.engine).pool_from_available(model, deployment, elem, available_kv_bytes)
 
 
@@ -53,7 +53,7 @@ def tokens_of_pool_bytes(model: ModelGeometry, deployment: Deployment, pool_byte
     """Tokens of a pool whose buffers the engine printed in bytes (SGLang's 'KV size'); None for an
     engine that prints its budget instead."""
     validate(model, deployment)
-    elem = kv_elem_bytes(model, deployment.kv_cache_dtype)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
     return registry.get(deployment.engine).tokens_of_pool_bytes(model, deployment, elem, pool_bytes)
 
 
@@ -74,7 +74,7 @@ def predict(model: ModelGeometry, deployment: Deployment) -> Prediction:
         raise NoGpuMemoryError(
             "need the GPU's memory (--gpu NAME or --gpu-memory SIZE) or --available-kv-memory"
         )
-    elem = kv_elem_bytes(model, d.kv_cache_dtype)
+    elem = kv_elem_bytes(model, d.kv_cache_dtype, d.dtype)
     inputs: dict[str, InputSource] = {}
     assumptions: list[str] = list(model.notes)
     max_model_len = _max_model_len(model, d)
