@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.accuracy_cases import _card
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.envelope import card_family
 from kvwatch.capacity.geometry import load_model
 from kvwatch.core.units import GiB
 from kvwatch.engines.vllm import memory
@@ -92,3 +94,23 @@ def test_float32_dtype_keeps_a_4_byte_kv_cache() -> None:
     assert predict(m, d.with_(dtype="half")).kv_pool_tokens == predict(m, d).kv_pool_tokens == 350_608
     # A quantised cache ignores --dtype.
     assert predict(m, d.with_(dtype="float32", kv_cache_dtype="fp8")).bytes_per_token == 32 * 2 * 8 * 128
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "total_gib"),
+    [
+        # CUDA's total on a DGX Spark (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47).
+        ("DGX Spark GB10 (121.6 GiB unified) x1", "GB10-128GB", 121.69),
+        # nvidia-smi's 275,040 MiB less the 480 MiB no log has measured.
+        ("B300 x8", "B300-288GB", (275040 - 480) / 1024),
+        # 288 GiB as AMD counts it, less the same 480 MiB.
+        ("AMD Instinct MI355X x8", "MI355X-288GB", 288 - 480 / 1024),
+        # rocminfo's GPU pool of 16,695,296 KB.
+        ("AMD Radeon RX 9070 XT (16GB, gfx1201) x1", "RX-9070-XT-16GB", 16695296 / 1024**2),
+    ],
+)
+def test_cards_of_the_public_cases_are_catalogued(text: str, name: str, total_gib: float) -> None:
+    got, total, why = _card(text, None)
+    assert (got, why) == (name, None)
+    assert total is not None and abs(total / GiB - total_gib) < 0.005
+    assert card_family(got) == name.rsplit("-", 1)[0].upper()
