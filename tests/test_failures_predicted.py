@@ -61,6 +61,7 @@ def test_v0_divides_the_blocks_among_pipeline_virtual_engines(
     p = predict(m, d)
     assert p.kv_pool_blocks == BLOCKS
     assert p.fits is not fails
+    assert any("falls back to V0 for PP 2" in a for a in p.assumptions) is (version == "0.8.5")
     if fails:
         assert p.failure is not None
         assert "larger than the maximum number of tokens that can be stored in KV cache (58384)" in p.failure

@@ -97,7 +97,8 @@ def _terms(
         inputs["activation"] = "estimated"
         notes.append(
             f"activation peak: the profile run modelled ({stage_act[-1].note} pass; max_num_seqs {seqs}, "
-            f"max_num_batched_tokens {tokens}, sampler path {memory.sampler_path(d.engine_version)})"
+            f"max_num_batched_tokens {tokens}, sampler path "
+            f"{'v0' if memory.runs_v0(d) else memory.sampler_path(d.engine_version)})"
         )
     if d.non_torch_bytes is not None:
         nt = memory.Term(d.non_torch_bytes)
@@ -222,6 +223,10 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     limiting = min(stage_available) if stage_available else available
     # From 0.29 the check and the estimate hold back the null block (budget.check_bytes).
     limiting = budget.check_bytes(plan, limiting, d.engine_version) if limiting > 0 else limiting
+    if memory.runs_v0(d) and memory.is_v1(d.engine_version):
+        assumptions.append(
+            f"engine: V0 (vLLM {d.engine_version} falls back to V0 for PP {d.pp} with the default executor backend)"
+        )
     v0_tokens = _v0_max_seq_len(plan, d) if memory.runs_v0(d) and limiting > 0 else None
     if limiting <= 0 or v0_tokens == 0:
         failure = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
