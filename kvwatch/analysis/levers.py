@@ -91,7 +91,7 @@ def levers(
                 "same pool, twice the full-length requests",
             )
         )
-    elem = kv_elem_bytes(model, d.kv_cache_dtype)
+    elem = kv_elem_bytes(model, d.kv_cache_dtype, d.dtype)
     if elem > 1:
         add(
             "kv_cache_dtype",

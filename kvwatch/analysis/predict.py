@@ -59,7 +59,7 @@ def pool_from_available(
 ) -> tuple[int, int | None]:
     """(tokens, blocks) the engine makes of ``available_kv_bytes`` on one rank; blocks None for SGLang."""
     validate(model, deployment)
-    elem = kv_elem_bytes(model, deployment.kv_cache_dtype)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
     capacity = engine_of(deployment, engine).capacity
     return capacity.pool_from_available(model, deployment, elem, available_kv_bytes)
 
@@ -70,7 +70,7 @@ def tokens_of_pool_bytes(
     """Tokens of a pool whose buffers the engine printed in bytes (SGLang's 'KV size'); None for an
     engine that prints its budget instead."""
     validate(model, deployment)
-    elem = kv_elem_bytes(model, deployment.kv_cache_dtype)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
     capacity = engine_of(deployment, engine).capacity
     return capacity.tokens_of_pool_bytes(model, deployment, elem, pool_bytes)
 
@@ -115,7 +115,7 @@ def _predict(capacity: Capacity, model: ModelGeometry, d: Deployment) -> Predict
         raise NoGpuMemoryError(
             "need the GPU's memory (--gpu NAME or --gpu-memory SIZE) or --available-kv-memory"
         )
-    elem = kv_elem_bytes(model, d.kv_cache_dtype)
+    elem = kv_elem_bytes(model, d.kv_cache_dtype, d.dtype)
     inputs: dict[str, InputSource] = {}
     assumptions: list[str] = list(model.notes)
     max_model_len = _max_model_len(model, d)

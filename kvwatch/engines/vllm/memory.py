@@ -39,6 +39,21 @@ def is_v1(version: str | None) -> bool:
     return releases.V1_ENGINE.at(version)
 
 
+def runs_v0(d: Deployment) -> bool:
+    """Whether the deployment runs the V0 engine: every release before 0.8, and 0.8.0-0.9.0 at PP >= 2.
+
+    The V1 oracle falls back to V0 for pipeline parallelism unless the executor backend is one it
+    names, and the default backend (None) is not among them: 'ray' only in 0.8.5
+    (engine/arg_utils.py:1476-1482), 'ray'/'mp'/'external_launcher' in 0.9.0 (:1378-1384); 0.9.1
+    adds the default (ParallelConfig.distributed_executor_backend, :1434-1440; 0.10.0 :1439-1445).
+    kvwatch models the default backend.
+    """
+    if not is_v1(d.engine_version):
+        return True
+    # No release given means the newest, which runs V1 at any PP.
+    return d.pp >= 2 and d.engine_version is not None and releases.V0_AT_PP.at(d.engine_version)
+
+
 def default_batch_limits(
     version: str | None, total_bytes: int | None, gpu_name: str | None, max_model_len: int
 ) -> tuple[int, int]:
@@ -52,7 +67,9 @@ def default_batch_limits(
     SchedulerConfig).
     """
     if not is_v1(version):
-        return 256, max(max_model_len, 2048)
+        # Beyond 32K tokens V0 turns chunked prefill on by default, which schedules 2048 tokens
+        # (0.6.4 engine/arg_utils.py:995-1020, 0.8.5 :1504-1533; 0.8.5 config.py:1968-1978).
+        return 256, 2048 if max_model_len > 32768 else max(max_model_len, 2048)
     total = total_bytes or 0
     big = releases.BIG_CARD_TOKENS.at(version)
     if total >= 160 * GiB and big:
@@ -63,8 +80,10 @@ def default_batch_limits(
 
 
 def batch_limits(d: Deployment, max_model_len: int) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) as given, else as the release resolves them."""
-    seqs, tokens = default_batch_limits(d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len)
+    """(max_num_seqs, max_num_batched_tokens) as given, else as the release resolves them; a V0
+    fallback (runs_v0) takes V0's."""
+    version = "0.7" if runs_v0(d) else d.engine_version
+    seqs, tokens = default_batch_limits(version, d.gpu_memory_bytes, d.gpu_name, max_model_len)
     return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
 
 
@@ -160,7 +179,7 @@ def _sampler_bytes(dims: ModelDims, d: Deployment, rows: int, act: int, sms: int
     Logits are full-vocab on every TP rank (logits_processor.py:75-83 all-gathers them), which is
     why activation does not change with TP; an fp32 model's .to(float32) is a no-op (sampler.py:90).
     """
-    path = sampler_path(d.engine_version)
+    path = "v0" if runs_v0(d) else sampler_path(d.engine_version)
     logits16 = 2 if act == 2 else 0
     extra = 0
     if path == "sort":
@@ -203,7 +222,7 @@ def activation(
     received and sent intermediate tensors, 2 x tokens x H (gpu_model_runner.py:5441).
     """
     act = activation_dtype_bytes(dims, d)
-    v1 = is_v1(d.engine_version)
+    v1 = not runs_v0(d)
     rows = min(tokens, max_num_seqs)
     hopper = gpu is None or gpu.sm_major >= 9
     cal = calibration.current()
@@ -249,7 +268,7 @@ def non_torch(d: Deployment) -> Term:
         )
     elif d.pp >= 2:
         gib = cal.non_torch_pp_gib
-    elif not is_v1(d.engine_version):
+    elif runs_v0(d):
         gib = cal.non_torch_v0_gib
     else:
         gib = cal.non_torch_tp1_gib if new else cal.non_torch_tp1_old_gib

@@ -32,6 +32,19 @@ V1_ENGINE: Rule[bool] = Rule(
     Side(None, False, "0.7.3 envs.py VLLM_USE_V1 (default 0)"),
     Side("0.8", True, "0.8.0 envs.py VLLM_USE_V1 (default 1)"),
 )
+V0_AT_PP: Rule[bool] = Rule(
+    "v0_at_pp",
+    "the V1 oracle falls back to V0 at PP >= 2 with the default executor backend (not among those it names)",
+    Side(None, False, "0.7.3 envs.py VLLM_USE_V1 (V0 is the default anyway)"),
+    Side("0.8", True, "0.8.5 engine/arg_utils.py:1476-1482 ('ray' only); 0.9.0 :1378-1384"),
+    Side("0.9.1", False, "0.9.1 engine/arg_utils.py:1434-1440 (the default backend accepted)"),
+)
+V0_BLOCKS_PER_VIRTUAL_ENGINE: Rule[bool] = Rule(
+    "v0_blocks_per_virtual_engine",
+    "V0's max-seq-len check counts the blocks of one PP virtual engine, not of them all",
+    Side(None, False, "0.7.3 worker/worker.py:542"),
+    Side("0.8", True, "0.8.5 worker/worker.py:554-569, core/scheduler.py:452"),
+)
 BIG_CARD_TOKENS: Rule[bool] = Rule(
     "big_card_tokens",
     "a card reporting >= 160 GiB gets max_num_batched_tokens 16384 by default (else 8192 / 2048)",
@@ -165,6 +178,8 @@ NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
 RULES: tuple[Rule[Any], ...] = (
     UTILIZATION_DEFAULT,
     V1_ENGINE,
+    V0_AT_PP,
+    V0_BLOCKS_PER_VIRTUAL_ENGINE,
     BIG_CARD_TOKENS,
     SM100_CAPTURE_CAP,
     CAPTURES_BATCHED_TOKENS,
