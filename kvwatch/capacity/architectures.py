@@ -5,14 +5,15 @@ winning (``qwen3_next`` over ``qwen3``), so a new variant of a known family (``q
 ``gemma3n``) inherits its family's rules. A row says:
 
 - how to read the config: field ``aliases`` (GPT-2's ``n_layer`` for ``num_hidden_layers``), the
-  library ``defaults`` a minimal file omits, the ``nested_defaults`` a multimodal wrapper's
-  ``text_config`` of exactly this model_type leaves out, the feed-forward width when the file
-  leaves it null;
+  library ``defaults`` a minimal file omits, the feed-forward width when the file leaves it null;
 - which kind each layer is when the file has no ``layer_types``: a ``layer_pattern`` (Gemma's
   sliding/global interleave, Qwen3-Next's linear/full interval) and the window transformers
   assumes when ``sliding_window`` is absent;
 - the parameter-count hooks weights.py applies (non-gated MLPs, biases, q/k norms, learned
   position embeddings).
+
+A multimodal wrapper's ``text_config`` leaves its class's defaults out: ``NESTED_DEFAULTS`` holds
+them by exact model_type.
 
 Conventions a config names through its own fields hold for every model_type and need no row:
 ``layer_types`` (``LAYER_TYPE_KINDS``), Nemotron-H's ``hybrid_override_pattern``
@@ -95,11 +96,6 @@ class Architecture:
     defaults: Mapping[str, JsonValue] = field(default_factory=dict)
     # a multimodal wrapper of exactly this model_type: the model_type its text_config omits
     text_model_type: str | None = None
-    # transformers' class defaults a wrapper's text_config of exactly this model_type leaves out:
-    # a nested config is saved as its diff against its own class's defaults (configuration_utils.py
-    # to_diff_dict -> recursive_diff_dict, `value != default[key]`), while a top-level file keeps
-    # every model field (diffed against PreTrainedConfig's only), so only a nested one is filled
-    nested_defaults: Mapping[str, JsonValue] = field(default_factory=dict)
     # intermediate_size = this x hidden_size when the file leaves it absent or null (GPT-2's n_inner)
     inner_size_multiple: int | None = None
     # --- layers
@@ -158,33 +154,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             "sliding_window": _GEMMA3_SLIDING_WINDOW,
             "sliding_window_pattern": _GEMMA3_SLIDING_WINDOW_PATTERN,
         },
-        # Gemma3TextConfig (transformers 5.24 models/gemma3/configuration_gemma3.py:66-72):
-        # gemma-3-4b-it's text_config names only hidden_size, intermediate_size, num_hidden_layers
-        # and sliding_window.
-        nested_defaults={
-            "hidden_size": 2304,
-            "intermediate_size": 9216,
-            "num_hidden_layers": 26,
-            "num_attention_heads": 8,
-            "num_key_value_heads": 4,
-            "head_dim": 256,
-        },
     ),
     "gemma4": Architecture(qk_norm=True),
-    # LlamaConfig (transformers 5.24 models/llama/configuration_llama.py:63-78; num_key_value_heads
-    # and head_dim left None there follow the heads, as geometry.py reads them): llava-1.5-7b-hf's
-    # text_config (a Vicuna-7B) names only max_position_embeddings, rms_norm_eps and vocab_size.
-    "llama": Architecture(
-        nested_defaults={
-            "vocab_size": 32000,
-            "hidden_size": 4096,
-            "intermediate_size": 11008,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 32,
-            "max_position_embeddings": 2048,
-            "tie_word_embeddings": False,
-        }
-    ),
     "nemotron_h": Architecture(mlp_matrices=2),  # relu2
     "opt": Architecture(mlp_matrices=2),
     # Two-matrix GELU MLPs (fc1/fc2, dense_h_to_4h/4h_to_h, c_fc/c_proj), as vLLM's model files load
@@ -207,6 +178,37 @@ ARCHITECTURES: dict[str, Architecture] = {
     # a learned position table (modeling_gpt2.py, modeling_gpt_bigcode.py).
     "gpt2": _GPT2,
     "gpt_bigcode": _GPT2,
+}
+
+
+# transformers' class defaults a multimodal wrapper's text_config leaves out, by the text_config's
+# exact model_type. A nested config is saved as its diff against its own class's defaults
+# (configuration_utils.py to_diff_dict -> recursive_diff_dict, `value != default[key]`), while a
+# top-level file keeps every model field (diffed against PreTrainedConfig's only), so only a nested
+# one is filled; a top-level file missing a field is still refused.
+NESTED_DEFAULTS: dict[str, Mapping[str, JsonValue]] = {
+    # Gemma3TextConfig (transformers 5.24 models/gemma3/configuration_gemma3.py:66-72): gemma-3-4b-it's
+    # text_config names only hidden_size, intermediate_size, num_hidden_layers and sliding_window.
+    "gemma3_text": {
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+    },
+    # LlamaConfig (transformers 5.24 models/llama/configuration_llama.py:63-78; num_key_value_heads
+    # and head_dim left None there follow the heads, as geometry.py reads them): llava-1.5-7b-hf's
+    # text_config (a Vicuna-7B) names only max_position_embeddings, rms_norm_eps and vocab_size.
+    "llama": {
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -281,10 +283,9 @@ def wrapper_text_model_type(model_type: str) -> str | None:
 
 
 def nested_defaults(model_type: str) -> Mapping[str, JsonValue]:
-    """The class defaults a wrapper's text_config of exactly ``model_type`` leaves out (a prefix
-    would hand Llama 4's text_config Llama 2's defaults)."""
-    row = ARCHITECTURES.get(model_type)
-    return row.nested_defaults if row is not None else {}
+    """The class defaults a wrapper's text_config of exactly ``model_type`` leaves out (by exact
+    model_type, not prefix: Llama 4's text_config is not Llama 2's class)."""
+    return NESTED_DEFAULTS.get(model_type, {})
 
 
 def normalise(cfg: JsonObject) -> JsonObject:
