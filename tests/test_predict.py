@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from kvwatch.analysis.predict import predict
+from kvwatch.capacity import gpus
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.geometry import load_model
+from kvwatch.capacity.prediction import Prediction
 from kvwatch.cli import main
+from kvwatch.core.units import GiB
 from kvwatch.engines import registry
+from kvwatch.engines.sglang import envelope as sglang_envelope
 from kvwatch.engines.vllm import envelope as vllm_envelope
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -54,7 +62,7 @@ def test_demo_command_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "79.19 GiB" in out
     assert "72.85 GiB (0.92)" in out
     assert "14.99 GiB per GPU" in out
-    assert "54.95 GiB ±" in out
+    assert "54.96 GiB ±" in out
     assert "x 16 tokens" in out
     bar = next(line for line in out.splitlines() if line.startswith("["))
     assert bar.index("W") < bar.index("A") < bar.index(".") < bar.index("K")
@@ -235,10 +243,53 @@ def _band(data: dict[str, object]) -> float:
 def test_inside_the_envelope_nothing_is_named_and_the_band_is_narrow(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """H100, vLLM 0.19, a dense text model at TP 1: what the calibration set covers."""
+    """H100, vLLM 0.19, a dense text model at TP 1: what the calibration set covers. Its band is the
+    envelope's floor, the out-of-sample error of the cases nearest the calibrated cell (2-3 % of the
+    KV here; the < 1 % it once printed was missed by those cases held out)."""
     data = run_json(capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.19.0", "--max-model-len", "8192")
     assert data["not_calibrated"] == []
-    assert _band(data) < 0.01
+    assert _band(data) < 0.03
+
+
+def _llama8_on_h100() -> Prediction:
+    card = gpus.find("H100-SXM-80GB")
+    assert card is not None
+    d = Deployment(
+        gpu_name=card.name,
+        gpu_memory_bytes=card.total_bytes,
+        engine_version="0.19.0",
+        max_model_len=8192,
+    )
+    return predict(load_model(Path(LLAMA8)), d)
+
+
+def test_a_modelled_band_is_never_narrower_than_the_envelope_floor() -> None:
+    floor = vllm_envelope.ENVELOPE.floor
+    assert floor > 0
+    p = _llama8_on_h100()
+    assert p.usable_bytes and p.available_kv_band_bytes is not None
+    assert p.available_kv_band_bytes >= int(floor * p.usable_bytes)
+
+
+def test_a_band_of_given_figures_alone_is_not_floored() -> None:
+    """SGLang with its weights, context and fraction given: no modelled term, no model error to floor
+    (vLLM prints no band at all once every term is given)."""
+    card = gpus.find("H100-SXM-80GB")
+    assert card is not None
+    model = load_model(Path(LLAMA8))
+    d = Deployment(
+        engine="sglang", engine_version="0.5.9", gpu_name=card.name, gpu_memory_bytes=card.total_bytes
+    )
+    given = d.with_(weights_bytes=15 * GiB, non_torch_bytes=2 * GiB, mem_fraction_static=0.85)
+    floored = replace(sglang_envelope.ENVELOPE, floor=0.2)
+    bands = {}
+    for name, env in (("shipped", replace(floored, floor=0.0)), ("floored", floored)):
+        with sglang_envelope.CURRENT.using(env):
+            bands[name] = (predict(model, given).available_kv_band_bytes, predict(model, d))
+    assert bands["floored"][0] == bands["shipped"][0]
+    modelled = bands["floored"][1]
+    assert modelled.usable_bytes and modelled.available_kv_band_bytes is not None
+    assert modelled.available_kv_band_bytes >= int(0.2 * modelled.usable_bytes)
 
 
 def test_each_uncovered_condition_is_named_and_widens_the_band(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,9 @@ winning (``qwen3_next`` over ``qwen3``), so a new variant of a known family (``q
 - the parameter-count hooks weights.py applies (non-gated MLPs, biases, q/k norms, learned
   position embeddings).
 
+A multimodal wrapper's ``text_config`` leaves its class's defaults out: ``NESTED_DEFAULTS`` holds
+them by exact model_type.
+
 Conventions a config names through its own fields hold for every model_type and need no row:
 ``layer_types`` (``LAYER_TYPE_KINDS``), Nemotron-H's ``hybrid_override_pattern``
 (``HYBRID_PATTERN_KINDS``), DeciLM's ``block_configs``, MLA's ``kv_lora_rank``, ``multi_query``
@@ -178,6 +181,37 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
+# transformers' class defaults a multimodal wrapper's text_config leaves out, by the text_config's
+# exact model_type. A nested config is saved as its diff against its own class's defaults
+# (configuration_utils.py to_diff_dict -> recursive_diff_dict, `value != default[key]`), while a
+# top-level file keeps every model field (diffed against PreTrainedConfig's only), so only a nested
+# one is filled; a top-level file missing a field is still refused.
+NESTED_DEFAULTS: dict[str, Mapping[str, JsonValue]] = {
+    # Gemma3TextConfig (transformers 5.24 models/gemma3/configuration_gemma3.py:66-72): gemma-3-4b-it's
+    # text_config names only hidden_size, intermediate_size, num_hidden_layers and sliding_window.
+    "gemma3_text": {
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+    },
+    # LlamaConfig (transformers 5.24 models/llama/configuration_llama.py:63-78; num_key_value_heads
+    # and head_dim left None there follow the heads, as geometry.py reads them): llava-1.5-7b-hf's
+    # text_config (a Vicuna-7B) names only max_position_embeddings, rms_norm_eps and vocab_size.
+    "llama": {
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    },
+}
+
+
 # Families whose layers are plain (grouped-query or MLA) attention read from the standard fields, no
 # row needed: what `not calibrated: architecture ...` does not name. A model_type under none of these
 # prefixes and no row above is still sized from the standard fields, and the prediction says so.
@@ -246,6 +280,12 @@ def wrapper_text_model_type(model_type: str) -> str | None:
     """The model_type a multimodal wrapper of exactly ``model_type`` implies for its text_config."""
     row = ARCHITECTURES.get(model_type)
     return row.text_model_type if row is not None else None
+
+
+def nested_defaults(model_type: str) -> Mapping[str, JsonValue]:
+    """The class defaults a wrapper's text_config of exactly ``model_type`` leaves out (by exact
+    model_type, not prefix: Llama 4's text_config is not Llama 2's class)."""
+    return NESTED_DEFAULTS.get(model_type, {})
 
 
 def normalise(cfg: JsonObject) -> JsonObject:

@@ -172,18 +172,17 @@ _TOWER_KEYS = {
 }
 
 
-def tower_params(config: Mapping[str, JsonValue]) -> int:
+def tower_params(config: Mapping[str, JsonValue], text_hidden: int) -> int:
     """Parameters of the encoder towers a multimodal config carries (vision_config, audio_config).
 
     A transformer encoder: layers x (4 H^2 attention + 2 or 3 (gated) H x I MLP), plus the
     projector into the text model (H x text hidden). What a checkpoint without its
     model.safetensors.index.json at hand would otherwise leave out of the weights (SigLIP-400M:
     27 x (4 x 1152^2 + 2 x 1152 x 4304) = 411M; Qwen2.5-VL-7B's 32-layer SwiGLU tower 630M).
+    ``text_hidden`` is the text model's width as geometry.py read it (a nested text_config may
+    leave it to its class default).
     """
     cfg: Mapping[str, Any] = config
-    inner = cfg.get("text_config")
-    text: Mapping[str, Any] = inner if isinstance(inner, Mapping) else cfg
-    text_hidden = _int(text, "hidden_size")
     total = 0
     for key in ("vision_config", "audio_config"):
         tower = cfg.get(key)

@@ -3,12 +3,14 @@ its band is for a deployment outside it.
 
 A deployment is described on seven axes (card family, release, architecture class, modality,
 quantisation, parallelism, KV connector). Each engine keeps ONE table (kvwatch/engines/<engine>/
-envelope.py, written by ``python -m bench accuracy --envelope``) of the values its real startups
-cover, the band of each modelled term sized from leave-one-source-out error, and per axis the
-widening a value outside the envelope adds -- itself sized from the leave-one-source-out error of
-the cases that were outside the other sources' envelope on that axis. ``predict`` names every
-uncovered value ("not calibrated: A100 class, release 0.10, vision tower") and the band it prints,
-which the drift alert's config-basis tolerance follows, is widened by each.
+envelope.py, written by ``python -m bench.bench_accuracy --write``) of the values its real startups
+cover (a value counts only with enough cases from enough independent sources, bench/accuracy_loso.py
+MIN_COVER / MIN_SOURCES), the band of each modelled term sized from leave-one-source-out error, a
+floor no modelled band goes below (the leave-one-source-out error of the cell nearest the calibrated
+one), and per axis the widening a value outside the envelope adds -- itself sized from the
+leave-one-source-out error of the cases that were outside the other sources' envelope on that axis.
+``predict`` names every uncovered value ("not calibrated: A100 class, release 0.10, vision tower")
+and the band it prints, which the drift alert's config-basis tolerance follows, is widened by each.
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ class Envelope:
     widening: Mapping[Axis, float]
     # The cases (by source) each figure comes from.
     cases: Mapping[str, str]
+    # The narrowest band of a prediction with a modelled term, as a fraction of the usable memory.
+    floor: float = 0.0
 
     def uncovered(self, conds: Mapping[Axis, str]) -> list[tuple[Axis, str]]:
         """The axes whose value no calibration case has, in AXES order."""
@@ -140,8 +144,11 @@ class Envelope:
             (axis, conds[axis]) for axis in AXES if conds[axis] not in self.covered.get(axis, frozenset())
         ]
 
-    def widen(self, band: int, usable: int, uncovered: list[tuple[Axis, str]]) -> int:
-        """The band with each uncovered condition's widening added in quadrature."""
+    def widen(self, band: int, usable: int, uncovered: list[tuple[Axis, str]], modelled: bool = True) -> int:
+        """The band, never narrower than the floor where a term is modelled (figures all given
+        carry no model error), with each uncovered condition's widening added in quadrature."""
+        if modelled:
+            band = max(band, int(self.floor * usable))
         extra = sum(
             (self.widening.get(axis, max(self.widening.values(), default=0.0)) * usable) ** 2
             for axis, _ in uncovered

@@ -19,6 +19,7 @@ from typing import Any
 from kvwatch.capacity.architectures import (
     HYBRID_PATTERN_KINDS,
     layer_kinds,
+    nested_defaults,
     normalise,
     sliding_window,
     unread_layout,
@@ -179,8 +180,9 @@ def _model_name(config_path: Path, raw: Mapping[str, Any]) -> str:
 def text_config(raw: Mapping[str, JsonValue]) -> JsonObject:
     """The language model's config: ``text_config`` of a multimodal wrapper, else the file itself.
 
-    Keys only the wrapper carries (dtype, quantization_config, architectures) are inherited, and
-    fields a minimal file leaves to the library's defaults are filled in.
+    Keys only the wrapper carries (dtype, quantization_config, architectures) are inherited, the
+    fields transformers leaves out of a nested text_config (its class defaults) are filled in, and
+    so are the fields a minimal file leaves to the library's defaults.
     """
     inner = raw.get("text_config")
     if isinstance(inner, dict):
@@ -191,6 +193,8 @@ def text_config(raw: Mapping[str, JsonValue]) -> JsonObject:
         for key in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings"):
             if key not in merged and key in raw:
                 merged[key] = raw[key]
+        for key, value in nested_defaults(str(merged.get("model_type") or "")).items():
+            merged.setdefault(key, value)
         merged["_wrapper_architectures"] = raw.get("architectures")
     else:
         merged = dict(raw)
@@ -434,7 +438,7 @@ def _geometry(
         num_layers=len(layers),
         dtype_bytes=dtype_bytes,
         has_vision_tower=isinstance(raw.get("vision_config"), dict),
-        vision_params=tower_params(raw),
+        vision_params=tower_params(raw, hidden),
         vision_shape=vision_shape(raw),
     )
     return ModelGeometry(

@@ -40,7 +40,7 @@ class BandTerms:
     fraction: float
 
 
-BAND = BandTerms(weights=0.059, pre_load=0.036, fraction=0.0)
+BAND = BandTerms(weights=0.059, pre_load=0.035, fraction=0.0)
 _band = [BAND]
 
 
@@ -154,7 +154,13 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     uncovered = envelope.uncovered(conditions(model, d, envelope.newest_read))
     if band is not None and usable is not None:
         # The conditions no calibration case covers widen the band (capacity/envelope.py).
-        band = envelope.widen(band, usable, uncovered)
+        # The terms _band_bytes sizes: with none of them modelled, the floor does not apply.
+        modelled = (
+            inputs.get("weights") in ("estimated", "derived")
+            or inputs.get("non_torch") == "estimated"
+            or inputs.get("mem_fraction_static") == "engine_default"
+        )
+        band = envelope.widen(band, usable, uncovered, modelled)
         if uncovered:
             assumptions.append(
                 not_calibrated_note(uncovered, "SGLang", d.engine_version, envelope.newest_read)

@@ -257,6 +257,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     envelope = CURRENT.get()
     uncovered = envelope.uncovered(conditions(model, d, envelope.newest_read))
     if band is not None and requested is not None:
+        # A band here always has a modelled term (_terms gives none once every term is given), so
+        # the envelope's floor applies.
         band = envelope.widen(band, requested, uncovered)
         if uncovered:
             assumptions.append(not_calibrated_note(uncovered, "vLLM", d.engine_version, envelope.newest_read))
