@@ -15,6 +15,7 @@ import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.gc_collector import GCCollector
@@ -31,9 +32,10 @@ from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.events import Origin
 from kvwatch.core.labels import ConcurrencyBasis, MemoryBasis, MemoryTerm
 from kvwatch.export import names
-from kvwatch.export.exposition import Row as _Row
+from kvwatch.export.exposition import Groups as _Groups
 from kvwatch.export.exposition import Rows as _Rows
 from kvwatch.export.exposition import escape as _escape
+from kvwatch.export.exposition import series_prefix as _series_prefix
 from kvwatch.export.figures import observed_terms, pool_figures, predicted_terms, usage_figures
 from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.state.fleet import DISAGREEMENT_FACTS, InstanceSnapshot
@@ -110,14 +112,22 @@ class _Cached:
 
     version: _Version
     static_key: _StaticKey
-    static: list[_Row]
-    dynamic: list[_Row]
+    static: _Groups
+    dynamic: _Groups
+    # The counters and staleness flags of the instance (rows that rarely change) and what they show.
+    counts_key: _CountsKey | None
+    counts: _Groups
     labels: tuple[str, ...]
     escaped: tuple[str, ...]
     pool_tokens: int | None
     max_len: int | None
+    # The dynamic rows' series, by (metric name, extra label values): their label values and
+    # series_prefix, kept while the static key holds, so a new value costs no template formatting.
+    series: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, ...], str]]
 
 
+# What the counts rows of an instance show: its disagreements, refused values, stale facts.
+_CountsKey = tuple[Mapping[str, int], Mapping[str, int], Mapping[tuple[str, str], bool]]
 # What the static rows of an instance depend on: epoch, its start, model label, the startup facts.
 _StaticKey = tuple[
     int,
@@ -227,6 +237,7 @@ class KvwatchCollector(Collector):
             seen[key] = cached
             rows.extend(cached.static)
             rows.extend(cached.dynamic)
+            rows.extend(cached.counts)
         with self._cache_lock:
             self._cache = seen
         self._self_metrics(rows, len(snaps))
@@ -249,18 +260,27 @@ class KvwatchCollector(Collector):
         if cached is None or cached.static_key != static_key:
             static = _Rows()
             derived = self._static(static, snap, model)
-            cached = _Cached((0, 0, (), ()), static_key, static.rows(), [], *derived)
+            cached = _Cached((0, 0, (), ()), static_key, static.groups(), (), None, (), *derived, {})
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
+        counts_key: _CountsKey = (snap.disagreements, snap.bad_values, snap.stale)
+        counts = cached.counts
+        if counts_key != cached.counts_key:
+            counts_rows = _Rows()
+            self._counts(counts_rows, snap, cached)
+            counts = counts_rows.groups()
         return _Cached(
             _version(snap),
             static_key,
             cached.static,
-            dynamic.rows(),
+            dynamic.groups(),
+            counts_key,
+            counts,
             cached.labels,
             cached.escaped,
             cached.pool_tokens,
             cached.max_len,
+            cached.series,
         )
 
     def _static(
@@ -348,15 +368,8 @@ class KvwatchCollector(Collector):
     @staticmethod
     def _dynamic(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
         """Usage, headroom, queue, preemptions: what every stats line moves."""
-        lab, esc, pool_tokens, max_len = cached.labels, cached.escaped, cached.pool_tokens, cached.max_len
-        usage = snap.usage
-
-        def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
-            number = _number(value)
-            if number is not None:
-                fam.add(metric, (*lab, *extra), number, (*esc, *extra))
-
-        fig = usage_figures(usage, pool_tokens, max_len)
+        usage, gauge = snap.usage, _series_gauge(fam, cached)
+        fig = usage_figures(usage, cached.pool_tokens, cached.max_len)
         gauge(names.KV_USAGE_RATIO, fig.ratio)
         gauge(names.KV_USED_TOKENS, fig.used)
         gauge(names.KV_HEADROOM_TOKENS, fig.headroom_tokens)
@@ -367,6 +380,12 @@ class KvwatchCollector(Collector):
         gauge(names.PREEMPTIONS, snap.preemptions_total)
         for origin, ts in sorted(snap.last_update.items()):
             gauge(names.LAST_UPDATE, ts, origin)
+
+    @staticmethod
+    def _counts(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
+        """Disagreements, refused values, stale facts: rows a stats line rarely moves (reused while
+        their three mappings are equal, cached.counts_key)."""
+        gauge = _series_gauge(fam, cached)
         # Counters exist from the start at 0, so increase() sees the first one.
         for fact in DISAGREEMENT_FACTS:
             gauge(names.DISAGREEMENTS, snap.disagreements.get(fact, 0), fact)
@@ -425,3 +444,28 @@ class KvwatchCollector(Collector):
                 fam.add(names.NODE_CONTAINERS, (state,), float(node.containers.get(state, 0)))
             fam.add(names.NODE_CONTAINERS_DROPPED, (), float(node.dropped))
         fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)
+
+
+class _Gauge(Protocol):
+    def __call__(self, metric: names.Metric, value: float | None, *extra: str) -> None: ...
+
+
+def _series_gauge(fam: _Rows, cached: _Cached) -> _Gauge:
+    """``gauge(metric, value, *extra)`` adding one row of the instance to ``fam``, with the series'
+    label values and prefix from ``cached.series`` (formatted once per series while the labels hold)."""
+    lab, esc, series, add = cached.labels, cached.escaped, cached.series, fam.add_series
+
+    def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
+        if value is None:
+            return  # most unset facts: no guard to run
+        number = _number(value)
+        if number is None:
+            return
+        key = (metric.name, extra)
+        known = series.get(key)
+        if known is None:
+            # Concurrent renders may both add it: the same value, so either is right.
+            known = series[key] = ((*lab, *extra), _series_prefix(metric, (*esc, *extra)))
+        add(metric.name, known[0], known[1], number)
+
+    return gauge
