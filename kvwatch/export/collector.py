@@ -72,6 +72,8 @@ def _number(value: float | None) -> float | None:
     """A state value as a sample value, or None: unset, NaN, infinite, or an int past any float
     (the state bounds every fact, kvwatch.core.events.PLAUSIBLE; this is the second guard, so a
     value that slipped past them is one missing sample, never a failed scrape)."""
+    if type(value) is float:  # most values: no conversion to try
+        return value if math.isfinite(value) else None
     if value is None:
         return None
     try:
@@ -198,6 +200,7 @@ class KvwatchCollector(Collector):
         self._self_stats = self_stats
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._cache_lock = threading.Lock()
+        self._source_series: dict[tuple[str, tuple[str, ...]], str] = {}
 
     def describe(self) -> Iterable[Metric]:
         """The families without samples, so registering does not take a snapshot."""
@@ -296,6 +299,8 @@ class KvwatchCollector(Collector):
         esc = tuple(_escape(v) for v in lab)
 
         def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
+            if value is None:
+                return  # most unset facts: no guard to run
             number = _number(value)
             if number is not None:
                 fam.add(metric, (*lab, *extra), number, (*esc, *extra))
@@ -402,6 +407,18 @@ class KvwatchCollector(Collector):
             gauge(names.FACTS_STALE, 1.0 if stale else 0.0, origin, fact)
 
     def _self_metrics(self, fam: _Rows, instances: int) -> None:
+        # Each source's series prefixes, kept from the last render (sources come and go in node mode:
+        # only this render's are kept for the next).
+        kept, seen = self._source_series, {}
+
+        def add(metric: names.Metric, lab: tuple[str, ...], value: float) -> None:
+            key = (metric.name, lab)
+            prefix = kept.get(key)
+            if prefix is None:
+                prefix = _series_prefix(metric, [_escape(v) for v in lab])
+            seen[key] = prefix
+            fam.add_series(metric.name, lab, prefix, value)
+
         merged: dict[str, list[SourceStatus]] = {}
         for status in self._sources():
             merged.setdefault(status.name, []).append(status)
@@ -410,24 +427,25 @@ class KvwatchCollector(Collector):
             logs = [p for p in parts if p.kind == "log"]
             scrapes = [p for p in parts if p.kind == "metrics"]
             # A log and a URL may share a name (same engine): up only when both are.
-            fam.add(names.SOURCE_UP, lab, float(1.0 if all(p.up for p in parts) else 0.0))
+            add(names.SOURCE_UP, lab, float(1.0 if all(p.up for p in parts) else 0.0))
             if logs:
-                fam.add(names.LINES_READ, lab, float(sum(p.lines_read for p in logs)))
-                fam.add(names.LINES_MATCHED, lab, float(sum(p.lines_matched for p in logs)))
-                fam.add(names.PARSE_ERRORS, lab, float(sum(p.parse_errors for p in logs)))
-                fam.add(names.LINES_TRUNCATED, lab, float(sum(p.lines_truncated for p in logs)))
-                fam.add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
-                fam.add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
+                add(names.LINES_READ, lab, float(sum(p.lines_read for p in logs)))
+                add(names.LINES_MATCHED, lab, float(sum(p.lines_matched for p in logs)))
+                add(names.PARSE_ERRORS, lab, float(sum(p.parse_errors for p in logs)))
+                add(names.LINES_TRUNCATED, lab, float(sum(p.lines_truncated for p in logs)))
+                add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
+                add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
                 backlog = [p.stdin_backlog for p in logs if p.stdin_backlog is not None]
                 if backlog:
-                    fam.add(names.STDIN_BACKLOG, lab, float(sum(backlog)))
+                    add(names.STDIN_BACKLOG, lab, float(sum(backlog)))
             for part in scrapes:
                 if part.scrape_duration_seconds is not None:
-                    fam.add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
+                    add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
                 for reason in names.SCRAPE_ERROR_REASONS:
-                    fam.add(names.SCRAPE_ERRORS, (name, reason), float(part.scrape_errors.get(reason, 0)))
-                fam.add(names.SERIES_DROPPED, lab, float(part.series_dropped))
-                fam.add(names.UNUSABLE_VALUES, lab, float(part.unusable_values))
+                    add(names.SCRAPE_ERRORS, (name, reason), float(part.scrape_errors.get(reason, 0)))
+                add(names.SERIES_DROPPED, lab, float(part.series_dropped))
+                add(names.UNUSABLE_VALUES, lab, float(part.unusable_values))
+        self._source_series = seen
         fam.add(names.INSTANCES, (), float(instances))
         fam.add(names.INSTANCES_DROPPED, (), float(self._dropped()))
         fam.add(names.VALUES_UNEXPORTED, (), float(_unexported.value))
