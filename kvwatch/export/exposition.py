@@ -1,8 +1,9 @@
 """The Prometheus text exposition (format 0.0.4) of one scrape, rendered without prometheus_client.
 
-``Rows`` holds a scrape's samples in ``kvwatch.export.names.METRICS`` order, each with its text line
-rendered once when it is added (the collector caches an instance's rows between scrapes), so
-``Rows.text`` is a join. ``Rows.families`` gives the same samples as prometheus_client families
+``Rows`` holds a scrape's samples grouped by metric, each with its text line rendered once when it is
+added (the collector caches an instance's rows between scrapes, and each series' ``series_prefix``,
+so a new value costs two concatenations), so ``Rows.text`` is a join in
+``kvwatch.export.names.METRICS`` order. ``Rows.families`` gives the same samples as prometheus_client families
 (the registry path: OpenMetrics negotiation, tests). tests/test_exposition.py holds ``text`` byte
 for byte equal to prometheus_client's ``generate_latest`` over ``families``.
 """
@@ -26,14 +27,9 @@ from kvwatch.export import names
 
 # One sample: (metric name, label values in the metric's label order, value, its exposition line).
 Row = tuple[str, tuple[str, ...], float, str]
-# Samples grouped by metric name, in names.METRICS order (Rows.groups).
+# Samples grouped by metric name (Rows.groups), in any order: text() and families() go by names.METRICS.
 Groups = tuple[tuple[str, list[Row]], ...]
 _text_of = operator.itemgetter(3)
-_ORDER = {m.name: i for i, m in enumerate(names.METRICS)}
-
-
-def _order_of(group: tuple[str, list[Row]]) -> int:
-    return _ORDER[group[0]]
 
 
 # prometheus_client's own float formatting (Go-style: +Inf, 1e+21), so both output paths agree.
@@ -88,7 +84,7 @@ def _label_names(metric: names.Metric, values: tuple[str, ...]) -> tuple[str, ..
 
 
 class Rows:
-    """Samples of one scrape, grouped by metric, in names.METRICS order."""
+    """Samples of one scrape, grouped by metric (output in names.METRICS order)."""
 
     def __init__(self) -> None:
         # Filled as samples come (an instance's rows touch a few metrics of the ~75).
@@ -121,7 +117,7 @@ class Rows:
 
     def groups(self) -> Groups:
         """The samples by metric, metrics without one left out: what a cache keeps of an instance."""
-        return tuple(sorted(self.by_metric.items(), key=_order_of))
+        return tuple(self.by_metric.items())
 
     def extend(self, groups: Groups) -> None:
         """Add the samples of ``groups()`` (one list extension per metric, none per sample)."""
