@@ -27,8 +27,11 @@ Threading model -- every thread, what it may touch, and why that is safe:
   file read, queue drain, line parse or engine scrape). It starts with ``Sidecar.refresh``: it puts
   a ``ReadAppends`` on the consumer's queue and waits for its event (``appends.AppendRequests``, at
   most ``app.APPENDS_WAIT``; not at all while an earlier request is still unanswered, so a read
-  stuck in the kernel never stalls /metrics), so a scrape is never behind the log; then it renders
-  a ``Fleet.snapshot`` (frozen copies). / does the same.
+  stuck in the kernel delays one scrape by that bound, no more), so a scrape is never behind the
+  log; then it renders
+  a ``Fleet.snapshot`` (frozen copies). / does the same. (The one input a render may still read is
+  a model's config.json -- found, or with ``fetch_model_configs`` fetched -- once per model, when
+  the predictor first meets it.)
 * **scrape** (one per ``--metrics-url``) -- fetches the engine's /metrics and reads it as it
   arrives (its own ``MetricsReader``, used by no other thread), then puts a ``Scraped`` message
   with the events on the queue; it never touches the fleet. ``stop()`` aborts a fetch in flight.
