@@ -37,7 +37,7 @@ from kvwatch.export.exposition import Rows as _Rows
 from kvwatch.export.exposition import escape as _escape
 from kvwatch.export.exposition import series_prefix as _series_prefix
 from kvwatch.export.figures import observed_terms, pool_figures, predicted_terms, usage_figures
-from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
+from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts, UsageFacts
 from kvwatch.state.fleet import DISAGREEMENT_FACTS, InstanceSnapshot
 from kvwatch.state.usage_values import BAD_VALUE_FACTS
 
@@ -112,7 +112,7 @@ def _label(value: str | float | None) -> str:
 class _Cached:
     """The rows of one instance as of one (epoch, events), split by how often they change."""
 
-    version: _Version
+    version: _Version | None  # None: rows being built
     static_key: _StaticKey
     static: _Groups
     dynamic: _Groups
@@ -141,12 +141,14 @@ _StaticKey = tuple[
     tuple[tuple[str, int], ...],
 ]
 # One state of an instance: epoch, events applied, which watched facts are stale, which pools are
-# exported (a pool only /metrics reported leaves when /metrics goes silent, without an event).
-_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...], tuple[str, ...]]
+# exported (a pool only /metrics reported leaves when /metrics goes silent, without an event), and
+# the usage facts exported (one no origin delivered within the fact TTL leaves without an event,
+# watched or not: Fleet.snapshot).
+_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...], tuple[str, ...], UsageFacts]
 
 
 def _version(snap: InstanceSnapshot) -> _Version:
-    return (snap.epoch, snap.events, tuple(snap.stale.items()), tuple(snap.pools))
+    return (snap.epoch, snap.events, tuple(snap.stale.items()), tuple(snap.pools), snap.usage)
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,7 @@ class KvwatchCollector(Collector):
         if cached is None or cached.static_key != static_key:
             static = _Rows()
             derived = self._static(static, snap, model)
-            cached = _Cached((0, 0, (), ()), static_key, static.groups(), (), None, (), *derived, {})
+            cached = _Cached(None, static_key, static.groups(), (), None, (), *derived, {})
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
         counts_key: _CountsKey = (snap.disagreements, snap.bad_values, snap.stale)
