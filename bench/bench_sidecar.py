@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,6 +210,41 @@ def bench_process() -> list[bool]:
     return results
 
 
+def _changed_renders(
+    instances: int, rounds: int, logs: list[list[str]] | None = None
+) -> tuple[list[float], int]:
+    """Milliseconds of each render after every instance got a new stats line, and the exposition's
+    size: ``instances`` copies of the bench's log, or one source per log of ``logs``."""
+    from kvwatch.analysis.predictor import Predictor
+    from kvwatch.core.events import UsageSample
+    from kvwatch.export.collector import KvwatchCollector, SourceStatus
+    from kvwatch.sources.pipeline import LinePipeline
+    from kvwatch.state.fleet import Fleet
+
+    fleet = Fleet(max_instances=max(instances, 256))
+    sources = []
+    feeds = logs if logs is not None else [STARTUP + STATS] * instances
+    for i, lines in enumerate(feeds):
+        pipeline = LinePipeline(f"engine-{i:03d}", fleet, "vllm" if logs is None else "auto")
+        for line in lines:
+            pipeline.feed(line)
+        sources.append(SourceStatus(f"engine-{i:03d}", "log", up=True, lines_read=pipeline.lines_read))
+    collector = KvwatchCollector(
+        fleet.snapshot, Predictor(model_config=lambda source: LLAMA_8B), lambda: sources
+    )
+    size = len(collector.render())
+    times = []
+    for n in range(rounds):
+        for snap in fleet.snapshot():
+            fleet.apply(
+                snap.source, UsageSample(engine=snap.engine, kv_usage_ratio=(n % 100) / 100, running=n)
+            )
+        t0 = time.perf_counter()
+        collector.render()
+        times.append((time.perf_counter() - t0) * 1000)
+    return times, size
+
+
 def bench_render() -> bool:
     """Render /metrics (the sidecar's text path) for 64 instances that all logged since the last scrape."""
     from prometheus_client import CollectorRegistry
@@ -260,6 +295,18 @@ def bench_render() -> bool:
         cold.append((time.perf_counter() - t0) * 1000)
     print(
         f"  every instance restarted (nothing cached but predictions): p50 {statistics.median(cold):.2f} ms"
+    )
+    # For scale (no target): the flood bench's fleet size, and the real logs of tests/log_samples
+    # (both engines, every line shape they hold), one source each.
+    big, big_size = _changed_renders(256, 50)
+    print(f"  256 busy instances ({big_size:,} bytes): p50 {statistics.median(big):.2f} ms")
+    real = [
+        path.read_text(encoding="utf-8", errors="replace").splitlines()
+        for path in sorted(SAMPLES.glob("*/*.log"))
+    ]
+    samples, samples_size = _changed_renders(len(real), 100, real)
+    print(
+        f"  the {len(real)} sample logs, each a busy source ({samples_size:,} bytes): p50 {statistics.median(samples):.2f} ms"
     )
     return _report("render /metrics, 64 busy instances (median)", statistics.median(changed), RENDER_MS, "ms")
 
@@ -393,11 +440,19 @@ def bench_floods() -> list[bool]:
     return results
 
 
-def main() -> int:
-    """Run every sidecar benchmark; non-zero when a target is missed."""
-    results = [bench_render(), *bench_process(), *bench_floods()]
+SECTIONS = {"render": lambda: [bench_render()], "process": bench_process, "floods": bench_floods}
+
+
+def main(sections: Sequence[str] = ()) -> int:
+    """Run the named sidecar benchmarks (all by default: ``python -m bench.bench_sidecar render``
+    runs one); non-zero when a target is missed, 2 for an unknown section."""
+    unknown = [name for name in sections if name not in SECTIONS]
+    if unknown:
+        print(f"unknown section {unknown[0]!r}; sections: {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    results = [ok for name in (sections or SECTIONS) for ok in SECTIONS[name]()]
     return 0 if all(results) else 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

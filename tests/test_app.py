@@ -10,6 +10,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until as _wait
 
 from kvwatch.cli import main
+from kvwatch.core.events import Event
 from kvwatch.sidecar.app import Sidecar
 from kvwatch.sidecar.config import load_settings
 from kvwatch.sources.hub import discover_model_config
@@ -117,6 +119,58 @@ def test_a_scrape_answers_when_reading_the_log_fails(
         assert src.tailer is not None
         monkeypatch.setattr(src.tailer, "refresh", boom)
     assert _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 1952 * 16
+
+
+def test_a_scrape_reads_and_parses_nothing_in_its_http_worker(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The appends a scrape must show are read and parsed by the consumer thread, which the render
+    waits for: no line reaches a parser in an HTTP worker."""
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"], model_config=[str(LLAMA_8B)])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 1952 * 16)
+    (src,) = list(car._logs)
+    feed, threads = src.pipeline.feed, []
+
+    def recording_feed(line: str) -> tuple[Event, ...]:
+        threads.append(threading.current_thread().name)
+        return feed(line)
+
+    monkeypatch.setattr(src.pipeline, "feed", recording_feed)
+    for n, line in enumerate(VLLM_STATS[:5], start=1):
+        _append(log, line)
+        text = _scrape(car.url)  # still no waiting: this very scrape has the line
+        assert _value(text, "kvwatch_lines_read_total", source="v") == len(VLLM_STARTUP) + n
+    assert len(threads) == 5 and not [name for name in threads if name.startswith("kvwatch-http")], threads
+
+
+def test_a_read_that_blocks_does_not_block_a_scrape(
+    tmp_path: Path, sidecar_factory: Callable[..., Sidecar], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log read stuck in the kernel (a hung network file system) holds up its input thread, never
+    /metrics: the render waits a bounded time once, then answers from the state it has."""
+    log = tmp_path / "vllm.log"
+    _append(log, *VLLM_STARTUP)
+    car = sidecar_factory(log=[f"v={log}"], model_config=[str(LLAMA_8B)])
+    _wait(lambda: _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 1952 * 16)
+    release, entered = threading.Event(), threading.Event()
+
+    def stuck(timeout: float = 0.05) -> bool:
+        entered.set()
+        release.wait(30)
+        return False
+
+    for src in car._logs:
+        assert src.tailer is not None
+        monkeypatch.setattr(src.tailer, "refresh", stuck)
+    monkeypatch.setattr(car.appends, "wait", 0.2)
+    try:
+        for _ in range(3):  # urlopen's 5 s: a scrape waiting for the read would fail here
+            assert _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 1952 * 16
+        assert entered.is_set() and car.appends.late == 1  # one late read; the next scrapes did not ask
+    finally:
+        release.set()
 
 
 def test_missing_log_is_counted_and_waited_for(

@@ -217,3 +217,47 @@ def test_unmodelled_model_state(tmp_path: Path) -> None:
     reg, _ = _registry(fleet, model_config=odd)
     assert reg.get_sample_value(names.PREDICTION_AVAILABLE.name, {**LAB, "state": "unmodelled"}) == 1
     assert reg.get_sample_value(names.PREDICTION_AVAILABLE.name, {**LAB, "state": "ok"}) == 0
+
+
+def test_the_cached_rows_render_what_a_fresh_collector_renders_after_any_events() -> None:
+    """The per-instance row caches (startup facts, usage, counters and stale flags, each series'
+    label text) never show what the state no longer holds: after every step of a seeded random mix
+    of events from both origins, with the clock moving facts past their TTL, a collector that kept
+    its caches renders the bytes of one that starts empty."""
+    import random
+
+    from kvwatch.core.events import Preemption, UsageSample
+
+    clock = [1_796_172_900.0]
+    fleet = Fleet(clock=lambda: clock[0], fact_ttl=30)
+    for i, path in enumerate(sorted(LOG_SAMPLES.glob("*/*.log"))[:12]):
+        pipeline = LinePipeline(f"s{i}", fleet, "auto")
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            pipeline.feed(line)
+    predictor = Predictor(model_config=lambda source: LLAMA_8B)
+    kept = KvwatchCollector(fleet.snapshot, predictor)
+    engines = {snap.source: snap.engine for snap in fleet.snapshot()}
+    rng = random.Random(7)
+    for _ in range(120):
+        for _ in range(rng.randint(1, 4)):
+            source = rng.choice(sorted(engines))
+            common = {"engine": engines[source], "origin": rng.choice(["log", "metrics"])}
+            roll = rng.random()
+            if roll < 0.6:
+                fleet.apply(
+                    source,
+                    UsageSample(
+                        **common,
+                        kv_usage_ratio=rng.choice([None, 0.0, -0.0, rng.random()]),
+                        running=rng.choice([None, 0, rng.randint(0, 50)]),
+                        waiting=rng.choice([None, rng.randint(0, 5)]),
+                        prefix_cache_hit_ratio=rng.choice([None, rng.random()]),
+                    ),
+                )
+            elif roll < 0.8:
+                tokens = rng.choice([None, 476_000, rng.randint(1, 10**6)])
+                fleet.apply(source, PoolSized(**common, tokens=tokens, block_size=rng.choice([None, 16])))
+            else:
+                fleet.apply(source, Preemption(**common, count=rng.randint(0, 3)))
+        clock[0] += rng.choice([0, 1, 20, 40])
+        assert kept.render() == KvwatchCollector(fleet.snapshot, predictor).render()

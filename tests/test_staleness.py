@@ -103,6 +103,30 @@ def test_a_fact_that_vanished_from_metrics_goes_stale_while_the_others_stay() ->
     assert _get(reg, names.FACTS_STALE, **LAB, origin="metrics", fact="running") == 0
 
 
+def test_an_unwatched_fact_that_goes_stale_without_an_event_leaves_the_next_scrape() -> None:
+    """The collector's cached rows of an instance with no new event still drop a usage fact past
+    its TTL when it is not one whose staleness is flagged (the flags alone did not change)."""
+    clock = _Clock()
+    fleet = Fleet(clock=clock, fact_ttl=30)
+    fleet.apply(
+        "v",
+        UsageSample(
+            engine="vllm", instance="0", origin="metrics", kv_usage_ratio=0.4, running=3,
+            prefix_cache_hit_ratio=0.5,
+        ),
+    )  # fmt: skip
+    clock.now += 20  # the next scrapes no longer carry the prefix-cache rate
+    fleet.apply(
+        "v", UsageSample(engine="vllm", instance="0", origin="metrics", kv_usage_ratio=0.4, running=3)
+    )
+    reg = _registry(fleet)
+    assert _get(reg, names.PREFIX_CACHE_HIT_RATIO, **LAB) == 0.5
+    clock.now += 15  # past the rate's TTL, not the others': no event, no stale flag changes
+    assert _get(reg, names.PREFIX_CACHE_HIT_RATIO, **LAB) is None
+    assert _get(reg, names.KV_USAGE_RATIO, **LAB) == pytest.approx(0.4)
+    assert _get(reg, names.FACTS_STALE, **LAB, origin="metrics", fact="kv_usage_ratio") == 0
+
+
 def test_a_usage_outside_zero_to_one_is_rejected_and_counted() -> None:
     fleet = Fleet(clock=_Clock())
     _feed(fleet, [*STARTUP, STATS, STATS.replace("42.5%", "193.0%")])

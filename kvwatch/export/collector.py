@@ -15,6 +15,7 @@ import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.gc_collector import GCCollector
@@ -31,11 +32,12 @@ from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.events import Origin
 from kvwatch.core.labels import ConcurrencyBasis, MemoryBasis, MemoryTerm
 from kvwatch.export import names
-from kvwatch.export.exposition import Row as _Row
+from kvwatch.export.exposition import Groups as _Groups
 from kvwatch.export.exposition import Rows as _Rows
 from kvwatch.export.exposition import escape as _escape
+from kvwatch.export.exposition import series_prefix as _series_prefix
 from kvwatch.export.figures import observed_terms, pool_figures, predicted_terms, usage_figures
-from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
+from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts, UsageFacts
 from kvwatch.state.fleet import DISAGREEMENT_FACTS, InstanceSnapshot
 from kvwatch.state.usage_values import BAD_VALUE_FACTS
 
@@ -70,6 +72,8 @@ def _number(value: float | None) -> float | None:
     """A state value as a sample value, or None: unset, NaN, infinite, or an int past any float
     (the state bounds every fact, kvwatch.core.events.PLAUSIBLE; this is the second guard, so a
     value that slipped past them is one missing sample, never a failed scrape)."""
+    if type(value) is float:  # most values: no conversion to try
+        return value if math.isfinite(value) else None
     if value is None:
         return None
     try:
@@ -108,16 +112,24 @@ def _label(value: str | float | None) -> str:
 class _Cached:
     """The rows of one instance as of one (epoch, events), split by how often they change."""
 
-    version: _Version
+    version: _Version | None  # None: rows being built
     static_key: _StaticKey
-    static: list[_Row]
-    dynamic: list[_Row]
+    static: _Groups
+    dynamic: _Groups
+    # The counters and staleness flags of the instance (rows that rarely change) and what they show.
+    counts_key: _CountsKey | None
+    counts: _Groups
     labels: tuple[str, ...]
     escaped: tuple[str, ...]
     pool_tokens: int | None
     max_len: int | None
+    # The dynamic rows' series, by (metric name, extra label values): their label values and
+    # series_prefix, kept while the static key holds, so a new value costs no template formatting.
+    series: dict[tuple[str, tuple[str, ...]], tuple[tuple[str, ...], str]]
 
 
+# What the counts rows of an instance show: its disagreements, refused values, stale facts.
+_CountsKey = tuple[Mapping[str, int], Mapping[str, int], Mapping[tuple[str, str], bool]]
 # What the static rows of an instance depend on: epoch, its start, model label, the startup facts.
 _StaticKey = tuple[
     int,
@@ -129,12 +141,14 @@ _StaticKey = tuple[
     tuple[tuple[str, int], ...],
 ]
 # One state of an instance: epoch, events applied, which watched facts are stale, which pools are
-# exported (a pool only /metrics reported leaves when /metrics goes silent, without an event).
-_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...], tuple[str, ...]]
+# exported (a pool only /metrics reported leaves when /metrics goes silent, without an event), and
+# the usage facts exported (one no origin delivered within the fact TTL leaves without an event,
+# watched or not: Fleet.snapshot).
+_Version = tuple[int, int, tuple[tuple[tuple[str, str], bool], ...], tuple[str, ...], UsageFacts]
 
 
 def _version(snap: InstanceSnapshot) -> _Version:
-    return (snap.epoch, snap.events, tuple(snap.stale.items()), tuple(snap.pools))
+    return (snap.epoch, snap.events, tuple(snap.stale.items()), tuple(snap.pools), snap.usage)
 
 
 @dataclass(frozen=True)
@@ -188,6 +202,7 @@ class KvwatchCollector(Collector):
         self._self_stats = self_stats
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._cache_lock = threading.Lock()
+        self._source_series: dict[tuple[str, tuple[str, ...]], str] = {}
 
     def describe(self) -> Iterable[Metric]:
         """The families without samples, so registering does not take a snapshot."""
@@ -227,6 +242,7 @@ class KvwatchCollector(Collector):
             seen[key] = cached
             rows.extend(cached.static)
             rows.extend(cached.dynamic)
+            rows.extend(cached.counts)
         with self._cache_lock:
             self._cache = seen
         self._self_metrics(rows, len(snaps))
@@ -249,18 +265,27 @@ class KvwatchCollector(Collector):
         if cached is None or cached.static_key != static_key:
             static = _Rows()
             derived = self._static(static, snap, model)
-            cached = _Cached((0, 0, (), ()), static_key, static.rows(), [], *derived)
+            cached = _Cached(None, static_key, static.groups(), (), None, (), *derived, {})
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
+        counts_key: _CountsKey = (snap.disagreements, snap.bad_values, snap.stale)
+        counts = cached.counts
+        if counts_key != cached.counts_key:
+            counts_rows = _Rows()
+            self._counts(counts_rows, snap, cached)
+            counts = counts_rows.groups()
         return _Cached(
             _version(snap),
             static_key,
             cached.static,
-            dynamic.rows(),
+            dynamic.groups(),
+            counts_key,
+            counts,
             cached.labels,
             cached.escaped,
             cached.pool_tokens,
             cached.max_len,
+            cached.series,
         )
 
     def _static(
@@ -276,6 +301,8 @@ class KvwatchCollector(Collector):
         esc = tuple(_escape(v) for v in lab)
 
         def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
+            if value is None:
+                return  # most unset facts: no guard to run
             number = _number(value)
             if number is not None:
                 fam.add(metric, (*lab, *extra), number, (*esc, *extra))
@@ -348,15 +375,8 @@ class KvwatchCollector(Collector):
     @staticmethod
     def _dynamic(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
         """Usage, headroom, queue, preemptions: what every stats line moves."""
-        lab, esc, pool_tokens, max_len = cached.labels, cached.escaped, cached.pool_tokens, cached.max_len
-        usage = snap.usage
-
-        def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
-            number = _number(value)
-            if number is not None:
-                fam.add(metric, (*lab, *extra), number, (*esc, *extra))
-
-        fig = usage_figures(usage, pool_tokens, max_len)
+        usage, gauge = snap.usage, _series_gauge(fam, cached)
+        fig = usage_figures(usage, cached.pool_tokens, cached.max_len)
         gauge(names.KV_USAGE_RATIO, fig.ratio)
         gauge(names.KV_USED_TOKENS, fig.used)
         gauge(names.KV_HEADROOM_TOKENS, fig.headroom_tokens)
@@ -367,6 +387,12 @@ class KvwatchCollector(Collector):
         gauge(names.PREEMPTIONS, snap.preemptions_total)
         for origin, ts in sorted(snap.last_update.items()):
             gauge(names.LAST_UPDATE, ts, origin)
+
+    @staticmethod
+    def _counts(fam: _Rows, snap: InstanceSnapshot, cached: _Cached) -> None:
+        """Disagreements, refused values, stale facts: rows a stats line rarely moves (reused while
+        their three mappings are equal, cached.counts_key)."""
+        gauge = _series_gauge(fam, cached)
         # Counters exist from the start at 0, so increase() sees the first one.
         for fact in DISAGREEMENT_FACTS:
             gauge(names.DISAGREEMENTS, snap.disagreements.get(fact, 0), fact)
@@ -383,6 +409,18 @@ class KvwatchCollector(Collector):
             gauge(names.FACTS_STALE, 1.0 if stale else 0.0, origin, fact)
 
     def _self_metrics(self, fam: _Rows, instances: int) -> None:
+        # Each source's series prefixes, kept from the last render (sources come and go in node mode:
+        # only this render's are kept for the next).
+        kept, seen = self._source_series, {}
+
+        def add(metric: names.Metric, lab: tuple[str, ...], value: float) -> None:
+            key = (metric.name, lab)
+            prefix = kept.get(key)
+            if prefix is None:
+                prefix = _series_prefix(metric, [_escape(v) for v in lab])
+            seen[key] = prefix
+            fam.add_series(metric.name, lab, prefix, value)
+
         merged: dict[str, list[SourceStatus]] = {}
         for status in self._sources():
             merged.setdefault(status.name, []).append(status)
@@ -391,24 +429,25 @@ class KvwatchCollector(Collector):
             logs = [p for p in parts if p.kind == "log"]
             scrapes = [p for p in parts if p.kind == "metrics"]
             # A log and a URL may share a name (same engine): up only when both are.
-            fam.add(names.SOURCE_UP, lab, float(1.0 if all(p.up for p in parts) else 0.0))
+            add(names.SOURCE_UP, lab, float(1.0 if all(p.up for p in parts) else 0.0))
             if logs:
-                fam.add(names.LINES_READ, lab, float(sum(p.lines_read for p in logs)))
-                fam.add(names.LINES_MATCHED, lab, float(sum(p.lines_matched for p in logs)))
-                fam.add(names.PARSE_ERRORS, lab, float(sum(p.parse_errors for p in logs)))
-                fam.add(names.LINES_TRUNCATED, lab, float(sum(p.lines_truncated for p in logs)))
-                fam.add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
-                fam.add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
+                add(names.LINES_READ, lab, float(sum(p.lines_read for p in logs)))
+                add(names.LINES_MATCHED, lab, float(sum(p.lines_matched for p in logs)))
+                add(names.PARSE_ERRORS, lab, float(sum(p.parse_errors for p in logs)))
+                add(names.LINES_TRUNCATED, lab, float(sum(p.lines_truncated for p in logs)))
+                add(names.LOG_ROTATIONS, lab, float(sum(p.rotations for p in logs)))
+                add(names.LOG_READ_ERRORS, lab, float(sum(p.read_errors for p in logs)))
                 backlog = [p.stdin_backlog for p in logs if p.stdin_backlog is not None]
                 if backlog:
-                    fam.add(names.STDIN_BACKLOG, lab, float(sum(backlog)))
+                    add(names.STDIN_BACKLOG, lab, float(sum(backlog)))
             for part in scrapes:
                 if part.scrape_duration_seconds is not None:
-                    fam.add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
+                    add(names.SCRAPE_DURATION, lab, float(part.scrape_duration_seconds))
                 for reason in names.SCRAPE_ERROR_REASONS:
-                    fam.add(names.SCRAPE_ERRORS, (name, reason), float(part.scrape_errors.get(reason, 0)))
-                fam.add(names.SERIES_DROPPED, lab, float(part.series_dropped))
-                fam.add(names.UNUSABLE_VALUES, lab, float(part.unusable_values))
+                    add(names.SCRAPE_ERRORS, (name, reason), float(part.scrape_errors.get(reason, 0)))
+                add(names.SERIES_DROPPED, lab, float(part.series_dropped))
+                add(names.UNUSABLE_VALUES, lab, float(part.unusable_values))
+        self._source_series = seen
         fam.add(names.INSTANCES, (), float(instances))
         fam.add(names.INSTANCES_DROPPED, (), float(self._dropped()))
         fam.add(names.VALUES_UNEXPORTED, (), float(_unexported.value))
@@ -425,3 +464,28 @@ class KvwatchCollector(Collector):
                 fam.add(names.NODE_CONTAINERS, (state,), float(node.containers.get(state, 0)))
             fam.add(names.NODE_CONTAINERS_DROPPED, (), float(node.dropped))
         fam.add(names.BUILD_INFO, (__version__, platform.python_version()), 1.0)
+
+
+class _Gauge(Protocol):
+    def __call__(self, metric: names.Metric, value: float | None, *extra: str) -> None: ...
+
+
+def _series_gauge(fam: _Rows, cached: _Cached) -> _Gauge:
+    """``gauge(metric, value, *extra)`` adding one row of the instance to ``fam``, with the series'
+    label values and prefix from ``cached.series`` (formatted once per series while the labels hold)."""
+    lab, esc, series, add = cached.labels, cached.escaped, cached.series, fam.add_series
+
+    def gauge(metric: names.Metric, value: float | None, *extra: str) -> None:
+        if value is None:
+            return  # most unset facts: no guard to run
+        number = _number(value)
+        if number is None:
+            return
+        key = (metric.name, extra)
+        known = series.get(key)
+        if known is None:
+            # Concurrent renders may both add it: the same value, so either is right.
+            known = series[key] = ((*lab, *extra), _series_prefix(metric, (*esc, *extra)))
+        add(metric.name, known[0], known[1], number)
+
+    return gauge

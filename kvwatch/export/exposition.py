@@ -1,8 +1,9 @@
 """The Prometheus text exposition (format 0.0.4) of one scrape, rendered without prometheus_client.
 
-``Rows`` holds a scrape's samples in ``kvwatch.export.names.METRICS`` order, each with its text line
-rendered once when it is added (the collector caches an instance's rows between scrapes), so
-``Rows.text`` is a join. ``Rows.families`` gives the same samples as prometheus_client families
+``Rows`` holds a scrape's samples grouped by metric, each with its text line rendered once when it is
+added (the collector caches an instance's rows between scrapes, and each series' ``series_prefix``,
+so a new value costs two concatenations), so ``Rows.text`` is a join in
+``kvwatch.export.names.METRICS`` order. ``Rows.families`` gives the same samples as prometheus_client families
 (the registry path: OpenMetrics negotiation, tests). tests/test_exposition.py holds ``text`` byte
 for byte equal to prometheus_client's ``generate_latest`` over ``families``.
 """
@@ -10,7 +11,8 @@ for byte equal to prometheus_client's ``generate_latest`` over ``families``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
 from prometheus_client import utils as _prom_utils
@@ -25,6 +27,9 @@ from kvwatch.export import names
 
 # One sample: (metric name, label values in the metric's label order, value, its exposition line).
 Row = tuple[str, tuple[str, ...], float, str]
+# Samples grouped by metric name (Rows.groups), in any order: text() and families() go by names.METRICS.
+Groups = tuple[tuple[str, list[Row]], ...]
+_text_of = operator.itemgetter(3)
 
 
 # prometheus_client's own float formatting (Go-style: +Inf, 1e+21), so both output paths agree.
@@ -46,11 +51,10 @@ def _template(metric: names.Metric) -> str:
     return f"{metric.sample_name}{{{{{pairs}}}}} "
 
 
-_TEMPLATES = {m.name: _template(m) for m in names.METRICS}
-# Node mode's per-instance rows carry the engine pod's labels too (names.with_workload): a row
-# with more label values than its metric's own labels is one of those.
-_WORKLOAD_TEMPLATES = {m.name: _template(names.with_workload(m)) for m in names.METRICS}
-_LABEL_COUNTS = {m.name: len(m.labels) for m in names.METRICS}
+# Per metric, one look-up: its template, its own label count, and its template with the engine
+# pod's labels too (node mode's per-instance rows, names.with_workload: a row with more label values
+# than its metric's own labels is one of those).
+_ENTRIES = {m.name: (_template(m), len(m.labels), _template(names.with_workload(m))) for m in names.METRICS}
 _FLOATS: dict[float, str] = {}
 
 
@@ -67,10 +71,11 @@ def _float(value: float) -> str:
     return text
 
 
-def _line(metric: names.Metric, escaped: Sequence[str], value: float) -> str:
-    """The text-format (0.0.4) line of one sample (label values already escaped)."""
-    templates = _TEMPLATES if len(escaped) == _LABEL_COUNTS[metric.name] else _WORKLOAD_TEMPLATES
-    return templates[metric.name].format(*escaped) + _float(value) + "\n"
+def series_prefix(metric: names.Metric, escaped: Sequence[str]) -> str:
+    """'name{labels} ' of one series (label values already escaped): its line is this, the value's
+    text and a newline, so a caller that keeps it renders a new value with two concatenations."""
+    plain, count, workload = _ENTRIES[metric.name]
+    return (plain if len(escaped) == count else workload).format(*escaped)
 
 
 def _label_names(metric: names.Metric, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -79,10 +84,11 @@ def _label_names(metric: names.Metric, values: tuple[str, ...]) -> tuple[str, ..
 
 
 class Rows:
-    """Samples of one scrape, grouped by metric, in names.METRICS order."""
+    """Samples of one scrape, grouped by metric (output in names.METRICS order)."""
 
     def __init__(self) -> None:
-        self.by_metric: dict[str, list[Row]] = {m.name: [] for m in names.METRICS}
+        # Filled as samples come (an instance's rows touch a few metrics of the ~75).
+        self.by_metric: dict[str, list[Row]] = {}
 
     def add(
         self,
@@ -92,22 +98,42 @@ class Rows:
         escaped: Sequence[str] | None = None,
     ) -> None:
         """One sample; ``escaped`` are the label values escaped for the text format, when the caller has them."""
-        text = _line(metric, escaped if escaped is not None else [escape(v) for v in labels], value)
-        self.by_metric[metric.name].append((metric.name, labels, value, text))
+        prefix = series_prefix(metric, escaped if escaped is not None else [escape(v) for v in labels])
+        row = (metric.name, labels, value, prefix + _float(value) + "\n")
+        rows = self.by_metric.get(metric.name)
+        if rows is None:
+            self.by_metric[metric.name] = [row]
+        else:
+            rows.append(row)
 
-    def rows(self) -> list[Row]:
-        """Every sample, in names.METRICS order."""
-        return [row for m in names.METRICS for row in self.by_metric[m.name]]
+    def add_series(self, name: str, labels: tuple[str, ...], prefix: str, value: float) -> None:
+        """One sample of a series whose ``series_prefix`` the caller kept (``name`` is its metric's)."""
+        row = (name, labels, value, prefix + _float(value) + "\n")
+        rows = self.by_metric.get(name)
+        if rows is None:
+            self.by_metric[name] = [row]
+        else:
+            rows.append(row)
 
-    def extend(self, rows: Iterable[Row]) -> None:
-        for row in rows:
-            self.by_metric[row[0]].append(row)
+    def groups(self) -> Groups:
+        """The samples by metric, metrics without one left out: what a cache keeps of an instance."""
+        return tuple(self.by_metric.items())
+
+    def extend(self, groups: Groups) -> None:
+        """Add the samples of ``groups()`` (one list extension per metric, none per sample)."""
+        by_metric = self.by_metric
+        for name, rows in groups:
+            mine = by_metric.get(name)
+            if mine is None:
+                by_metric[name] = list(rows)
+            else:
+                mine.extend(rows)
 
     def families(self) -> Iterator[Metric]:
         """prometheus_client families (the registry path: tests, OpenMetrics negotiation)."""
         for m in names.METRICS:
             family: Metric
-            rows = self.by_metric[m.name]
+            rows = self.by_metric.get(m.name, [])
             if m.type == "gauge":
                 family = GaugeMetricFamily(m.name, m.help, labels=list(m.labels))
                 for _, labels, value, _line_text in rows:
@@ -130,7 +156,9 @@ class Rows:
         out: list[str] = []
         for m in names.METRICS:
             out.append(_HEADERS[m.name])
-            out.extend(row[3] for row in self.by_metric[m.name])
+            rows = self.by_metric.get(m.name)
+            if rows is not None:
+                out.extend(map(_text_of, rows))
         return "".join(out).encode("utf-8")
 
 

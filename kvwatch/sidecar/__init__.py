@@ -1,6 +1,7 @@
 """`kvwatch run`, the sidecar: tail engine logs, scrape engine /metrics, serve kvwatch's /metrics.
 
-Modules, by concern: ``app`` (the Sidecar: wiring and lifecycle, the consumer), ``server`` (the
+Modules, by concern: ``app`` (the Sidecar: wiring and lifecycle, the consumer), ``appends`` (a
+render's request that the consumer read the logs' appends, waited for within a bound), ``server`` (the
 bounded HTTP server: sockets, timeouts, connection cap), ``wire`` (HTTP/1.1 message format), ``http`` (endpoints, TLS context), ``auth``
 (basic auth, failure limiter), ``saving`` (when the state file is written, and its
 consistent cut), ``sources`` (per-source
@@ -22,17 +23,25 @@ Threading model -- every thread, what it may touch, and why that is safe:
 * **HTTP workers** (``kvwatch-http-worker-N``, ``server.WORKERS`` of them) -- run the handler for a
   complete request whose client is still there: basic auth (``auth.BasicAuth``, its own lock), and
   for /metrics ``http.SharedRender``: one render at a time, shared by every scrape that arrived
-  before it began. A render starts with ``Sidecar.refresh``, which reads the tailers' appends *in
-  the worker*, under the same delivery lock and in file order, so a scrape is never behind the log;
-  then it renders a ``Fleet.snapshot`` (frozen copies). / touches no state.
+  before it began. A render reads only a snapshot of state; it runs no part of the input path (no
+  file read, queue drain, line parse or engine scrape). It starts with ``Sidecar.refresh``: it puts
+  a ``ReadAppends`` on the consumer's queue and waits for its event (``appends.AppendRequests``, at
+  most ``app.APPENDS_WAIT``; not at all while an earlier request is still unanswered, so a read
+  stuck in the kernel delays one scrape by that bound, no more), so a scrape is never behind the
+  log; then it renders
+  a ``Fleet.snapshot`` (frozen copies). / does the same. (The one input a render may still read is
+  a model's config.json -- found, or with ``fetch_model_configs`` fetched -- once per model, when
+  the predictor first meets it.)
 * **scrape** (one per ``--metrics-url``) -- fetches the engine's /metrics and reads it as it
   arrives (its own ``MetricsReader``, used by no other thread), then puts a ``Scraped`` message
   with the events on the queue; it never touches the fleet. ``stop()`` aborts a fetch in flight.
 * **stdin** (``--log -``) -- puts ``StdinLine`` / ``StdinClosed`` messages on the queue.
 * **consumer** (``kvwatch-consumer``) -- the only reader of the queue: applies scrape events and
-  stdin lines, and is the only thread that writes the state file (``SaveSchedule.save``).
+  stdin lines, reads the tailers' appends for a render (``ReadAppends``: ``LogTailer.refresh``,
+  under the tailer's delivery lock and in file order, then sets the render's event), and is the
+  only thread that writes the state file (``SaveSchedule.save``).
 
-So ``Fleet.apply`` is called from several threads (tailers, HTTP workers, consumer); the fleet's lock makes
+So ``Fleet.apply`` is called from several threads (tailers, consumer); the fleet's lock makes
 each call atomic, and each source's lines reach it from one place at a time and in order (the
 tailer's delivery lock, or the consumer for stdin and /metrics). A save holds every tailer's
 delivery lock while it takes the positions and the fleet, so the two describe the same lines; what

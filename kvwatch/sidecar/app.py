@@ -26,6 +26,7 @@ from kvwatch.core.jsontypes import JsonObject, JsonValue
 from kvwatch.export import names
 from kvwatch.export.collector import KvwatchCollector, SelfStats, SourceStatus
 from kvwatch.sidecar import messages as msg
+from kvwatch.sidecar.appends import AppendRequests
 from kvwatch.sidecar.auth import BasicAuth
 from kvwatch.sidecar.config import Settings, WebConfig, load_web_config
 from kvwatch.sidecar.http import Endpoints, tls_context
@@ -43,14 +44,17 @@ from kvwatch.state.persist import StateStore, restore
 
 log = logging.getLogger("kvwatch")
 
-# Appends are read whenever /metrics is scraped (Sidecar.refresh), so a scrape is current however
-# rarely the tailers look on their own; inotify wakes them at once for created, renamed and deleted
+# Appends are read whenever /metrics is scraped (Sidecar.refresh: by the consumer, for the render),
+# so a scrape is current however rarely the tailers look on their own; inotify wakes them at once for created, renamed and deleted
 # files. Their own timed look (read appends, re-check every path for a missed event) then only keeps
 # the state file current and is the safety net, so it can be rare: every timed wake-up of a thread,
 # and the first system calls after it, cost milliseconds of CPU on virtual machines whose idle
 # pages the host reclaims (measured in bench/bench_sidecar.py), several times the cost of parsing
 # a second's worth of lines.
 TAIL_INTERVAL = 10.0
+# How long a render waits for the consumer to read the appends (kvwatch.sidecar.appends): far past
+# the milliseconds it takes, well within a scraper's timeout (Prometheus: 10 s by default).
+APPENDS_WAIT = 2.0
 # prometheus_client's name for it (CONTENT_TYPE_PLAIN_0_0_4) exists only since 0.22.
 _TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -85,6 +89,7 @@ class Sidecar:
             ),
         )
         self._queue: queue.Queue[msg.Message] = queue.Queue()
+        self.appends = AppendRequests(self._queue.put, APPENDS_WAIT)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.node = (
@@ -183,6 +188,7 @@ class Sidecar:
             reason = getattr(exc, "strerror", None) or exc
             raise ConfigError(f"cannot listen on {addr}: {reason}") from None
         self._spawn("kvwatch-http", self._server.serve)
+        self.appends.open()
         self._spawn("kvwatch-consumer", self._consume)
         for src in self._logs.configured:
             if src.pattern == "-":
@@ -307,6 +313,8 @@ class Sidecar:
                 continue
             if isinstance(item, msg.Stop):
                 self._drain()
+                self.appends.close()
+                self._drain()  # a render's request put before the close
                 return
             if isinstance(item, msg.FinalSave):
                 self.saves.final_save(self._drain)
@@ -339,6 +347,11 @@ class Sidecar:
                 self._handle_scrape(item)
             case msg.StdinClosed(source=src):
                 src.stdin_up = False
+            case msg.ReadAppends(done=done):
+                try:
+                    self._read_appends()
+                finally:
+                    done.set()
             case _:  # Dirty only wakes the consumer to plan its next save
                 pass
 
@@ -400,9 +413,15 @@ class Sidecar:
         read_lines(on_line, stop=self._stop, splitter=src.stdin_splitter)
         self._queue.put(msg.StdinClosed(src))
 
-    def refresh(self) -> None:
-        """Read what the engines appended since the tailers last looked (called at every scrape of
-        /metrics, in an HTTP worker): a line appended just before a scrape is in that scrape."""
+    def refresh(self) -> bool:
+        """Have the consumer read what the engines appended since the tailers last looked, and wait
+        for it (bounded: kvwatch.sidecar.appends), so a line appended just before a scrape is in
+        that scrape; the calling thread (an HTTP worker at every scrape) reads and parses nothing.
+        False when the read did not happen in time (the render then shows the state as it is)."""
+        return self.appends.ask()
+
+    def _read_appends(self) -> None:
+        """Every tailer's appends, read and applied now (the consumer, for a render's request)."""
         for src in self._logs:
             if src.tailer is not None:
                 try:

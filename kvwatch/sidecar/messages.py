@@ -56,8 +56,16 @@ class FinalSave:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadAppends:
+    """A render's request (kvwatch.sidecar.appends): read every tailer's appends now, then set
+    ``done``, so the render's snapshot holds every line written before it asked."""
+
+    done: threading.Event
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Apply what is queued, then end the consumer thread."""
 
 
-Message = StdinLine | StdinClosed | Scraped | Dirty | FinalSave | Stop
+Message = StdinLine | StdinClosed | Scraped | Dirty | FinalSave | ReadAppends | Stop

@@ -123,8 +123,8 @@ class SaveSchedule:
     def save(self) -> bool:
         """Write the state with the positions of exactly the lines it contains.
 
-        Log lines are applied under their tailer's delivery lock (in its thread or a scrape's);
-        holding every tailer's lock while the positions and the fleet are taken gives a consistent
+        Log lines are applied under their tailer's delivery lock (in its thread, or the consumer's
+        for a scrape); holding every tailer's lock while the positions and the fleet are taken gives a consistent
         cut (stdin lines and engine-/metrics results are applied by the consumer, the thread that
         saves, so they cannot change the fleet meanwhile). The slow part, writing and fsyncing the
         file, happens after the tailers are released.

@@ -75,8 +75,8 @@ class LogSource:
     def on_line(self, line: str) -> tuple[Event, ...]:
         """Parse and apply one line at once; returns the events it produced.
 
-        Called by whichever thread read the line -- the tailer's, or an HTTP worker serving a
-        scrape (``Sidecar.refresh``) -- under the tailer's delivery lock, one line at a time in file
+        Called by whichever thread read the line -- the tailer's, or the consumer reading the
+        appends for a scrape (``Sidecar.refresh``) -- under the tailer's delivery lock, one line at a time in file
         order; for stdin, by the consumer. Applying lines where they are read needs no hand-off to
         another thread (a wake-up per line, the sidecar's main CPU cost at a steady line rate), and
         lets a save pause delivery to get a state that holds exactly the lines before the saved

@@ -107,6 +107,14 @@ _USAGE_FACTS = fact_names(UsageFacts)
 if set(periodic_facts(UsageFacts)) != set(_USAGE_FACTS):
     raise TypeError("state: usage facts are timed for staleness but UsageFacts is not periodic")
 _PERIODIC = frozenset(_USAGE_FACTS)
+# fact_seen's keys of the periodic facts -> (origin, fact), the fact, whether its staleness is
+# exported: split once, not at every snapshot.
+_TIMED: dict[str, tuple[tuple[str, str], str, bool]] = {
+    key: ((origin, fact), fact, fact in STALE_FACTS)
+    for origin, keys in _SEEN_KEYS.items()
+    for fact, key in keys.items()
+    if fact in _PERIODIC
+}
 _USAGE_VALUES = itemgetter(*_USAGE_FACTS)
 if any(UsageSample.model_fields[f].default is not None for f in _USAGE_FACTS):
     raise TypeError("state: a usage fact whose UsageSample default is not None (unset must read as None)")
@@ -338,14 +346,18 @@ class Fleet:
         seen_facts: set[str] = set()
         limit = now - self.fact_ttl
         for key, ts in st.fact_seen.items():
-            origin, _, fact = key.partition(":")
-            if fact not in _PERIODIC:
-                continue  # a startup fact timed by an older kvwatch (state file): never stale
+            timed = _TIMED.get(key)
+            if timed is None:  # a key of a state file that kvwatch would not write now
+                origin, _, fact = key.partition(":")
+                if fact not in _PERIODIC:
+                    continue  # a startup fact timed by an older kvwatch: never stale
+                timed = ((origin, fact), fact, fact in STALE_FACTS)
+            pair, fact, watched = timed
             seen_facts.add(fact)
             if ts >= limit:
                 fresh.add(fact)
-            if fact in STALE_FACTS:
-                stale[(origin, fact)] = ts < limit
+            if watched:
+                stale[pair] = ts < limit
         return dict(sorted(stale.items())), seen_facts - fresh
 
     def _pools(self, st: InstanceState, now: float) -> dict[PoolKind, PoolFacts]:
