@@ -46,6 +46,8 @@ DTYPES: dict[str, DType] = {
     "nvfp4": DType(0.5, weights=True),
 }
 
+# Bytes per element of a checkpoint's torch_dtype (before the engines' float32 -> half rule).
+CHECKPOINT_DTYPE_BYTES: dict[str, int] = {n: int(d.bytes) for n, d in DTYPES.items() if d.checkpoint}
 # KV cache dtype names both engines accept, and their bytes per element ('auto' = model dtype).
 KV_DTYPE_BYTES: dict[str, int] = {n: int(d.bytes) for n, d in DTYPES.items() if d.kv_cache}
 # Bytes per weight for a ``--weights-dtype`` what-if: every parameter at this width.
