@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import kvwatch
 from kvwatch.analysis.predictor import Predictor
-from kvwatch.core.events import EngineSettings, PoolSized
+from kvwatch.core.events import EngineSettings, PoolSized, UsageSample
+from kvwatch.core.labels import ORIGINS, PREDICTION_STATES
 from kvwatch.export import names
 from kvwatch.export.collector import KvwatchCollector, SourceStatus
 from kvwatch.sources.pipeline import LinePipeline
@@ -261,3 +262,22 @@ def test_the_cached_rows_render_what_a_fresh_collector_renders_after_any_events(
                 fleet.apply(source, Preemption(**common, count=rng.randint(0, 3)))
         clock[0] += rng.choice([0, 1, 20, 40])
         assert kept.render() == KvwatchCollector(fleet.snapshot, predictor).render()
+
+
+def _label_values(reg: CollectorRegistry, metric: names.Metric, label: str) -> set[str]:
+    return {s.labels[label] for fam in reg.collect() for s in fam.samples if s.name == metric.sample_name}
+
+
+def test_bounded_labels_export_exactly_their_literal() -> None:
+    """An origin, a prediction state and a source kind are typed by a core.labels Literal; the
+    series carry exactly its values, so a new one is exported once it is declared."""
+    fleet = Fleet(clock=lambda: 1700000000.0)
+    _feed(fleet, "v", VLLM_LINES)
+    fleet.apply("v", UsageSample(engine="vllm", instance="0", origin="metrics", kv_usage_ratio=0.4))
+    sources = tuple(SourceStatus(f"s-{kind}", kind, up=True) for kind in ORIGINS)
+    reg, _ = _registry(fleet, sources=sources)
+    assert _label_values(reg, names.LAST_UPDATE, "origin") == set(ORIGINS)
+    assert _label_values(reg, names.PREDICTION_AVAILABLE, "state") == set(PREDICTION_STATES)
+    # Each kind of source has self-metrics of its own (a log its lines read, a URL its scrape errors).
+    assert _label_values(reg, names.LINES_READ, "source") == {"s-log"}
+    assert _label_values(reg, names.SCRAPE_ERRORS, "source") == {"s-metrics"}

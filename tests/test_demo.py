@@ -127,12 +127,19 @@ def test_healthy_engines_usage_headroom_models_and_the_fault() -> None:
             demo.stop()
 
 
-def test_the_fault_is_explained_by_free_memory_before_weights() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        demo = Demo(Path(tmp), listen="127.0.0.1:0")
-        engine = next(e for e in demo.engines if e.fault is not None)
-        before, after, why = explain_fault(engine)
-        demo.sidecar.stop()
+@pytest.fixture(scope="module")
+def fault_explained(tmp_path_factory: pytest.TempPathFactory) -> tuple[int | None, int | None, str]:
+    """explain_fault of the demo's faulty engine. The demo is never started, so its sidecar holds
+    nothing to stop (a stop before start would wait out FinalSave's 5 s for a consumer that never ran)."""
+    demo = Demo(tmp_path_factory.mktemp("demo"), listen="127.0.0.1:0")
+    engine = next(e for e in demo.engines if e.fault is not None)
+    return explain_fault(engine)
+
+
+def test_the_fault_is_explained_by_free_memory_before_weights(
+    fault_explained: tuple[int | None, int | None, str],
+) -> None:
+    before, after, why = fault_explained
     assert (before, after) == (1_462_784, 972_595)
     assert why.startswith("non_torch (GPU total - free memory before weights): 0.60 -> 20.60 GiB"), why
 
@@ -221,16 +228,14 @@ def test_ctrl_c_stops_everything_the_demo_started() -> None:
 # --- Issue 21: only the deliberate fault's alert, calm output, a headline that adds up --------------
 
 
-def test_the_fault_headline_says_what_the_rest_of_the_change_is() -> None:
+def test_the_fault_headline_says_what_the_rest_of_the_change_is(
+    fault_explained: tuple[int | None, int | None, str],
+) -> None:
     """The headline term moves the budget by part of the change; the rest is named and computed, and
     the parts add up to the change."""
     import re
 
-    with tempfile.TemporaryDirectory() as tmp:
-        demo = Demo(Path(tmp), listen="127.0.0.1:0")
-        engine = next(e for e in demo.engines if e.fault is not None)
-        _, _, why = explain_fault(engine)
-        demo.sidecar.stop()
+    _, _, why = fault_explained
     main, gap = (float(x) for x in re.findall(r"by ([+-][\d.]+) GiB \(of ([+-][\d.]+) GiB\)", why)[0])
     (rest,) = (float(x) for x in re.findall(r"the other ([+-][\d.]+) GiB", why))
     assert abs(main + rest - gap) <= 0.011, why

@@ -23,6 +23,7 @@ import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from kvwatch import __version__
+from kvwatch.core.labels import SEVERITIES
 from kvwatch.export import names
 from kvwatch.mixin import config, dashboards, panels, rules
 from kvwatch.sidecar.config import DEFAULT_PORT
@@ -381,9 +382,11 @@ def test_every_alert_has_for_severity_summary_description_and_a_runbook_anchor()
     anchors = _runbook_anchors()
     alerts = _alert_rules()
     assert {a["alert"] for a in alerts} == set(config.FOR)
+    # Every severity the Literal declares is used, and Alertmanager routes each (test below).
+    assert {a["labels"]["severity"] for a in alerts} == set(SEVERITIES)
     for alert in alerts:
         assert alert["for"] == config.FOR[alert["alert"]]
-        assert alert["labels"]["severity"] in {"critical", "warning", "info"}
+        assert alert["labels"]["severity"] in SEVERITIES
         annotations = alert["annotations"]
         assert set(annotations) == {"summary", "description", "runbook_url"}
         if alert["alert"] != "KVWatchAbsent":  # absent(): no series, so no labels to show
@@ -429,10 +432,10 @@ def test_alertmanager_config_is_fresh_and_names_only_real_alerts() -> None:
             if name == "alertname" and value != "KV.*":
                 assert set(value.split("|")) <= alerts, matcher
             if name == "severity":
-                assert set(value.split("|")) <= {"critical", "warning", "info"}, matcher
+                assert set(value.split("|")) <= set(SEVERITIES), matcher
         assert {"namespace", "instance"} <= set(rule["equal"])
     severities = {r["matchers"][0] for r in doc["route"]["routes"]}
-    assert severities == {f'severity="{s}"' for s in ("critical", "warning", "info")}
+    assert severities == {f'severity="{s}"' for s in SEVERITIES}
     assert "pod" in doc["route"]["group_by"] and config.MODEL in doc["route"]["group_by"]
 
 

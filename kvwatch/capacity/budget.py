@@ -59,11 +59,6 @@ def predicted_budget(prediction: Prediction) -> Budget:
     return Budget(prediction.engine, prediction.fraction, "predicted", terms)
 
 
-def int_fact(value: object) -> int | None:
-    """A fact that must be a whole number of bytes (bools and other types are not)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def printed_fraction(*printed: float | None) -> tuple[float | None, TermSource | None]:
     """The memory fraction as the engine printed it: the first of ``printed`` it gave (pass the
     budget line's before the settings line's)."""

@@ -99,11 +99,6 @@ class Prediction:
             return self.gpu_memory_utilization
         return self.mem_fraction_static
 
-    @property
-    def memory(self) -> dict[str, int | None]:
-        """Alias of memory_terms() for the collector."""
-        return self.memory_terms()
-
     def to_json_dict(self) -> JsonObject:
         """The ``kvwatch predict --json`` object: integers of bytes, floats for ratios."""
         return {

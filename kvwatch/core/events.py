@@ -20,8 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from kvwatch.core.kinds import EngineName
 from kvwatch.core.labels import FailureReason
-
-Origin = Literal["log", "metrics"]
+from kvwatch.core.labels import Origin as Origin  # re-exported: events carry it
 
 # The value of one event field, where a parser gathers fields by name before building the event.
 EventValue = str | int | float | bool | None

@@ -39,6 +39,11 @@ PredictionState = Literal[
 ScrapeErrorReason = Literal["timeout", "connection", "http_status", "too_large", "decode", "parse"]
 # state of kvwatch_node_containers.
 NodeContainerState = Literal["followed", "probing", "ignored", "gone"]
+# origin of kvwatch_last_update_timestamp_seconds and kvwatch_facts_stale: where an event came from
+# (a log line or a /metrics scrape), and the kind of a source in the self-metrics.
+Origin = Literal["log", "metrics"]
+# severity of the shipped alerting rules, which deploy/alertmanager routes (page, queue, drop).
+Severity = Literal["critical", "warning", "info"]
 
 PREDICTION_BASES: tuple[PredictionBasis, ...] = get_args(PredictionBasis)
 CONCURRENCY_BASES: tuple[ConcurrencyBasis, ...] = get_args(ConcurrencyBasis)
@@ -48,3 +53,5 @@ FAILURE_REASONS: tuple[FailureReason, ...] = get_args(FailureReason)
 PREDICTION_STATES: tuple[PredictionState, ...] = get_args(PredictionState)
 SCRAPE_ERROR_REASONS: tuple[ScrapeErrorReason, ...] = get_args(ScrapeErrorReason)
 NODE_CONTAINER_STATES: tuple[NodeContainerState, ...] = get_args(NodeContainerState)
+ORIGINS: tuple[Origin, ...] = get_args(Origin)
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)

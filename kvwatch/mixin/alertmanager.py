@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvwatch.core.jsontypes import JsonObject, JsonValue
+from kvwatch.core.labels import SEVERITIES, Severity
 from kvwatch.mixin import config, rules
 
 ALERTMANAGER_FILE = "alertmanager.yml"
@@ -110,6 +111,17 @@ def inhibitions() -> list[Inhibition]:
     ]
 
 
+# Where each severity goes: a critical alert pages (and repeats hourly), a warning queues, info is dropped.
+RECEIVER: dict[Severity, str] = {"critical": PAGE, "warning": QUEUE, "info": NULL}
+
+
+def _route(severity: Severity) -> JsonObject:
+    route: JsonObject = {"receiver": RECEIVER[severity], "matchers": [f'severity="{severity}"']}
+    if severity == "critical":
+        route["repeat_interval"] = "1h"
+    return route
+
+
 def document() -> JsonObject:
     """The Alertmanager configuration (route, receivers, inhibit_rules)."""
     group_by: list[JsonValue] = ["alertname", "cluster", "namespace", "pod", config.MODEL]
@@ -120,11 +132,7 @@ def document() -> JsonObject:
             "group_wait": "30s",
             "group_interval": "5m",
             "repeat_interval": "4h",
-            "routes": [
-                {"receiver": PAGE, "matchers": ['severity="critical"'], "repeat_interval": "1h"},
-                {"receiver": QUEUE, "matchers": ['severity="warning"']},
-                {"receiver": NULL, "matchers": ['severity="info"']},
-            ],
+            "routes": [_route(severity) for severity in SEVERITIES],
         },
         "receivers": [
             {"name": PAGE, "webhook_configs": [{"url": "http://alert-router.example:9095/page"}]},

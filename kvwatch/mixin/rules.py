@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from kvwatch.core.jsontypes import JsonObject, JsonValue
+from kvwatch.core.labels import Severity
 from kvwatch.export import names
 from kvwatch.mixin import config
 from kvwatch.state.fleet import STALE_FACTS
@@ -102,7 +103,7 @@ class Alert:
 
     alert: str
     expr: str
-    severity: str
+    severity: Severity
     summary: str
     description: str
 

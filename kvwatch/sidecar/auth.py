@@ -155,7 +155,3 @@ class BasicAuth:
             return Verdict.OK
         self.limiter.failed(client)
         return Verdict.DENIED
-
-    def authorized(self, header: str | None, client: str = "") -> bool:
-        """True when ``check`` says OK."""
-        return self.check(header, client) is Verdict.OK

@@ -19,7 +19,6 @@ class ServerStats:
 
     refused: int = 0
     timed_out: int = 0
-    bad_requests: int = 0
     open: int = 0
     # Requests dropped unrun because their client hung up while they waited for a worker.
     abandoned: int = 0

@@ -423,7 +423,6 @@ class BoundedHTTPServer:
         return False
 
     def _reply_error(self, conn: _Conn, status: int) -> None:
-        self.stats.bad_requests += 1
         conn.buf.clear()
         self._respond(conn, serialize(Response(status, f"{REASONS[status].lower()}\n".encode()), False))
 

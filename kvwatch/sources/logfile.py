@@ -25,9 +25,11 @@ Design (one reader thread, watchdog only as a doorbell):
   with what we read there; a shrink alone would miss a file that grew past our offset again before
   we looked.
 
-Modules, by concern: this one (the tailer: loop, reading, delivery), ``files`` (positions, open
-files, followed paths), ``rotation`` (identity, rotation, copytruncate, resume), ``watch`` (watchdog
-as a doorbell), ``lines`` (bytes -> lines), ``release`` (giving back what was read).
+One class, of composed parts by concern: this module (the tailer: its thread, its loop, its
+public API), ``rotation.Files`` (the followed paths and their reading: drain, identity, rotation,
+copytruncate, resume), ``delivery.Delivery`` (callbacks, published positions, counters),
+``watch.Watches`` (watchdog as a doorbell), ``files`` (positions, open files, followed paths as
+data), ``lines`` (bytes -> lines), ``release`` (giving back what was read).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from watchdog.events import (
@@ -50,26 +52,21 @@ from watchdog.events import (
     FileSystemEvent,
 )
 
-from kvwatch.sources.files import CHUNK, FINGERPRINT, FilePosition, Reader, Stream, fingerprint_before
-from kvwatch.sources.rotation import RotationHandling
-from kvwatch.sources.watch import Bell, Doorbell, WatchHandling, has_magic
+from kvwatch.sources.delivery import Delivery, ErrorCallback, LineCallback, LinesCallback, PathCallback
+from kvwatch.sources.files import FilePosition, Stream
+from kvwatch.sources.rotation import Files
+from kvwatch.sources.watch import Bell, Watches, has_magic
 
 __all__ = ["ErrorCallback", "FilePosition", "LineCallback", "LogTailer", "PathCallback"]
 
 log = logging.getLogger(__name__)
 
-_DRAIN_BUDGET = 128  # chunks (8 MiB) read from one file before the loop looks at the others
 # What watchdog must report; with append polling on, IN_MODIFY is not even requested from the kernel.
 _STRUCTURAL_EVENTS = [FileCreatedEvent, FileMovedEvent, FileDeletedEvent]
 _ALL_EVENTS = [FileModifiedEvent, *_STRUCTURAL_EVENTS]
 
-LineCallback = Callable[[str, str], None]
-LinesCallback = Callable[[str, list[str]], None]
-PathCallback = Callable[[str], None]
-ErrorCallback = Callable[[str, BaseException], None]
 
-
-class LogTailer(RotationHandling, WatchHandling):
+class LogTailer:
     """Follow one path or glob pattern and call ``on_line(path, line)`` for every line, once.
 
     ``on_line``, ``on_rotate`` and ``on_error`` are called from the tailer's own thread, or from the
@@ -99,50 +96,43 @@ class LogTailer(RotationHandling, WatchHandling):
             )
         self.pattern = os.path.abspath(os.path.expanduser(pattern))
         self.is_glob = has_magic(self.pattern)
-        self._on_line = on_line
-        # Or lines by read chunk (a busy log's cost is per call): the position after a chunk's last
-        # line is published before the chunk is handed on; a stop takes effect after it.
-        self._on_lines = on_lines
-        self._on_rotate = on_rotate
-        self._on_error = on_error
-        self.polling = polling
         self.recheck_interval = recheck_interval
-        self.poll_interval = poll_interval
         self.append_interval = append_interval
-        self._event_types = _STRUCTURAL_EVENTS if append_interval > 0 else _ALL_EVENTS
         self.retire_after = retire_after
-        self.max_line_chars = max_line_chars
         self._resume = {os.path.abspath(k): v for k, v in (resume or {}).items()}
 
-        # Counters (monotonic) for kvwatch's self-metrics.
-        self.rotations = 0
-        self.read_errors = 0
-        self.callback_errors = 0
-        self._truncated_closed = 0
-
         self._lock = threading.RLock()
-        # Position after the last line delivered per path: (dev, inode, offset, bytes before offset).
-        # Held while a line is published and handed to on_line, so positions() never sees one
-        # without the other (re-entrant: on_line may call positions()).
-        self._pub_lock = threading.RLock()
-        self._published: dict[str, tuple[int, int, int, bytes]] = {}
-        self._streams: dict[str, Stream] = {}
         self._wake = Bell()
         self._stop = threading.Event()
+        self._out = Delivery(on_line, on_lines, on_rotate, on_error)
+        self._files = Files(
+            self._out,
+            self._stop,
+            is_glob=self.is_glob,
+            retire_after=retire_after,
+            max_line_chars=max_line_chars,
+            come_back=self._come_back,
+            rescan=self._request_rescan,
+        )
+        self._streams = self._files.streams  # the same dict: the loop adds paths, Files forgets them
         self._dirty_lock = threading.Lock()
         # Paths with news -> whether the news may be structural (created/moved/deleted), which needs a
         # stat of the path; a 'modified' event only needs a read of the file already open.
         self._dirty: dict[str, bool] = {}
         self._rescan = True
-        # Event path -> stream path; replaced wholesale by the reader thread, read by the doorbell.
-        self._route: dict[str, str] = {}
-        self._watched: dict[str, tuple[Any, Any]] = {}
-        self._observer: Any = None
-        self._fallback: Any = None
+        # Looked up at each event (not bound once), so that a test can wrap _on_fs_event.
+        self._watches = Watches(
+            self.pattern,
+            self.is_glob,
+            polling=polling,
+            poll_interval=poll_interval,
+            event_types=_STRUCTURAL_EVENTS if append_interval > 0 else _ALL_EVENTS,
+            on_event=lambda event: self._on_fs_event(event),
+            report=self._out.report,
+        )
         self._thread: threading.Thread | None = None
         self._running = False
         self._close_on_exit = False
-        self._handler = Doorbell(self)
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -150,8 +140,7 @@ class LogTailer(RotationHandling, WatchHandling):
         """Start watching and reading; returns at once (files are read in the tailer's thread)."""
         if self._thread is not None:
             raise RuntimeError("LogTailer already started")
-        self._observer = self._make_observer()
-        self._observer.start()
+        self._watches.start()
         self._running = True
         self._thread = threading.Thread(target=self._run, name=f"kvwatch-tail:{self.pattern}", daemon=True)
         self._thread.start()
@@ -164,20 +153,14 @@ class LogTailer(RotationHandling, WatchHandling):
         if self._thread is threading.current_thread():
             # Called from on_line: the loop ends after this callback and closes the files itself.
             self._close_on_exit = True
-            for observer in (self._observer, self._fallback):
-                if observer is not None:
-                    observer.stop()
+            self._watches.stop()
             return
         if self._thread is not None:
             self._thread.join(timeout)
         if self._thread is None or not self._thread.is_alive():
             self._wake.close()
-        for observer in (self._observer, self._fallback):
-            if observer is not None:
-                observer.stop()
-        for observer in (self._observer, self._fallback):
-            if observer is not None and observer.is_alive():
-                observer.join(timeout)
+        self._watches.stop()
+        self._watches.join(timeout)
         if not self._lock.acquire(timeout=timeout):
             log.warning(
                 "log tailer for %s did not stop in %.0f s; leaving its files open", self.pattern, timeout
@@ -190,12 +173,7 @@ class LogTailer(RotationHandling, WatchHandling):
 
     def _close_files(self) -> None:
         self._running = False
-        for stream in list(self._streams.values()):
-            for reader in [*stream.retired, *([stream.reader] if stream.reader else [])]:
-                self._truncated_closed += reader.splitter.truncated
-                os.close(reader.fd)
-            stream.retired.clear()
-            stream.reader = None
+        self._files.close_all()
 
     def positions(self) -> dict[str, FilePosition]:
         """Resumable position of every followed path opened so far (for the state file): just after
@@ -205,12 +183,7 @@ class LogTailer(RotationHandling, WatchHandling):
         also takes, so a caller counting the lines its ``on_line`` received before and after this
         call knows whether the positions match the lines it has (it waits at most for one ``on_line``
         call, never for file reading)."""
-        with self._pub_lock:
-            items = list(self._published.items())
-        return {
-            path: FilePosition(path, dev, ino, offset, fingerprint.hex())
-            for path, (dev, ino, offset, fingerprint) in items
-        }
+        return self._out.positions()
 
     def refresh(self, timeout: float = 0.05) -> bool:
         """Read what was appended to the open files now, in the caller's thread; False when the
@@ -230,7 +203,7 @@ class LogTailer(RotationHandling, WatchHandling):
                 return False
             for stream in list(self._streams.values()):
                 if stream.reader is not None:
-                    self._drain(stream, stream.reader, retired=False)
+                    self._files.drain(stream, stream.reader, retired=False)
             return True
         finally:
             self._lock.release()
@@ -243,7 +216,7 @@ class LogTailer(RotationHandling, WatchHandling):
         if not self._lock.acquire(timeout=timeout):
             return 0
         try:
-            return release_saved(self._streams, saved, self._report)
+            return release_saved(self._streams, saved, self._out.report)
         finally:
             self._lock.release()
 
@@ -252,7 +225,7 @@ class LogTailer(RotationHandling, WatchHandling):
 
         A caller whose ``on_line`` applies each line at once gets a consistent cut this way: inside
         the block, what it has applied is exactly what ``positions()`` says was delivered."""
-        return self._pub_lock
+        return self._out.lock
 
     # The read-only views below take no lock (list() of a dict is atomic under the GIL), so a
     # scrape never waits for the reader thread, even during a long first read of a big log.
@@ -260,6 +233,26 @@ class LogTailer(RotationHandling, WatchHandling):
     def paths(self) -> list[str]:
         """Paths followed so far (the pattern itself, or every glob match seen)."""
         return sorted(list(self._streams))
+
+    @property
+    def rotations(self) -> int:
+        """Rotations seen (the path naming another file, a truncation in place, a file recreated)."""
+        return self._out.rotations
+
+    @property
+    def read_errors(self) -> int:
+        """Error episodes opening or reading a followed path, each counted once."""
+        return self._out.read_errors
+
+    @property
+    def callback_errors(self) -> int:
+        """Calls of on_line, on_lines or on_rotate that raised."""
+        return self._out.callback_errors
+
+    @property
+    def observer_kind(self) -> str:
+        """'native' (inotify on Linux), 'polling', or 'native+polling' after an inotify limit was hit."""
+        return self._watches.kind
 
     @property
     def up(self) -> bool:
@@ -275,7 +268,7 @@ class LogTailer(RotationHandling, WatchHandling):
     @property
     def truncated_lines(self) -> int:
         """Lines cut at ``max_line_chars`` so far."""
-        total = self._truncated_closed
+        total = self._files.truncated_closed
         for stream in list(self._streams.values()):
             current = stream.reader
             for reader in [*list(stream.retired), *([current] if current else [])]:
@@ -285,7 +278,7 @@ class LogTailer(RotationHandling, WatchHandling):
     # ---- watchdog side (dispatcher thread) --------------------------------------------------
 
     def _on_fs_event(self, event: FileSystemEvent) -> None:
-        route = self._route
+        route = self._watches.route
         structural = event.event_type != "modified"
         hit = False
         for raw in (event.src_path, event.dest_path):
@@ -321,7 +314,7 @@ class LogTailer(RotationHandling, WatchHandling):
                     # re-route events, then look at every path once.
                     self._rescan = False
                     self._discover()
-                    self._sync_watches()
+                    self._watches.sync(self._streams)
                     with self._dirty_lock:
                         self._dirty.clear()
                     targets = [(stream, True) for stream in list(self._streams.values())]
@@ -341,7 +334,7 @@ class LogTailer(RotationHandling, WatchHandling):
                     self._poll(stream, check_retired=full, check_path=structural)
             except Exception as exc:  # the tailer must outlive any bug or surprise
                 log.exception("log tailer loop error")
-                self._report("", exc)
+                self._out.report("", exc)
                 self._stop.wait(0.1)
             wake_at = min(next_check, next_append) if self.append_interval > 0 else next_check
             self._wake.wait(wake_at - time.monotonic())
@@ -368,130 +361,22 @@ class LogTailer(RotationHandling, WatchHandling):
             if check_retired and stream.retired:
                 now = time.monotonic()
                 for reader in list(stream.retired):
-                    grew = self._drain(stream, reader, retired=True)
+                    grew = self._files.drain(stream, reader, retired=True)
                     if grew is None or (not grew and now - reader.last_growth >= self.retire_after):
-                        self._close(stream, reader)
+                        self._files.close(stream, reader)
             if stream.reader is not None:
-                self._drain(stream, stream.reader, retired=False)
+                self._files.drain(stream, stream.reader, retired=False)
             if check_path or stream.reader is None:
-                self._check_identity(stream)
+                self._files.check_identity(stream)
 
-    def _drain(self, stream: Stream, reader: Reader, *, retired: bool) -> bool | None:
-        """Read ``reader`` to its current end and deliver the lines.
+    def _come_back(self, path: str) -> None:
+        """A drain stopped at its budget: read ``path`` again on the loop's next turn."""
+        with self._dirty_lock:
+            self._dirty.setdefault(path, False)
+        self._wake.set()
 
-        Returns whether it grew, or None when a retired file turned out truncated (give it up).
-        """
-        grew = False
-        budget = _DRAIN_BUDGET
-        while not self._stop.is_set():
-            if budget <= 0 and not retired:
-                # A writer faster than us must not starve the other files and the re-check:
-                # come back to this one on the next turn of the loop.
-                with self._dirty_lock:
-                    self._dirty.setdefault(stream.path, False)
-                self._wake.set()
-                break
-            budget -= 1
-            k = len(reader.tail)
-            try:
-                data = os.pread(reader.fd, k + CHUNK, reader.offset - k)
-                # Past the first bytes, compare those too: a file truncated and refilled could
-                # repeat the bytes before our offset (runs of '=' or spaces), not also its start.
-                if len(data) > k and reader.offset > k and reader.head and data[:k] == reader.tail:
-                    if os.pread(reader.fd, len(reader.head), 0) != reader.head:
-                        data = b""
-            except OSError as exc:
-                if not retired:
-                    self._fail(stream, exc, reading=True)
-                return grew
-            if not retired:
-                stream.read_failing = False
-            if data[:k] != reader.tail:
-                if retired:
-                    return None
-                self._truncated(stream, reader)
-                continue
-            body = data[k:]
-            if not body:
-                break
-            grew = True
-            reader.offset += len(body)
-            reader.last_growth = time.monotonic()
-            if len(reader.head) < FINGERPRINT:
-                reader.head = (reader.head + body)[:FINGERPRINT]
-            before = reader.tail
-            reader.tail = (reader.tail + body[-FINGERPRINT:])[-FINGERPRINT:]
-            self._feed(stream, reader, body, reader.offset - len(body), before, publish=not retired)
-            if len(body) < CHUNK:
-                break
-        return grew
-
-    def _feed(
-        self, stream: Stream, reader: Reader, body: bytes, start: int, before: bytes, *, publish: bool
-    ) -> None:
-        """Deliver the lines that ``body`` (read at ``start``) completes. With ``publish``, the
-        position after each line (each chunk, with on_lines) is published just before it is handed
-        on: inside the callback ``positions()`` includes it, so a consumer can store exactly the
-        position of the last line it applied."""
-        if not publish or self._on_lines is not None:
-            lines = reader.splitter.feed(body)
-            end = max(body.rfind(b"\n"), body.rfind(b"\r")) + 1
-            with self._pub_lock:
-                if publish and lines:
-                    self._publish(stream.path, reader, start + end, fingerprint_before(body, before, end))
-                self._deliver(stream.path, lines)
-            return
-        for line, end in reader.splitter.feed_ends(body):
-            if self._stop.is_set():
-                return  # the published position stays at the last line delivered
-            fp = fingerprint_before(body, before, end)
-            with self._pub_lock:
-                self._publish(stream.path, reader, start + end, fp)
-                self._deliver(stream.path, (line,))
-
-    def _publish(self, path: str, reader: Reader, offset: int, fingerprint: bytes) -> None:
-        with self._pub_lock:
-            self._published[path] = (reader.dev, reader.ino, offset, fingerprint)
-
-    def _deliver(self, path: str, lines: Iterable[str]) -> None:
-        if self._on_lines is not None:
-            self._call(self._on_lines, path, list(lines))
-        else:
-            for line in lines:
-                self._call(self._on_line, path, line)
-
-    def _call(self, callback: Callable[[str, Any], None], path: str, lines: str | list[str]) -> None:
-        try:  # a failing callback costs that call's line(s), never the tailer
-            callback(path, lines)
-        except Exception as exc:
-            self.callback_errors += 1
-            log.exception("log line callback failed")
-            self._report(path, exc)
-
-    def _rotated(self, path: str) -> None:
-        self.rotations += 1
-        if self._on_rotate is not None:
-            try:
-                self._on_rotate(path)
-            except Exception as exc:
-                self.callback_errors += 1
-                self._report(path, exc)
-
-    def _fail(self, stream: Stream, exc: BaseException, *, reading: bool = False) -> None:
-        if stream.read_failing if reading else stream.failing:
-            return
-        if reading:
-            stream.read_failing = True
-        else:
-            stream.failing = True
-        self.read_errors += 1
-        log.warning("cannot read %s: %s (retrying)", stream.path, exc)
-        self._report(stream.path, exc)
-
-    def _report(self, path: str, exc: BaseException) -> None:
-        if self._on_error is None:
-            return
-        try:
-            self._on_error(path, exc)
-        except Exception:
-            log.exception("on_error callback failed")
+    def _request_rescan(self, wake: bool) -> None:
+        """Look for paths and re-route the watches on the loop's next turn (at once when ``wake``)."""
+        self._rescan = True
+        if wake:
+            self._wake.set()

@@ -1,9 +1,11 @@
-"""How the tailer follows a path across rotation: a path naming another file, a saved position of a
-file renamed while kvwatch was down, a file truncated in place (copytruncate, recovered from its
-copy), a rotated-away file finished and closed, a glob match gone for good.
+"""How the tailer reads its files: each to its end, and across rotation (a path naming another
+file, a saved position of a file renamed while kvwatch was down, a file truncated in place --
+copytruncate, recovered from its copy --, a rotated-away file finished and closed, a glob match gone
+for good).
 
-``RotationHandling`` is a part of LogTailer (kvwatch/sources/logfile.py), which holds the state;
-the methods here are called with its lock held, from its reader thread or a ``refresh()``.
+``Files`` is one part of LogTailer (kvwatch/sources/logfile.py): it holds the tailer's followed
+paths and hands what it reads to the tailer's ``Delivery``. Its methods are called with the
+tailer's lock held, from its reader thread or a ``refresh()``.
 """
 
 from __future__ import annotations
@@ -12,52 +14,115 @@ import os
 import stat
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable
 
-from kvwatch.sources.files import CHUNK, FINGERPRINT, FilePosition, Reader, Stream
+from kvwatch.sources.delivery import Delivery
+from kvwatch.sources.files import CHUNK, FINGERPRINT, FilePosition, Reader, Stream, fingerprint_before
 from kvwatch.sources.lines import LineSplitter
-from kvwatch.sources.watch import Bell
+
+_DRAIN_BUDGET = 128  # chunks (8 MiB) read from one file before the loop looks at the others
 
 
-class RotationHandling(ABC):
-    """LogTailer's rotation and identity handling (a mixin: the attributes are the tailer's)."""
+class Files:
+    """The followed paths (``streams``) and their reading; ``truncated_closed`` counts the cut
+    lines of files already closed."""
 
-    is_glob: bool
-    retire_after: float
-    max_line_chars: int
-    _rescan: bool
-    _wake: Bell
-    _streams: dict[str, Stream]
-    _pub_lock: threading.RLock
-    _published: dict[str, tuple[int, int, int, bytes]]
-    _truncated_closed: int
+    def __init__(
+        self,
+        out: Delivery,
+        stop: threading.Event,
+        *,
+        is_glob: bool,
+        retire_after: float,
+        max_line_chars: int,
+        come_back: Callable[[str], None],
+        rescan: Callable[[bool], None],
+    ) -> None:
+        """``come_back(path)``: read this path again on the loop's next turn (a drain left it
+        unfinished); ``rescan(wake)``: look for paths and re-route watches, now when ``wake``."""
+        self.streams: dict[str, Stream] = {}
+        self.truncated_closed = 0
+        self._out = out
+        self._stop = stop
+        self._is_glob = is_glob
+        self._retire_after = retire_after
+        self._max_line_chars = max_line_chars
+        self._come_back = come_back
+        self._rescan = rescan
 
-    @abstractmethod
-    def _drain(self, stream: Stream, reader: Reader, *, retired: bool) -> bool | None:
-        """Provided by LogTailer."""
+    def drain(self, stream: Stream, reader: Reader, *, retired: bool) -> bool | None:
+        """Read ``reader`` to its current end and deliver the lines.
 
-    @abstractmethod
-    def _fail(self, stream: Stream, exc: BaseException, *, reading: bool = False) -> None:
-        """Provided by LogTailer."""
+        Returns whether it grew, or None when a retired file turned out truncated (give it up).
+        """
+        grew = False
+        budget = _DRAIN_BUDGET
+        while not self._stop.is_set():
+            if budget <= 0 and not retired:
+                # A writer faster than us must not starve the other files and the re-check:
+                # come back to this one on the next turn of the loop.
+                self._come_back(stream.path)
+                break
+            budget -= 1
+            k = len(reader.tail)
+            try:
+                data = os.pread(reader.fd, k + CHUNK, reader.offset - k)
+                # Past the first bytes, compare those too: a file truncated and refilled could
+                # repeat the bytes before our offset (runs of '=' or spaces), not also its start.
+                if len(data) > k and reader.offset > k and reader.head and data[:k] == reader.tail:
+                    if os.pread(reader.fd, len(reader.head), 0) != reader.head:
+                        data = b""
+            except OSError as exc:
+                if not retired:
+                    self._out.fail(stream, exc, reading=True)
+                return grew
+            if not retired:
+                stream.read_failing = False
+            if data[:k] != reader.tail:
+                if retired:
+                    return None
+                self._truncated(stream, reader)
+                continue
+            body = data[k:]
+            if not body:
+                break
+            grew = True
+            reader.offset += len(body)
+            reader.last_growth = time.monotonic()
+            if len(reader.head) < FINGERPRINT:
+                reader.head = (reader.head + body)[:FINGERPRINT]
+            before = reader.tail
+            reader.tail = (reader.tail + body[-FINGERPRINT:])[-FINGERPRINT:]
+            self._feed(stream, reader, body, reader.offset - len(body), before, publish=not retired)
+            if len(body) < CHUNK:
+                break
+        return grew
 
-    @abstractmethod
-    def _rotated(self, path: str) -> None:
-        """Provided by LogTailer."""
+    def _feed(
+        self, stream: Stream, reader: Reader, body: bytes, start: int, before: bytes, *, publish: bool
+    ) -> None:
+        """Deliver the lines that ``body`` (read at ``start``) completes. With ``publish``, the
+        position after each line (each chunk, with on_lines) is published just before it is handed
+        on: inside the callback ``positions()`` includes it, so a consumer can store exactly the
+        position of the last line it applied."""
+        out = self._out
+        if not publish or out.by_chunk:
+            lines = reader.splitter.feed(body)
+            end = max(body.rfind(b"\n"), body.rfind(b"\r")) + 1
+            with out.lock:
+                if publish and lines:
+                    out.publish(stream.path, reader, start + end, fingerprint_before(body, before, end))
+                out.deliver(stream.path, lines)
+            return
+        for line, end in reader.splitter.feed_ends(body):
+            if self._stop.is_set():
+                return  # the published position stays at the last line delivered
+            fp = fingerprint_before(body, before, end)
+            with out.lock:
+                out.publish(stream.path, reader, start + end, fp)
+                out.deliver(stream.path, (line,))
 
-    @abstractmethod
-    def _publish(self, path: str, reader: Reader, offset: int, fingerprint: bytes) -> None:
-        """Provided by LogTailer."""
-
-    @abstractmethod
-    def _deliver(self, path: str, lines: Iterable[str]) -> None:
-        """Provided by LogTailer."""
-
-    @abstractmethod
-    def _report(self, path: str, exc: BaseException) -> None:
-        """Provided by LogTailer."""
-
-    def _check_identity(self, stream: Stream) -> None:
+    def check_identity(self, stream: Stream) -> None:
         """Notice a rotation (the path names another file) or a file that appeared."""
         current = stream.reader
         try:
@@ -67,11 +132,11 @@ class RotationHandling(ABC):
             # file we hold. Only a path with nothing open is an error; either way it is not up.
             stream.missing = True
             if current is None:
-                self._fail(stream, exc)
+                self._out.fail(stream, exc)
             elif (
-                self.is_glob
+                self._is_glob
                 and not stream.retired
-                and time.monotonic() - current.last_growth >= self.retire_after
+                and time.monotonic() - current.last_growth >= self._retire_after
             ):
                 self._forget(stream, current)
             return
@@ -80,13 +145,13 @@ class RotationHandling(ABC):
             return
         if not stat.S_ISREG(st.st_mode):
             if current is None:
-                self._fail(stream, IsADirectoryError(f"not a regular file: {stream.path}"))
+                self._out.fail(stream, IsADirectoryError(f"not a regular file: {stream.path}"))
             return
         try:
             # O_NONBLOCK: a FIFO swapped in after the stat must not block the thread in open().
             fd = os.open(stream.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
-            self._fail(stream, exc)
+            self._out.fail(stream, exc)
             return
         try:
             st = os.fstat(fd)
@@ -95,13 +160,13 @@ class RotationHandling(ABC):
         except OSError as exc:
             os.close(fd)
             if current is None:
-                self._fail(stream, exc)
+                self._out.fail(stream, exc)
             return
         dev, ino = st.st_dev, st.st_ino
         if current is not None and (dev, ino) == (current.dev, current.ino):
             os.close(fd)  # the path flipped back between stat and open; nothing changed
             return
-        reader = Reader(fd, dev, ino, 0, LineSplitter(self.max_line_chars))
+        reader = Reader(fd, dev, ino, 0, LineSplitter(self._max_line_chars))
         if stream.resume is not None and not stream.opened_once:
             self._apply_resume(stream, reader, stream.resume)
         stream.resume = None
@@ -109,24 +174,23 @@ class RotationHandling(ABC):
         if current is not None:
             # Rotation: finish the old file now, keep draining it a while (a writer that has not
             # reopened yet still appends to it), and read the new one from its start.
-            self._drain(stream, current, retired=True)
+            self.drain(stream, current, retired=True)
             current.last_growth = time.monotonic()
             stream.retired.append(current)
-            self._rotated(stream.path)
-            self._rescan = True
-            self._wake.set()
+            self._out.rotated(stream.path)
+            self._rescan(True)
         elif stream.opened_once:
-            self._rotated(stream.path)  # reappeared after being missing: delete-and-recreate
+            self._out.rotated(stream.path)  # reappeared after being missing: delete-and-recreate
         stream.reader = reader
         stream.opened_once = True
-        self._publish(stream.path, reader, reader.offset, reader.tail)
-        self._drain(stream, reader, retired=False)
+        self._out.publish(stream.path, reader, reader.offset, reader.tail)
+        self.drain(stream, reader, retired=False)
 
     def _apply_resume(self, stream: Stream, reader: Reader, pos: FilePosition) -> None:
         """Continue at a saved offset when it is the same file; else finish the old file first
         (renamed beside it while kvwatch was down) and read the new one from 0."""
-        if self._matches(reader.fd, reader.dev, reader.ino, pos):
-            self._seek(reader, pos.offset)
+        if _matches(reader.fd, reader.dev, reader.ino, pos):
+            _seek(reader, pos.offset)
             return
         directory = os.path.dirname(os.path.realpath(stream.path))
         try:
@@ -144,35 +208,14 @@ class RotationHandling(ABC):
                 fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except OSError:
                 return
-            if self._matches(fd, st.st_dev, st.st_ino, pos):
-                old = Reader(fd, st.st_dev, st.st_ino, 0, LineSplitter(self.max_line_chars))
-                self._seek(old, pos.offset)
-                self._drain(stream, old, retired=True)
+            if _matches(fd, st.st_dev, st.st_ino, pos):
+                old = Reader(fd, st.st_dev, st.st_ino, 0, LineSplitter(self._max_line_chars))
+                _seek(old, pos.offset)
+                self.drain(stream, old, retired=True)
                 stream.retired.append(old)
             else:
                 os.close(fd)
             return
-
-    @staticmethod
-    def _matches(fd: int, dev: int, ino: int, pos: FilePosition) -> bool:
-        if (dev, ino) != (pos.dev, pos.inode):
-            return False
-        try:
-            if os.fstat(fd).st_size < pos.offset:
-                return False
-            if pos.fingerprint:
-                want = bytes.fromhex(pos.fingerprint)
-                return os.pread(fd, len(want), pos.offset - len(want)) == want
-        except (OSError, ValueError):
-            return False
-        return True
-
-    @staticmethod
-    def _seek(reader: Reader, offset: int) -> None:
-        reader.offset = offset
-        reader.head = os.pread(reader.fd, min(offset, FINGERPRINT), 0)
-        k = min(offset, FINGERPRINT)
-        reader.tail = os.pread(reader.fd, k, offset - k) if k else b""
 
     def _truncated(self, stream: Stream, reader: Reader) -> None:
         """copytruncate: recover what we had not read from the copy, then read again from 0."""
@@ -181,75 +224,112 @@ class RotationHandling(ABC):
         reader.offset = 0
         reader.head = b""
         reader.tail = b""
-        self._publish(stream.path, reader, 0, b"")
-        self._rotated(stream.path)
+        self._out.publish(stream.path, reader, 0, b"")
+        self._out.rotated(stream.path)
 
     def _recover_from_copy(self, stream: Stream, reader: Reader) -> bool:
         if not reader.head:
             return False
-        directory, base = os.path.split(self._where(stream, reader))
-        best: tuple[float, str] | None = None
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            return False
-        for entry in entries:
-            if not entry.name.startswith(base) or entry.name == base:
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode) or st.st_size < reader.offset:
-                    continue
-                if (st.st_dev, st.st_ino) == (reader.dev, reader.ino):
-                    continue
-                with open(entry.path, "rb") as fh:
-                    if fh.read(len(reader.head)) != reader.head:
-                        continue
-                    fh.seek(reader.offset - len(reader.tail))
-                    if fh.read(len(reader.tail)) != reader.tail:
-                        continue
-            except OSError:
-                continue
-            if best is None or st.st_mtime > best[0]:
-                best = (st.st_mtime, entry.path)
-        if best is None:
+        copy = _copy_of(stream, reader)
+        if copy is None:
             return False
         try:
-            with open(best[1], "rb") as fh:
+            with open(copy, "rb") as fh:
                 fh.seek(reader.offset)
                 while chunk := fh.read(CHUNK):
-                    self._deliver(stream.path, reader.splitter.feed(chunk))
+                    self._out.deliver(stream.path, reader.splitter.feed(chunk))
         except OSError as exc:
-            self._report(best[1], exc)
+            self._out.report(copy, exc)
         return True
 
-    @staticmethod
-    def _where(stream: Stream, reader: Reader) -> str:
-        """The file's current name: Linux knows it from the descriptor even after a symlink swap."""
-        try:
-            name = os.readlink(f"/proc/self/fd/{reader.fd}")
-            if name.startswith("/") and not name.endswith(" (deleted)"):
-                return name
-        except OSError:
-            pass
-        return os.path.realpath(stream.path)
-
-    def _close(self, stream: Stream, reader: Reader) -> None:
+    def close(self, stream: Stream, reader: Reader) -> None:
         """A rotated-away file is finished: its last unterminated line is a line."""
         stream.retired.remove(reader)
         last = reader.splitter.flush()
         if last is not None:
-            self._deliver(stream.path, [last])
-        self._truncated_closed += reader.splitter.truncated
+            self._out.deliver(stream.path, [last])
+        self.truncated_closed += reader.splitter.truncated
         os.close(reader.fd)
+
+    def close_all(self) -> None:
+        """Close every file (the tailer stopped); unfinished lines are not delivered."""
+        for stream in list(self.streams.values()):
+            for reader in [*stream.retired, *([stream.reader] if stream.reader else [])]:
+                self.truncated_closed += reader.splitter.truncated
+                os.close(reader.fd)
+            stream.retired.clear()
+            stream.reader = None
 
     def _forget(self, stream: Stream, current: Reader) -> None:
         """A glob match gone for good (say an old rank's file deleted): finish it, stop following it,
         so that files come and go under a glob without holding descriptors forever."""
         stream.reader = None
         stream.retired.append(current)
-        self._close(stream, current)
-        del self._streams[stream.path]
-        with self._pub_lock:
-            self._published.pop(stream.path, None)
-        self._rescan = True
+        self.close(stream, current)
+        del self.streams[stream.path]
+        self._out.forget(stream.path)
+        self._rescan(False)
+
+
+def _matches(fd: int, dev: int, ino: int, pos: FilePosition) -> bool:
+    """Whether the open file is the saved one: same inode, long enough, same bytes before the offset."""
+    if (dev, ino) != (pos.dev, pos.inode):
+        return False
+    try:
+        if os.fstat(fd).st_size < pos.offset:
+            return False
+        if pos.fingerprint:
+            want = bytes.fromhex(pos.fingerprint)
+            return os.pread(fd, len(want), pos.offset - len(want)) == want
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _seek(reader: Reader, offset: int) -> None:
+    reader.offset = offset
+    reader.head = os.pread(reader.fd, min(offset, FINGERPRINT), 0)
+    k = min(offset, FINGERPRINT)
+    reader.tail = os.pread(reader.fd, k, offset - k) if k else b""
+
+
+def _copy_of(stream: Stream, reader: Reader) -> str | None:
+    """The newest file beside ours that starts with what ours started with and holds what we read
+    before our offset: the copy a copytruncate made."""
+    directory, base = os.path.split(_where(stream, reader))
+    best: tuple[float, str] | None = None
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.name.startswith(base) or entry.name == base:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_size < reader.offset:
+                continue
+            if (st.st_dev, st.st_ino) == (reader.dev, reader.ino):
+                continue
+            with open(entry.path, "rb") as fh:
+                if fh.read(len(reader.head)) != reader.head:
+                    continue
+                fh.seek(reader.offset - len(reader.tail))
+                if fh.read(len(reader.tail)) != reader.tail:
+                    continue
+        except OSError:
+            continue
+        if best is None or st.st_mtime > best[0]:
+            best = (st.st_mtime, entry.path)
+    return None if best is None else best[1]
+
+
+def _where(stream: Stream, reader: Reader) -> str:
+    """The file's current name: Linux knows it from the descriptor even after a symlink swap."""
+    try:
+        name = os.readlink(f"/proc/self/fd/{reader.fd}")
+        if name.startswith("/") and not name.endswith(" (deleted)"):
+            return name
+    except OSError:
+        pass
+    return os.path.realpath(stream.path)

@@ -1,8 +1,8 @@
 """The tailer's doorbell: watchdog watches directories and only wakes the reader thread.
 
 ``Bell`` is the wake-up flag the reader thread sleeps on; ``Doorbell`` hands watchdog's events to
-the tailer; ``WatchHandling`` (a part of LogTailer) keeps one watch per directory of the followed
-paths and their symlink targets, falling back to polling a directory when inotify runs out.
+the tailer; ``Watches`` (a part of LogTailer) keeps one watch per directory of the followed paths
+and their symlink targets, falling back to polling a directory when inotify runs out.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import logging
 import os
 import select
 import socket
-from abc import ABC, abstractmethod
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingObserver
-
-from kvwatch.sources.files import Stream
 
 log = logging.getLogger("kvwatch.sources.logfile")
 
@@ -68,42 +66,46 @@ def has_magic(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
 
-class _EventSink(Protocol):
-    def _on_fs_event(self, event: FileSystemEvent) -> None: ...
-
-
 class Doorbell(FileSystemEventHandler):
-    """Hands watchdog events to the tailer; runs in watchdog's dispatcher thread."""
+    """Hands watchdog events on; runs in watchdog's dispatcher thread."""
 
-    def __init__(self, tailer: _EventSink) -> None:
+    def __init__(self, on_event: Callable[[FileSystemEvent], None]) -> None:
         super().__init__()
-        self._tailer = tailer
+        self._on_event = on_event
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        self._tailer._on_fs_event(event)
+        self._on_event(event)
 
 
-class WatchHandling(ABC):
-    """LogTailer's watches (a mixin: the attributes are the tailer's, set in its ``__init__``)."""
+class Watches:
+    """The watches of one tailer: ``route`` maps an event's path to the followed path it concerns
+    (replaced wholesale by ``sync`` in the reader thread, read by the doorbell's thread)."""
 
-    pattern: str
-    is_glob: bool
-    polling: bool
-    poll_interval: float
-    _streams: dict[str, Stream]
-    _route: dict[str, str]
-    _watched: dict[str, tuple[Any, Any]]
-    _observer: Any
-    _fallback: Any
-    _handler: Doorbell
-    _event_types: list[Any]
-
-    @abstractmethod
-    def _report(self, path: str, exc: BaseException) -> None:
-        """Provided by LogTailer."""
+    def __init__(
+        self,
+        pattern: str,
+        is_glob: bool,
+        *,
+        polling: bool,
+        poll_interval: float,
+        event_types: list[Any],
+        on_event: Callable[[FileSystemEvent], None],
+        report: Callable[[str, BaseException], None],
+    ) -> None:
+        self.pattern = pattern
+        self.is_glob = is_glob
+        self.polling = polling
+        self.poll_interval = poll_interval
+        self.route: dict[str, str] = {}
+        self._event_types = event_types
+        self._report = report
+        self._watched: dict[str, tuple[Any, Any]] = {}
+        self._observer: Any = None
+        self._fallback: Any = None
+        self._handler = Doorbell(on_event)
 
     @property
-    def observer_kind(self) -> str:
+    def kind(self) -> str:
         """'native' (inotify on Linux), 'polling', or 'native+polling' after an inotify limit was hit."""
         if self._observer is None:
             return "stopped"
@@ -112,11 +114,26 @@ class WatchHandling(ABC):
             return "native+polling"
         return "native" if native else "polling"
 
-    def _sync_watches(self) -> None:
+    def start(self) -> None:
+        self._observer = self._make_observer()
+        self._observer.start()
+
+    def stop(self) -> None:
+        """Ask the observers to stop (from any thread, the reader's too)."""
+        for observer in (self._observer, self._fallback):
+            if observer is not None:
+                observer.stop()
+
+    def join(self, timeout: float) -> None:
+        for observer in (self._observer, self._fallback):
+            if observer is not None and observer.is_alive():
+                observer.join(timeout)
+
+    def sync(self, paths: Iterable[str]) -> None:
         """Watch the directories of the paths and of their symlink targets; route events to paths."""
         route: dict[str, str] = {}
         dirs: set[str] = set()
-        for path in list(self._streams):
+        for path in list(paths):
             for name in {path, os.path.realpath(path)}:
                 parent = os.path.realpath(os.path.dirname(name))
                 route[os.path.join(parent, os.path.basename(name))] = path
@@ -124,7 +141,7 @@ class WatchHandling(ABC):
                 dirs.add(parent)
         if self.is_glob:
             dirs.update(os.path.realpath(d) for d in glob.glob(os.path.dirname(self.pattern)))
-        self._route = route
+        self.route = route
         # A deleted directory's watch is dead; forget it so the directory is watched again if it returns.
         gone = {d for d in self._watched if d not in dirs or not os.path.isdir(d)}
         for directory in gone:

@@ -62,8 +62,7 @@ from kvwatch.state.facts import (
 from kvwatch.state.instance import InstanceSnapshot, InstanceState
 from kvwatch.state.usage_values import BAD_VALUE_FACTS, fold_columns, implausible, is_refused, refused_facts
 
-# Relative tolerance under which log and /metrics values are the same fact (rounding, 2 decimals).
-_POOL_TOLERANCE = 0.0
+# Relative tolerance under which log and /metrics usage values are the same fact (rounding, 2 decimals).
 _USAGE_TOLERANCE = 0.02
 # Usage moves within seconds, so a log value and a scrape are compared only when both are this
 # recent: three of vLLM's 10 s stats intervals. vLLM V1 stops logging stats when idle, and a
