@@ -15,7 +15,8 @@ from functools import lru_cache
 from typing import Any
 
 from kvwatch.core.events import Event, UsageSample
-from kvwatch.engines.sglang.stats import _USAGE_KEYS
+from kvwatch.engines.sglang.stats import _USAGE_KEYS, BatchValues, usage_sample
+from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.prefix import SGLANG, fast_identity, fast_prefix
 
 # The batch line as stats.parse_batch reads it, behind the prefixes strip_prefixes reads most often
@@ -75,7 +76,8 @@ _FIELDS: tuple[tuple[str, Any], ...] = tuple((field, _CONVERT[kind]) for _, fiel
 # A row's shape: (the prefix groups that name the printer, then which value groups it fills). Per
 # shape, what every row of it shares: the event without ts and the values (its printer's instance
 # and rank), and (group, field, converter) per value; None when the general path must read such
-# rows. A row's event is a copy of its shape's with the row's values (``model_copy(update=...)``,
+# rows. A row's event is a copy of its shape's (stats.usage_sample of no values, so it names every
+# field the general path names) with the row's values (``model_copy(update=...)``,
 # pydantic's own constructor for values already in their field types: the pattern and converters
 # gave them); tests compare them with validated ones, attribute by attribute.
 ShapeKey = tuple[Any, ...]
@@ -103,7 +105,7 @@ def _shape(key: ShapeKey) -> Shape:
             plan.append((_MIXED, "running", int))  # stats.parse_batch: the mixed head's count
         if plan:
             instance, rank = _identity(p1name, p2name, tags) if p1name or p2name or tags else ("0", None)
-            shape = (UsageSample(engine="sglang", instance=instance, rank=rank), tuple(plan))
+            shape = (usage_sample(LineMeta(instance=instance, rank=rank), BatchValues()), tuple(plan))
     if len(_SHAPES) >= _MAX_SHAPES:
         _SHAPES.clear()  # shapes come from the log: forgetting them only costs rebuilding them
     _SHAPES[key] = shape

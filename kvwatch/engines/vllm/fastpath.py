@@ -12,6 +12,9 @@ import re
 from functools import lru_cache
 
 from kvwatch.core.events import Event, Preemption, UsageSample
+from kvwatch.engines.vllm.common import ident
+from kvwatch.engines.vllm.log import usage_sample
+from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.prefix import VLLM_LEVEL, fast_identity, fast_prefix
 
 # The periodic stats line in the shapes vLLM prints it (V0 0.4.3+ and V1, their optional fields in
@@ -61,18 +64,16 @@ _TS = _ROW.index("ts")
 
 @lru_cache(maxsize=256)
 def _printer(p1name: bytes, p2name: bytes, engine: bytes, agg: bytes) -> tuple[UsageSample, Preemption]:
-    """The events of one printer (its instance and rank) without a line's values: the fast path's
-    events are copies of them with the line's values (``model_copy(update=...)``, pydantic's own
+    """The events of one printer (its instance and rank) without a line's values (log.usage_sample
+    names every field _stats names): the fast path's events are copies of them with the line's values (``model_copy(update=...)``, pydantic's own
     constructor for values already in their field types: the pattern and converters gave them)."""
     instance, rank = _identity(p1name, p2name) if p1name or p2name else ("0", None)
     if engine:
         instance = engine.lstrip(b"0").decode() or "0"  # str(int(engine)) for ASCII digits
     elif agg:
         instance = "all"
-    return (
-        UsageSample(engine="vllm", instance=instance, rank=rank),
-        Preemption(engine="vllm", instance=instance, rank=rank, mechanism="preempt"),
-    )
+    meta = LineMeta(instance=instance, rank=rank)
+    return usage_sample(meta, {}, {}), Preemption(**ident(meta), mechanism="preempt")
 
 
 @lru_cache(maxsize=256)
