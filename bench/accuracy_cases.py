@@ -68,6 +68,9 @@ class Case:
     started: bool
     kv_connector: str | None = None
     skip: str | None = None  # why the case cannot be predicted (no config, card unknown, ...)
+    # A failed start whose recorded error is not a memory failure (a kernel's TypeError): nothing
+    # kvwatch sizes can predict it; the report names it instead of counting it.
+    other_failure: str | None = None
 
     def geometry(self) -> ModelGeometry:
         assert self.config is not None
@@ -178,6 +181,20 @@ def source_of(url: str) -> str:
     return (m.group(1) + (m.group(2) or "")).rstrip("/") if m else url
 
 
+# The memory failures the engines print: vLLM's two KV checks and its free-memory check, SGLang's
+# 'Not enough memory' and its negative profiled pool, and a CUDA/HIP out-of-memory anywhere.
+_MEMORY_FAILURE = re.compile(r"max seq len|KV cache|memory|profiled value|OOM", re.IGNORECASE)
+
+
+def other_failure(error: object) -> str | None:
+    """The recorded error of a failed start when it is an exception other than a memory failure;
+    None for a memory failure or an error the excerpt does not show."""
+    text = str(error or "")
+    if not re.search(r"\w+(?:Error|Exception)\b", text) or _MEMORY_FAILURE.search(text):
+        return None
+    return text[:100]
+
+
 def _int(value: object, default: int = 1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
@@ -200,9 +217,18 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
     skip = None
     config = None
     name_match = _CONFIG_NAME.search(str(c.get("model_config") or ""))
+    excluded = (c.get("scoring") or {}).get("excluded")
     if name_match is None:
         skip = "no config.json"
-    else:
+    elif "sibling" in str(c.get("model_config")):
+        # The gatherer's note names the file a sibling of another size (gpt-oss-120b's for a 20b):
+        # not this model's layers or experts.
+        skip = "config.json is a sibling model's, not this one's"
+    elif excluded:
+        # SGLang's scoring (bench/accuracy_sglang.py) leaves the case out for this reason; both
+        # reports judge one set.
+        skip = f"excluded by the SGLang scoring: {str(excluded)[:80]}"
+    if skip is None and name_match is not None:
         try:
             config = load_config(name_match.group(0), str(c["model"]), str(s.get("quantization") or ""))
         except FileNotFoundError:
@@ -261,6 +287,7 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
             k: float(v) for k, v in observed.items() if isinstance(v, int | float) and not isinstance(v, bool)
         },
         started=_started(str(c.get("outcome") or "")),
+        other_failure=None if _started(str(c.get("outcome") or "")) else other_failure(c.get("error")),
         kv_connector=str(transfer) if transfer else None,
         skip=skip,
     )

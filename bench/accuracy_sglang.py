@@ -1,7 +1,7 @@
 """The a-priori SGLang model against real SGLang startups (tests/apriori/public/sglang), per class.
 
 Each scored case is predicted through ``kvwatch predict``'s own path -- its argument parser,
-``build_deployment`` (the engine's flags after ``--`` included) and ``analysis.predict.predict`` --
+``read_request`` (the engine's flags after ``--`` included) and ``analysis.predict.predict`` --
 from what the user set (model config, card, release, tp/dp, the flags on their command line; never
 a figure the log printed), and compared with what SGLang printed: the KV pool's tokens
 (``#tokens`` / ``max_total_num_tokens``; the full-attention pool of hybrid SWA models), the pool's
@@ -241,7 +241,8 @@ def predict_case(case: Case) -> Prediction:
     """``kvwatch predict CONFIG <argv> -- <engine flags>``, as the command computes it."""
     args = _parser().parse_args([str(case.config), *case.argv])
     args.engine_flags = list(case.engine_flags)
-    return predict(load_model(case.config), predict_command.build_deployment(args))
+    request = predict_command.read_request(args)
+    return predict(load_model(case.config), request.deployment, request.engine)
 
 
 @dataclass

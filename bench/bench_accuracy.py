@@ -49,7 +49,7 @@ def stats(rows: Sequence[Row]) -> dict[str, float]:
     """median / mean |error| (%), within 5 %, inside the band (shares), failed starts predicted."""
     head = headline(rows)
     errors = [abs(r.kv_error or 0.0) * 100 for r in head]
-    failed = [r for r in rows if not r.case.started and r.prediction is not None]
+    failed = [r for r in rows if not r.case.started and r.prediction is not None and not r.case.other_failure]
     return {
         "cases": len(head),
         "median_pct": statistics.median(errors) if errors else float("nan"),
@@ -152,6 +152,9 @@ def print_report(report: Report, models: Models, cases: Sequence[Case]) -> None:
             f"{_fmt(b['inside_band'], True)}  {int(b['failed_predicted'])}/{int(b['failed'])}"
         )
     print()
+    for r in report.in_sample:
+        if not r.case.started and r.case.other_failure:
+            print(f"failed for a reason other than memory (not counted): {r.case.id}: {r.case.other_failure}")
     refused = [r for r in report.in_sample if r.refused]
     for r in refused:
         print(f"refused by name: {r.case.id}: {r.refused}")

@@ -234,7 +234,7 @@ class ShapeResult:
 
 def run_shape(shape: str, lines: int, runs: int) -> ShapeResult:
     engine = "sglang" if shape == "sglang" else "vllm"
-    anchors = registry.get(engine).log.anchors
+    anchors = registry.get(engine).anchors
     path = gen_busy_log.default_path(lines, shape)
     t0 = time.perf_counter()
     facts = gen_busy_log.ensure(path, lines, shape=shape)

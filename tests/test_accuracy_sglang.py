@@ -25,18 +25,27 @@ LOSO = acc.leave_one_source_out(SCORED)
 # Measured 2026-12-01 after the merge with the calibration envelope (leave-one-source-out refits
 # the band terms without the held-out source; the envelope's widening per uncovered condition is
 # the shipped one, fitted by bench/bench_accuracy.py): median 7.93 %, mean 9.37 %, 4 of 11 within
-# 5 %, 11 of 11 inside the printed band; weights median 1.82 % over 7 cases.
+# 5 %, 11 of 11 inside the printed band; weights median 1.82 % over 7 cases. 2026-12-02: the
+# MI355X joined the catalogue, so the MI355X Kimi-K2.5 startup (ajith-sirra-amd) is one more case
+# outside the others' envelope in bench/bench_accuracy.py, and the 85 % quantile of seven uncovered
+# cases is the second largest, not the largest of six: the shipped widening went from 8.95 % to
+# 5.9 % of the usable memory, which leaves sglang#12419 just outside (10 of 11 inside).
 MEDIAN_PCT = 8.0
 MEAN_PCT = 9.4
 WITHIN_5_PCT = 36.0
-INSIDE_BAND_PCT = 100.0
+INSIDE_BAND_PCT = 90.9
 WEIGHTS_MEDIAN_PCT = 1.9
 
-# Cases whose token count falls outside the band their prediction prints, and why. None today:
-# the four outside the band terms alone (sglang#12419, PR#39713, sglang#10407, Kimi-K2.5; the
-# README of tests/apriori/public/sglang gives each reason) are inside once the band is widened for
-# the conditions no calibration case covers.
-KNOWN_OUTSIDE: dict[str, str] = {}
+# Cases whose token count falls outside the band their prediction prints, and why. The others of
+# the four outside the band terms alone (PR#39713, sglang#10407, Kimi-K2.5; the README of
+# tests/apriori/public/sglang gives each reason) are inside once the band is widened for the
+# conditions no calibration case covers.
+KNOWN_OUTSIDE: dict[str, str] = {
+    "sgl-12419-qwen3next-rocm-tp4-mamba": (
+        "+14.40 % against a 14.12 % band: the Qwen3-Next Mamba/GDN state on ROCm (README), with the "
+        "widening the seven uncovered cases now give"
+    ),
+}
 # Failed starts (for want of memory) predicted to start, and why.
 KNOWN_FAILED_MISSES = {
     "sgl-7691-dsr1-rocm-tp8-dp8-dpattn-mfs095-negative-profile": (

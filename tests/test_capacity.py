@@ -344,12 +344,17 @@ def test_sglang_fp8_dsa_latent_has_scales() -> None:
 
 # --- the seed chapter's H100 budget (0.92 x 81,559 MiB, 6.0 GiB for activations) --------------
 
+# The release the seed's figures are checked against: pinned, so a newer release's defaults
+# (docs/architecture.md, "Recipe: a new engine release's rule") do not move them.
+SEED_RELEASE = "0.33.0"
+
 
 def vllm_h100(stem: str, **kw: Any) -> Any:
     """The seed's inputs, given: its 6.0 GiB allowance and the weights as the checkpoint's files
     (kvwatch.capacity.weights; vLLM's loader model is checked on real startups in test_accuracy.py)."""
     m = model(stem)
     kw.setdefault("activation_bytes", 6 * GiB)
+    kw.setdefault("engine_version", SEED_RELEASE)
     if "weights_bytes" not in kw:
         kw["weights_bytes"] = weights_per_rank(m, kw.get("tp", 1), 1, kw.get("weights_dtype")).per_rank_bytes
     return predict(m, Deployment(engine="vllm", gpu_memory_bytes=H100, max_model_len=8192, **kw))
@@ -398,11 +403,15 @@ def test_seed_qwen3_8b_a6000_formula_bound() -> None:
     m = model("Qwen--Qwen3-8B")
     for gpu, tokens in (("a6000", 190_000), ("a6000-ecc-off", 210_000)):
         d = Deployment(
-            gpu_memory_bytes=gpus.lookup(gpu).memory_bytes, max_model_len=32768, activation_bytes=0
+            gpu_memory_bytes=gpus.lookup(gpu).memory_bytes,
+            max_model_len=32768,
+            activation_bytes=0,
+            engine_version=SEED_RELEASE,
         )
         p = predict(m, d)
         assert round(p.kv_pool_tokens, -4) == tokens
-    ecc_on = predict(m, Deployment(gpu_memory_bytes=gpus.lookup("a6000").memory_bytes, activation_bytes=0))
+    a6000 = gpus.lookup("a6000").memory_bytes
+    ecc_on = predict(m, Deployment(gpu_memory_bytes=a6000, activation_bytes=0, engine_version=SEED_RELEASE))
     assert round(ecc_on.available_kv_bytes / GiB, 1) == 26.1
 
 

@@ -23,6 +23,7 @@ from kvwatch.capacity.geometry import load_model
 from kvwatch.cli import main
 from kvwatch.core.events import EngineSettings, MemoryBudget, PoolSized
 from kvwatch.core.units import GiB
+from kvwatch.engines.registry import ENGINES
 from kvwatch.engines.vllm import budget as vllm_budget
 from kvwatch.sources.pipeline import replay
 from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
@@ -256,7 +257,7 @@ def test_observed_sglang_budget_from_free_memory_lines() -> None:
         avail_after_pool_bytes=10 * GiB,
         mem_fraction_static=0.85,
     )
-    b = observed_budget("sglang", memory, PoolFacts(), SettingsFacts())
+    b = observed_budget(ENGINES["sglang"], memory, PoolFacts(), SettingsFacts())
     assert b.terms["kv"].bytes == 54 * GiB and b.terms["kv"].source == "derived"
     assert b.terms["non_torch"].bytes == GiB
     assert b.terms["usable"].bytes == int(79 * GiB * 0.85)
@@ -264,12 +265,12 @@ def test_observed_sglang_budget_from_free_memory_lines() -> None:
     assert b.fraction == 0.85 and b.fraction_source == "printed"
     # A printed pool size wins over the free-memory difference.
     pool = PoolFacts(bytes=53 * GiB)
-    assert observed_budget("sglang", memory, pool, SettingsFacts()).terms["kv"].source == "printed"
+    assert observed_budget(ENGINES["sglang"], memory, pool, SettingsFacts()).terms["kv"].source == "printed"
 
 
 def test_observed_vllm_default_utilisation_by_version() -> None:
     b = observed_budget(
-        "vllm",
+        ENGINES["vllm"],
         MemoryFacts(available_kv_bytes=GiB),
         PoolFacts(),
         SettingsFacts(version="0.11.0"),
@@ -321,7 +322,7 @@ def test_vllm_attribution_explains_every_byte(
             }
         )
     obs, pred = budgets
-    a = attribute_gap("vllm", obs, pred, frac[0], frac[1])
+    a = attribute_gap(ENGINES["vllm"], obs, pred, frac[0], frac[1])
     assert a is not None
     assert sum(c.bytes for c in a.contributions) == obs["kv"] - pred["kv"]
     by = {c.term: c.bytes for c in a.contributions}
@@ -357,7 +358,7 @@ def test_sglang_attribution_explains_every_byte(
             }
         )
     obs, pred = budgets
-    a = attribute_gap("sglang", obs, pred, frac[0], frac[1])
+    a = attribute_gap(ENGINES["sglang"], obs, pred, frac[0], frac[1])
     assert a is not None
     by = {c.term: c.bytes for c in a.contributions}
     assert sum(by.values()) == obs["kv"] - pred["kv"]
@@ -367,12 +368,12 @@ def test_sglang_attribution_explains_every_byte(
 
 
 def test_attribution_needs_both_kv_budgets() -> None:
-    assert attribute_gap("vllm", {"kv": GiB}, {"kv": None}) is None
+    assert attribute_gap(ENGINES["vllm"], {"kv": GiB}, {"kv": None}) is None
 
 
 def test_attribution_without_totals_uses_usable() -> None:
     a = attribute_gap(
-        "vllm",
+        ENGINES["vllm"],
         {"usable": 70 * GiB, "weights": 15 * GiB, "activation": 3 * GiB, "kv": 52 * GiB},
         {"usable": 72 * GiB, "weights": 15 * GiB, "activation": 6 * GiB, "kv": 51 * GiB},
     )
@@ -433,7 +434,7 @@ def test_vllm_cuda_graphs_in_the_budget_from_0_21(version: str, graphs_subtracte
         cuda_graph_bytes=GiB,
         available_kv_bytes=50 * GiB,
     )
-    b = observed_budget("vllm", memory, PoolFacts(), SettingsFacts(version=version))
+    b = observed_budget(ENGINES["vllm"], memory, PoolFacts(), SettingsFacts(version=version))
     usable = vllm_budget.requested_bytes(80 * GiB, 0.9)
     expected = usable - 15 * GiB - 50 * GiB - (GiB if graphs_subtracted else 0)
     assert b.terms["activation"].bytes == expected

@@ -13,11 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvwatch.cli import main
+from kvwatch.engines import registry
 from kvwatch.sources.logfile import LogTailer
 
 CONFIGS = Path(__file__).parent / "model_configs"
 LLAMA8 = CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"
 VLLM_LOG = Path(__file__).parent / "log_samples" / "vllm" / "001-llama31-8b-rtx3090-profiling-20k.log"
+# The releases each engine accepts, as the messages spell them (they grow with a new release's rule).
+VLLM_KNOWN = "vLLM {} to {}".format(*registry.get("vllm").known_versions)
+SGLANG_KNOWN = "SGLang {} to {}".format(*registry.get("sglang").known_versions)
 
 
 def _config(tmp_path: Path, name: str, **changes: object) -> str:
@@ -95,9 +99,9 @@ def test_implausible_config_in_explain(tmp_path: Path, capsys: pytest.CaptureFix
             "block_size 1000000000000000000000000000000 is over",
         ),
         (["--gpu", "h100", "--tp", "100000"], "tp 100000 is over the plausible maximum 4,096"),
-        (["--gpu", "h100", "--engine-version", "banana"], "kvwatch knows vLLM 0.3 to 0.33"),
-        (["--gpu", "h100", "--engine-version", "7.0"], "vLLM 0.3 to 0.33"),
-        (["--gpu", "h100", "--engine", "sglang", "--engine-version", "9.9"], "SGLang 0.1 to 0.5.23"),
+        (["--gpu", "h100", "--engine-version", "banana"], f"kvwatch knows {VLLM_KNOWN}"),
+        (["--gpu", "h100", "--engine-version", "7.0"], VLLM_KNOWN),
+        (["--gpu", "h100", "--engine", "sglang", "--engine-version", "9.9"], SGLANG_KNOWN),
         (["--tp", "x"], "argument --tp: not an integer"),
         (["--no-such-flag"], "unrecognized arguments"),
     ],

@@ -15,7 +15,7 @@
   form a cycle.
 - Every module stays under MAX_LINES lines: split by concern, not by size.
 - No module outside kvwatch/engines (and core/kinds.py, where the names are declared) spells an engine's name: code reaches an engine through the
-  ``Engine`` protocol (kvwatch/engines/registry.py), never by comparing names.
+  ``Engine`` object (kvwatch/engines/base.py, found in kvwatch/engines/registry.py), never by comparing names.
 """
 
 from __future__ import annotations

@@ -82,12 +82,9 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
-# Where the engine-budget pool is off because kvwatch's bytes per token are (explain says so).
-KNOWN_BYTES_PER_TOKEN_GAPS = {
-    "apriori/llmd-v0.19.0-meta-llama-llama-3--h100-80gb--tp1pp1dp1--8192-dtf32": (
-        "--dtype float32: vLLM's cache is fp32 (4 B), kvwatch divides by the config's bf16 (2 B)"
-    ),
-}
+# Where the engine-budget pool is off because kvwatch's bytes per token are (explain says so). None
+# since the KV element follows --dtype (the 0.19.0 --dtype float32 startup stores 4-byte K and V).
+KNOWN_BYTES_PER_TOKEN_GAPS: dict[str, str] = {}
 
 
 def _plain(case: Case, tmp_path: Path) -> Path:
@@ -154,7 +151,7 @@ def test_explain_and_sidecar_give_one_answer(case: Case, tmp_path: Path) -> None
         # The parts add up to the gap, and count only terms the release subtracts.
         assert sum(c.bytes for c in a.contributions) == a.gap_bytes
         engine = registry.get(snap.engine)
-        subtracted = engine.budget_terms_for_gap({n: 1 for n in names.MEMORY_TERMS}, snap.settings)
+        subtracted = engine.observed.budget_terms_for_gap({n: 1 for n in names.MEMORY_TERMS}, snap.settings)
         assert a.counted <= {n for n, v in subtracted.items() if v is not None}
 
 

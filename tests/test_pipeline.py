@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import subprocess
 import sys
@@ -345,18 +346,30 @@ def test_retraction_printed_by_every_tp_rank_is_counted_once() -> None:
 
 
 @pytest.mark.parametrize("name", ["vllm", "sglang"])
-def test_engine_anchors_are_the_log_tables(name: str) -> None:
-    """The pre-filter of an undetected source uses the engines' copies of their tables' anchors."""
+def test_engine_anchors_are_the_log_tables_words(name: str) -> None:
+    """The pre-filter of an undetected source and the line table share one declaration of the anchors
+    (engines/<engine>/anchors.py): every row's word is declared there, every declared word has a row."""
     engine = registry.get(name)
-    assert engine.anchors == engine.log.anchors
-    assert engine.phrases == engine.log.phrases
+    declared = importlib.import_module(f"kvwatch.engines.{name}.anchors").ANCHORS
+    table = importlib.import_module(f"kvwatch.engines.{name}.log")
+    rows = table._TABLE if name == "vllm" else table._HANDLERS
+    assert engine.anchors is declared
+    assert set(declared) == {anchor for anchor, _ in rows}
 
 
-def test_reading_a_vllm_log_builds_no_other_dialect() -> None:
+@pytest.mark.parametrize(
+    ("sample", "other"),
+    [
+        ("vllm/001-llama31-8b-rtx3090-profiling-20k.log", "sglang"),
+        ("sglang/001-qwen3-235b-fp8-tp4-kv-alloc.log", "vllm"),
+    ],
+)
+def test_reading_one_engines_log_builds_no_other_dialect(sample: str, other: str) -> None:
     code = (
         "import sys; from kvwatch.sources.pipeline import replay; "
-        f"replay([{str(SAMPLES / 'vllm' / '001-llama31-8b-rtx3090-profiling-20k.log')!r}]); "
-        "loaded = [m for m in sys.modules if m.startswith(('kvwatch.engines.sglang.log', 'kvwatch.capacity'))]; "
+        f"r = replay([{str(SAMPLES / sample)!r}]); assert r.snapshots(), 'nothing read'; "
+        f"loaded = [m for m in sys.modules if m.startswith(('kvwatch.engines.{other}.log', "
+        f"'kvwatch.engines.{other}.fastpath', 'kvwatch.capacity'))]; "
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -235,6 +235,7 @@ def test_plan_from_the_card_budget() -> None:
         max_model_len=8192,
         activation_bytes=6 * GiB,
         weights_bytes=weights_per_rank(m, 1, 1).per_rank_bytes,
+        engine_version="0.33.0",  # 0.92 utilisation; pinned so a newer release's default does not move it
     )
     p = make_plan(m, d, parse_inline("52x8192"))
     # The seed's H100 budget: 26,785 blocks of 16 = 428,560 tokens (from weights rounded to 14.96 GiB;

@@ -75,7 +75,13 @@ def test_reserve_table_from_0_4_8() -> None:
 
 @pytest.mark.parametrize(
     ("version", "expected"),
-    [("0.5.4", (2048, 16)), ("0.5.9", (2048, 24)), ("0.5.19", (2048, 24)), ("0.5.20", (4096, 48))],
+    [
+        ("0.5.4", (2048, 16)),  # 0.5.4 server_args.py:685-697
+        ("0.5.5", (2048, 24)),  # 0.5.5 server_args.py:707-719: the first release with 24
+        ("0.5.9", (2048, 24)),
+        ("0.5.19", (2048, 24)),
+        ("0.5.20", (4096, 48)),
+    ],
 )
 def test_small_card_tiers_per_release(version: str, expected: tuple[int, int]) -> None:
     assert budget.gpu_defaults(24564, 1, version) == expected

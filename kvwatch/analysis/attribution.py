@@ -17,7 +17,7 @@ from kvwatch.analysis.predict import pool_from_available, tokens_of_pool_bytes
 from kvwatch.capacity.budget import Budget, Contribution, Term, putter
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import ModelGeometry
-from kvwatch.engines import registry
+from kvwatch.engines.base import Engine
 from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 from kvwatch.state.fleet import InstanceSnapshot
 
@@ -55,7 +55,7 @@ def apriori_inputs(snap: InstanceSnapshot) -> tuple[SettingsFacts, MemoryFacts]:
 
 
 def observed_budget(
-    engine: str,
+    engine: Engine,
     memory: MemoryFacts,
     pool: PoolFacts,
     settings: SettingsFacts,
@@ -76,7 +76,7 @@ def observed_budget(
     put("activation", memory.activation_bytes, "printed")
     kv = memory.available_kv_bytes
     put("kv", kv, "printed")
-    return registry.get(engine).observed_budget(terms, memory, pool, settings, total, kv)
+    return engine.observed.observed_budget(terms, memory, pool, settings, total, kv)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class EngineBudgetPool:
 
 
 def engine_budget_pool(
-    model: ModelGeometry, deployment: Deployment, memory: MemoryFacts, pool: PoolFacts
+    engine: Engine, model: ModelGeometry, deployment: Deployment, memory: MemoryFacts, pool: PoolFacts
 ) -> EngineBudgetPool | None:
     """The printed KV memory divided the engine's way: the one figure the sidecar's engine_budget
     gauges and ``kvwatch explain`` both show.
@@ -105,9 +105,9 @@ def engine_budget_pool(
         available = pool.bytes
     if available is None or available <= 0:
         return None
-    tokens, blocks = pool_from_available(model, deployment, available)
+    tokens, blocks = pool_from_available(model, deployment, available, engine)
     if printed_pool:
-        tokens = tokens_of_pool_bytes(model, deployment, available) or tokens
+        tokens = tokens_of_pool_bytes(model, deployment, available, engine) or tokens
     return EngineBudgetPool(tokens, blocks, available)
 
 
@@ -158,7 +158,7 @@ def gap_ratio(observed: float | None, predicted: float | None) -> float | None:
 
 
 def attribute_gap(
-    engine: str,
+    engine: Engine,
     observed: Mapping[str, int | None],
     predicted: Mapping[str, int | None],
     observed_fraction: float | None = None,
@@ -170,13 +170,13 @@ def attribute_gap(
     one term because kvwatch predicts them as one allowance. SGLang: kv = (total - non_torch) x f
     - weights. Each difference is weighted as it enters the identity (a card that is 1 GiB larger
     adds f GiB, not 1 GiB); what no known term explains is 'unattributed'. None when either KV
-    budget is unknown. Pass only the terms the release subtracts (Engine.budget_terms_for_gap on
+    budget is unknown. Pass only the terms the release subtracts (``engine.observed.budget_terms_for_gap`` on
     both sides): the contributions and 'unattributed' then add up to the gap exactly.
     """
     ok, pk = observed.get("kv"), predicted.get("kv")
     if ok is None or pk is None:
         return None
-    out = registry.get(engine).attribute(observed, predicted, observed_fraction, predicted_fraction)
+    out = engine.observed.attribute(observed, predicted, observed_fraction, predicted_fraction)
     rest = (ok - pk) - sum(c.bytes for c in out)
     out.append(Contribution("unattributed", rest))
     counted = frozenset(

@@ -28,6 +28,7 @@ from kvwatch.capacity.prediction import Prediction
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.events import Event, MemoryBudget
 from kvwatch.core.jsontypes import JsonObject
+from kvwatch.core.kinds import EngineName
 from kvwatch.engines import registry
 from kvwatch.state.facts import Failure, SettingsFacts
 from kvwatch.state.fleet import InstanceSnapshot
@@ -76,7 +77,7 @@ class Explanation:
 
     source: str
     instance: str
-    engine: str
+    engine: EngineName
     engine_version: str | None
     model: str | None
     observed: Budget
@@ -251,18 +252,18 @@ def explain(
     ``overrides`` fill what the log did not print and never replace what it did. ``events`` are
     the replayed events, for the per-rank spread.
     """
-    engine = registry.get(snap.engine)
+    engine = registry.ENGINES[snap.engine]
     settings, apriori = apriori_inputs(snap)
     # Flags fill what the log did not print (the log wins); the observed budget's engine defaults
     # depend on them too.
     extra = (overrides or Overrides()).unprinted(settings)
-    observed = observed_budget(snap.engine, snap.memory, snap.pool, extra.filled(settings), gpu_memory_bytes)
+    observed = observed_budget(engine, snap.memory, snap.pool, extra.filled(settings), gpu_memory_bytes)
     pool = snap.pool
     observed_tokens = pool.tokens
     if observed_tokens is None and pool.blocks is not None:
         block = pool.block_size or settings.block_size
         if block is None:
-            block = engine.default_block_size(model)
+            block = engine.capacity.default_block_size(model)
         observed_tokens = pool.blocks * block if block else None
     notes: list[str] = []
     prediction = predicted = None
@@ -289,7 +290,7 @@ def explain(
                     "the log does not print the card's memory: give --gpu or --gpu-memory to predict"
                 )
             else:
-                prediction = predict(model, a_priori)
+                prediction = predict(model, a_priori, engine)
                 predicted = predicted_budget(prediction)
                 predicted_tokens = prediction.kv_pool_tokens
                 max_model_len = prediction.max_model_len
@@ -298,9 +299,9 @@ def explain(
                 version = a_priori.engine_version
                 gap_settings = replace(settings, version=version)
                 attribution = attribute_gap(
-                    snap.engine,
-                    engine.budget_terms_for_gap(observed.as_bytes(), gap_settings),
-                    engine.budget_terms_for_gap(predicted.as_bytes(), gap_settings),
+                    engine,
+                    engine.observed.budget_terms_for_gap(observed.as_bytes(), gap_settings),
+                    engine.observed.budget_terms_for_gap(predicted.as_bytes(), gap_settings),
                     observed.fraction,
                     predicted.fraction,
                 )
@@ -309,7 +310,7 @@ def explain(
                 max_model_len = model.max_position_embeddings
             # The engine-budget pool: the sidecar's function on the sidecar's inputs.
             full = deployment_from_settings(snap.engine, settings, snap.memory, gpu_memory_bytes, **fill)
-            own_pool = engine_budget_pool(model, full, snap.memory, snap.pool)
+            own_pool = engine_budget_pool(engine, model, full, snap.memory, snap.pool)
             if own_pool is not None:
                 budget_tokens = own_pool.tokens
             if kv is not None and kv <= 0:
@@ -318,7 +319,7 @@ def explain(
                 )
             if kv is not None and max_model_len:
                 lever_list = levers(
-                    model, a_priori, observed, observed_tokens or budget_tokens or 0, max_model_len
+                    engine, model, a_priori, observed, observed_tokens or budget_tokens or 0, max_model_len
                 )
         except KvwatchError as exc:
             notes.append(f"no prediction: {exc}")

@@ -15,7 +15,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.weights import weight_bytes
 from kvwatch.core.errors import ConfigError, KvwatchError
 from kvwatch.core.units import format_bytes
-from kvwatch.engines import registry
+from kvwatch.engines.base import Engine
 
 # Where the seeds stop: a memory fraction above this leaves too little for activations.
 MAX_LEVER_FRACTION = 0.95
@@ -36,12 +36,13 @@ class Lever:
     note: str = ""
 
 
-def tokens_from_budget(model: ModelGeometry, d: Deployment, kv: int) -> int:
+def tokens_from_budget(engine: Engine, model: ModelGeometry, d: Deployment, kv: int) -> int:
     """The tokens the engine makes of ``kv`` bytes (0 when there are none)."""
-    return pool_from_available(model, d, kv)[0] if kv > 0 else 0
+    return pool_from_available(model, d, kv, engine)[0] if kv > 0 else 0
 
 
 def levers(
+    engine: Engine,
     model: ModelGeometry,
     deployment: Deployment,
     observed: Budget,
@@ -57,7 +58,7 @@ def levers(
 
     def add(name: str, change: str, dep: Deployment, new_kv: int, note: str = "", length: int = 0) -> None:
         try:
-            tokens = tokens_from_budget(model, dep, new_kv)
+            tokens = tokens_from_budget(engine, model, dep, new_kv)
         except KvwatchError:
             return
         if tokens <= 0:
@@ -66,7 +67,7 @@ def levers(
         out.append(Lever(name, change, new_kv, tokens, tokens / mml if mml else 0.0, note))
 
     if pool_tokens < max_model_len:
-        fit = _longest_fitting(model, d, kv, max_model_len)
+        fit = _longest_fitting(engine, model, d, kv, max_model_len)
         if fit:
             out.append(
                 Lever(
@@ -90,7 +91,7 @@ def levers(
                 "same pool, twice the full-length requests",
             )
         )
-    elem = kv_elem_bytes(model, d.kv_cache_dtype)
+    elem = kv_elem_bytes(model, d.kv_cache_dtype, d.dtype)
     if elem > 1:
         add(
             "kv_cache_dtype",
@@ -133,17 +134,17 @@ def levers(
     frac = observed.fraction
     if frac is not None and frac < MAX_LEVER_FRACTION:
         new = round(min(MAX_LEVER_FRACTION, frac + LEVER_FRACTION_STEP), 2)
-        raised = registry.get(d.engine).fraction_lever(d, observed, frac, new)
+        raised = engine.observed.fraction_lever(d, observed, frac, new)
         if raised is not None:
             add("utilisation", raised.change, raised.deployment, kv + raised.extra_kv_bytes, raised.note)
     return out
 
 
-def _longest_fitting(model: ModelGeometry, d: Deployment, kv: int, max_model_len: int) -> int:
+def _longest_fitting(engine: Engine, model: ModelGeometry, d: Deployment, kv: int, max_model_len: int) -> int:
     """The longest request the KV budget admits (vLLM's estimate_max_model_len; SGLang: the pool)."""
     if kv <= 0:
         return 0
-    pred = predict(model, d.with_(available_kv_bytes=kv, max_model_len=max_model_len))
+    pred = predict(model, d.with_(available_kv_bytes=kv, max_model_len=max_model_len), engine)
     if pred.fits:
         return max_model_len
     return pred.estimated_max_model_len or 0

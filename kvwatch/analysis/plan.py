@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvwatch.analysis.predict import pool_from_available, predict
+from kvwatch.analysis.predict import engine_of, pool_from_available, predict
 from kvwatch.analysis.workload import Workload
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
@@ -24,7 +24,8 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.jsontypes import JsonObject
-from kvwatch.engines import registry
+from kvwatch.core.kinds import EngineName
+from kvwatch.engines.base import Engine
 
 # Default utilisation target for the card search: vLLM's own default gpu_memory_utilization and the
 # seeds' "smallest card where the total stays under 92%".
@@ -52,7 +53,7 @@ class Plan:
     """The workload against one deployment: bytes per rank, the check on every rank, growth."""
 
     model: str
-    engine: str
+    engine: EngineName
     gpu_name: str | None
     tp: int
     pp: int
@@ -129,8 +130,8 @@ class Plan:
         }
 
 
-def _pool_tokens(model: ModelGeometry, d: Deployment, budget: int) -> int:
-    return pool_from_available(model, d, budget)[0] if budget > 0 else 0
+def _pool_tokens(engine: Engine, model: ModelGeometry, d: Deployment, budget: int) -> int:
+    return pool_from_available(model, d, budget, engine)[0] if budget > 0 else 0
 
 
 def make_plan(
@@ -139,6 +140,7 @@ def make_plan(
     workload: Workload,
     grow: int = 0,
     rank_kv_bytes: Sequence[int] | None = None,
+    engine: Engine | None = None,
 ) -> Plan:
     """Check ``workload`` (grown by ``grow`` positions per sequence) on every rank of ``deployment``.
 
@@ -147,6 +149,7 @@ def make_plan(
     """
     if grow < 0:
         raise ConfigError(f"--grow must not be negative, got {grow}")
+    engine = engine_of(deployment, engine)
     ranks_n = deployment.tp * deployment.pp
     notes: list[str] = []
     if rank_kv_bytes is not None:
@@ -155,9 +158,9 @@ def make_plan(
                 f"{len(rank_kv_bytes)} rank budgets given for {ranks_n} ranks (tp x pp); give one or {ranks_n}"
             )
         budgets = tuple(rank_kv_bytes) * (ranks_n if len(rank_kv_bytes) == 1 else 1)
-        pred = predict(model, deployment.with_(available_kv_bytes=min(budgets)))
+        pred = predict(model, deployment.with_(available_kv_bytes=min(budgets)), engine)
     else:
-        pred = predict(model, deployment)
+        pred = predict(model, deployment, engine)
         budgets = (pred.available_kv_bytes,) * ranks_n
     block = pred.block_size
     bpt = pred.bytes_per_token
@@ -168,7 +171,7 @@ def make_plan(
     checks = []
     for rank, budget in enumerate(budgets):
         if budget not in pools:
-            pools[budget] = _pool_tokens(model, deployment, budget)
+            pools[budget] = _pool_tokens(engine, model, deployment, budget)
         pool = pools[budget]
         checks.append(
             RankCheck(
@@ -278,6 +281,7 @@ def card_fits(
     cards: Iterable[GpuSpec] | None = None,
     kv_dtypes: Sequence[str] = CARD_KV_DTYPES,
     weights: Sequence[str | None] = CARD_WEIGHTS,
+    engine: Engine | None = None,
 ) -> list[CardFit]:
     """Every card x cache dtype x weight quantisation, with the budget under ``target``.
 
@@ -287,7 +291,8 @@ def card_fits(
     if not 0 < target < 1:
         raise ConfigError(f"--target must be in (0, 1), got {target}")
     chosen = sorted(cards if cards is not None else gpus.CATALOGUE, key=lambda g: g.memory_bytes)
-    fraction = {registry.get(base.engine).fraction_setting: target}
+    engine = engine_of(base, engine)
+    fraction = {engine.labels.fraction_setting: target}
     out: list[CardFit] = []
     for kv in kv_dtypes:
         for w in weights:
@@ -299,7 +304,7 @@ def card_fits(
                     weights_dtype=w,
                     **fraction,
                 )
-                pred = predict(model, d)
+                pred = predict(model, d, engine)
                 needed = workload.blocks(pred.block_size).tokens
                 pool = pred.kv_pool_tokens if pred.available_kv_bytes > 0 else 0
                 out.append(

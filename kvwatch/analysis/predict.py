@@ -4,30 +4,44 @@
 rank, the context length) and hands it to the engine's own arithmetic (kvwatch/engines/*/predict.py),
 which records for every input whether it was given, taken from the engine's default, or estimated;
 ``pool_from_available`` is the engine-exact division alone, for when the engine has already
-printed its KV budget (the sidecar's 'engine_budget' basis).
+printed its KV budget (the sidecar's 'engine_budget' basis). Each takes the ``Engine`` its caller
+resolved (a command, the sidecar's predictor), which must be the deployment's; without one, the
+deployment's engine is looked up by its ``EngineName``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
+from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.capacity.model import ModelGeometry, stage_layers
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weights_per_rank
-from kvwatch.core.errors import ConfigError, NoGpuMemoryError, UnmodelledError
+from kvwatch.core.errors import ConfigError, KvwatchError, NoGpuMemoryError, UnmodelledError
 from kvwatch.engines import registry
-from kvwatch.engines.base import Engine
+from kvwatch.engines.base import Capacity, Engine
 
-__all__ = ["Prediction", "pool_from_available", "predict"]
+__all__ = ["Prediction", "pool_from_available", "predict", "predict_on_cards"]
 
 
-def _bytes_per_token(engine: Engine, model: ModelGeometry, d: Deployment, elem: int) -> tuple[int, int]:
+def engine_of(d: Deployment, engine: Engine | None = None) -> Engine:
+    """``engine`` when the caller resolved it (it must be the deployment's), else the deployment's."""
+    if engine is None:
+        return registry.ENGINES[d.engine]
+    if engine.name != d.engine:
+        raise ValueError(f"a {d.engine} deployment given the {engine.name} engine")
+    return engine
+
+
+def _bytes_per_token(capacity: Capacity, model: ModelGeometry, d: Deployment, elem: int) -> tuple[int, int]:
     """(per rank on the fullest pipeline stage, summed over every rank) for the growing layers; a
     model whose every cached layer is windowed (Mistral-style) counts those, what a token inside the
     window costs -- never 0 B per token."""
     grows = any(layer.grows for layer in model.layers)
     stages = [
         sum(
-            engine.layer_bytes(layer, d, elem)
+            capacity.layer_bytes(layer, d, elem)
             for layer in stage
             if (layer.grows if grows else layer.is_paged)
         )
@@ -41,20 +55,24 @@ def _bytes_per_token(engine: Engine, model: ModelGeometry, d: Deployment, elem: 
 
 
 def pool_from_available(
-    model: ModelGeometry, deployment: Deployment, available_kv_bytes: int
+    model: ModelGeometry, deployment: Deployment, available_kv_bytes: int, engine: Engine | None = None
 ) -> tuple[int, int | None]:
     """(tokens, blocks) the engine makes of ``available_kv_bytes`` on one rank; blocks None for SGLang."""
     validate(model, deployment)
-    elem = kv_elem_bytes(model, deployment.kv_cache_dtype)
-    return registry.get(deployment.engine).pool_from_available(model, deployment, elem, available_kv_bytes)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
+    capacity = engine_of(deployment, engine).capacity
+    return capacity.pool_from_available(model, deployment, elem, available_kv_bytes)
 
 
-def tokens_of_pool_bytes(model: ModelGeometry, deployment: Deployment, pool_bytes: int) -> int | None:
+def tokens_of_pool_bytes(
+    model: ModelGeometry, deployment: Deployment, pool_bytes: int, engine: Engine | None = None
+) -> int | None:
     """Tokens of a pool whose buffers the engine printed in bytes (SGLang's 'KV size'); None for an
     engine that prints its budget instead."""
     validate(model, deployment)
-    elem = kv_elem_bytes(model, deployment.kv_cache_dtype)
-    return registry.get(deployment.engine).tokens_of_pool_bytes(model, deployment, elem, pool_bytes)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
+    capacity = engine_of(deployment, engine).capacity
+    return capacity.tokens_of_pool_bytes(model, deployment, elem, pool_bytes)
 
 
 def _max_model_len(model: ModelGeometry, d: Deployment) -> int:
@@ -65,16 +83,39 @@ def _max_model_len(model: ModelGeometry, d: Deployment) -> int:
     return model.max_position_embeddings
 
 
-def predict(model: ModelGeometry, deployment: Deployment) -> Prediction:
+def predict(model: ModelGeometry, deployment: Deployment, engine: Engine | None = None) -> Prediction:
     """The engine's KV pool for this model and deployment, with every assumption listed."""
-    d = deployment
-    validate(model, d)
-    engine = registry.get(d.engine)
-    if d.gpu_memory_bytes is None and engine.needs_gpu_memory(d):
+    validate(model, deployment)
+    return _predict(engine_of(deployment, engine).capacity, model, deployment)
+
+
+def predict_on_cards(
+    model: ModelGeometry, base: Deployment, cards: Iterable[GpuSpec], engine: Engine | None = None
+) -> list[Prediction]:
+    """The prediction on each of ``cards`` that holds the deployment, in their order.
+
+    ``base`` is validated once (what the engine refuses on any card: a ConfigError); only the card
+    changes from one prediction to the next, and a card the deployment does not fit is left out.
+    """
+    validate(model, base)
+    capacity = engine_of(base, engine).capacity
+    out = []
+    for card in cards:
+        try:
+            out.append(
+                _predict(capacity, model, base.with_(gpu_memory_bytes=card.total_bytes, gpu_name=card.name))
+            )
+        except KvwatchError:
+            continue
+    return out
+
+
+def _predict(capacity: Capacity, model: ModelGeometry, d: Deployment) -> Prediction:
+    if d.gpu_memory_bytes is None and capacity.needs_gpu_memory(d):
         raise NoGpuMemoryError(
             "need the GPU's memory (--gpu NAME or --gpu-memory SIZE) or --available-kv-memory"
         )
-    elem = kv_elem_bytes(model, d.kv_cache_dtype)
+    elem = kv_elem_bytes(model, d.kv_cache_dtype, d.dtype)
     inputs: dict[str, InputSource] = {}
     assumptions: list[str] = list(model.notes)
     max_model_len = _max_model_len(model, d)
@@ -91,7 +132,7 @@ def predict(model: ModelGeometry, deployment: Deployment) -> Prediction:
             "the engines refuse it unless told to allow long contexts"
         )
     inputs["kv_cache_dtype"] = "given" if d.kv_cache_dtype != "auto" else "engine_default"
-    per_rank, all_ranks = _bytes_per_token(engine, model, d, elem)
+    per_rank, all_ranks = _bytes_per_token(capacity, model, d, elem)
 
     weights = None
     weights_rank: int | None
@@ -131,4 +172,4 @@ def predict(model: ModelGeometry, deployment: Deployment) -> Prediction:
         inputs=inputs,
         assumptions=assumptions,
     )
-    return engine.predict(model, d, basis)
+    return capacity.predict(model, d, basis)

@@ -22,6 +22,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.kinds import EngineName
 from kvwatch.core.labels import ConcurrencyBasis, PredictionBasis, PredictionState
+from kvwatch.engines import registry
 from kvwatch.state.facts import MemoryFacts, SettingsFacts
 from kvwatch.state.fleet import InstanceSnapshot
 
@@ -124,6 +125,7 @@ class Predictor:
 
     def _compute(self, snap: InstanceSnapshot) -> PredictionResult:
         self.computations += 1
+        engine = registry.ENGINES[snap.engine]
         path = self._model_path(snap.source, snap.settings)
         if path is None:
             return PredictionResult(state="no_model_config")
@@ -149,7 +151,7 @@ class Predictor:
             if deployment.gpu_memory_bytes is None:
                 state = "no_gpu_memory"
             else:
-                pred = predict(model, deployment)
+                pred = predict(model, deployment, engine)
                 bytes_per_token, block_size = pred.bytes_per_token, pred.block_size
                 max_model_len = pred.max_model_len
                 tokens["config"] = pred.kv_pool_tokens
@@ -163,7 +165,7 @@ class Predictor:
             # Basis 'engine_budget': the KV memory the engine itself reported, divided its way.
             # vLLM prints its budget ('Available KV cache memory'); SGLang prints the pool's bytes.
             full = deployment_from_settings(snap.engine, settings, snap.memory, gpu)
-            own_pool = engine_budget_pool(model, full, snap.memory, snap.pool)
+            own_pool = engine_budget_pool(engine, model, full, snap.memory, snap.pool)
             if own_pool is not None:
                 available = own_pool.bytes
                 tokens["engine_budget"] = own_pool.tokens
@@ -174,7 +176,7 @@ class Predictor:
                 # tokens / max_model_len: the two differ for sliding-window layers up to vLLM 0.20.0.
                 max_len = settings.max_model_len
                 if max_len is not None and max_len > 0:
-                    own = predict(model, full.with_(available_kv_bytes=available))
+                    own = predict(model, full.with_(available_kv_bytes=available), engine)
                     concurrency["engine_budget"] = float(own.max_concurrency)
         except KvwatchError as exc:
             log.info("no prediction source=%s dp_rank=%s err=%s", snap.source, snap.instance, exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from kvwatch.capacity.dtypes import KV_DTYPE_BYTES
+from kvwatch.capacity.dtypes import CHECKPOINT_DTYPE_BYTES, KV_DTYPE_BYTES
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.kinds import DEFAULT_ENGINE, ENGINE_NAMES, EngineName
@@ -109,11 +109,16 @@ class Deployment:
         return replace(self, **given)
 
 
-def kv_elem_bytes(model: ModelGeometry, kv_cache_dtype: str) -> int:
-    """Bytes per stored KV element for a cache dtype name ('auto' = the model's dtype)."""
+def kv_elem_bytes(model: ModelGeometry, kv_cache_dtype: str, dtype: str | None = None) -> int:
+    """Bytes per stored KV element for a cache dtype name. 'auto' is the served model dtype: the
+    ``--dtype`` given (float32 keeps 4 bytes), else the checkpoint's as served. Both engines take
+    the model dtype for an 'auto' cache: vLLM 0.21.0 utils/torch_utils.py:396-401
+    (kv_cache_dtype_str_to_dtype returns model_config.dtype; V0 0.8.5 worker/cache_engine.py:50-51),
+    SGLang 0.5.23 mem_cache/kv_cache_dtype.py:49-59 (model_dtype unless the checkpoint quantises KV)."""
     name = kv_cache_dtype.lower().removeprefix("torch.")
     if name == "auto":
-        return model.dtype_bytes
+        served = CHECKPOINT_DTYPE_BYTES.get((dtype or "auto").lower().removeprefix("torch."))
+        return served if served is not None else model.dtype_bytes
     if name not in KV_DTYPE_BYTES:
         raise ConfigError(
             f"unknown kv cache dtype {kv_cache_dtype!r} (use auto, bf16, fp16, fp8, fp8_e4m3, fp8_e5m2)"
@@ -166,7 +171,7 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {d.gpu_memory_utilization}")
     if d.mem_fraction_static is not None and not 0 < d.mem_fraction_static < 1:
         raise ConfigError(f"mem_fraction_static must be in (0, 1), got {d.mem_fraction_static}")
-    kv_elem_bytes(model, d.kv_cache_dtype)
+    kv_elem_bytes(model, d.kv_cache_dtype, d.dtype)
     heads = model.num_attention_heads
     if heads % d.tp:
         raise ConfigError(

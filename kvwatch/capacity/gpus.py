@@ -111,6 +111,22 @@ CATALOGUE: tuple[GpuSpec, ...] = (
     GpuSpec("A800-SXM-80GB", _mib(81920), ("a800", "a800-80gb"), sm_count=108),
     GpuSpec("GH200-96GB", _mib(97871), ("gh200",), sm_count=132, sm_major=9),
     GpuSpec("B200-180GB", _mib(183359), ("b200",), sm_count=148, sm_major=10),
+    # nvidia-smi '0MiB / 275040MiB' on 'NVIDIA B300 SXM6 AC' (public nvidia-smi captures); sm_103.
+    GpuSpec("B300-288GB", _mib(275040), ("b300", "b300-sxm6", "b300-sxm6-ac"), sm_major=10),
+    # GB10 (DGX Spark) shares 128 GB of LPDDR5x with the CPU; nvidia-smi prints no memory figure
+    # (rossumai/nvgpu#37), so both figures are CUDA's total: 121.69 GiB
+    # (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47: 'CUDA free caps at ~102/121.69 GiB', and vLLM's
+    # check at utilisation 0.87 'wants 105.87 GiB' = 0.87 x 121.69). 48 SMs, sm_121.
+    GpuSpec(
+        "GB10-128GB",
+        _gib(121.69),
+        ("gb10", "dgx-spark", "spark-gb10", "dgx-spark-gb10"),
+        note="unified memory: the OS and page cache share it",
+        measured_total_bytes=_gib(121.69),
+        total_source="CUDA total 121.69 GiB on DGX Spark (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47)",
+        sm_count=48,
+        sm_major=12,
+    ),
     GpuSpec(
         "A100-SXM-80GB",
         _mib(81920),
@@ -215,6 +231,23 @@ CATALOGUE: tuple[GpuSpec, ...] = (
     ),
     GpuSpec("V100-32GB", _mib(32768), ("v100", "v100-32gb"), sm_count=80, sm_major=7),
     GpuSpec("MI300X-192GB", 206141652992, ("mi300x", "mi300"), vendor="amd", sm_count=304),
+    # AMD's '288 GB HBM3E' counts GiB as the MI300X's 192 GB does (rocm-smi 'VRAM Total Memory (B):
+    # 206141652992' = 192 GiB, ROCm/legacy-rocm-build#4750); SGLang logs 287.18 GiB free before the
+    # weights on one (sglang#18263), more than 288e9 B holds. 256 CUs.
+    GpuSpec(
+        "MI355X-288GB", 288 * GiB, ("mi355x", "mi355", "amd-instinct-mi355x"), vendor="amd", sm_count=256
+    ),
+    # RDNA4 gfx1201: rocminfo's GPU pool 'Size: 16695296(0xfec000) KB' (ROCm/legacy-rocm-build#6625,
+    # an RX 9070 XT) is the total HIP reports, 15.92 GiB. 64 CUs.
+    GpuSpec(
+        "RX-9070-XT-16GB",
+        _mib(16384),
+        ("rx-9070-xt", "9070xt", "radeon-rx-9070-xt", "amd-radeon-rx-9070-xt"),
+        vendor="amd",
+        measured_total_bytes=16695296 * 1024,
+        total_source="rocminfo GPU pool 16,695,296 KB on an RX 9070 XT (ROCm/legacy-rocm-build#6625)",
+        sm_count=64,
+    ),
 )
 
 

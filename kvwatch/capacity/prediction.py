@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 from kvwatch.core.jsontypes import JsonObject, JsonValue
+from kvwatch.core.kinds import EngineName
 
 if TYPE_CHECKING:
     from kvwatch.capacity.deployment import Deployment
@@ -23,7 +24,7 @@ InputSource = Literal["given", "engine_default", "estimated", "derived"]
 class Prediction:
     """The predicted KV pool of one engine instance (sizes in bytes per rank unless named otherwise)."""
 
-    engine: str
+    engine: EngineName
     engine_version: str | None
     model: str
     gpu_name: str | None
@@ -190,7 +191,7 @@ class Basis:
 class PredictionIdentity(TypedDict):
     """Keyword arguments of ``Prediction`` that do not depend on the engine's arithmetic."""
 
-    engine: str
+    engine: EngineName
     engine_version: str | None
     model: str
     gpu_name: str | None

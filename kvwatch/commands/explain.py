@@ -16,7 +16,7 @@ from kvwatch.commands.predict import _positive_int, gpu_memory_size
 from kvwatch.commands.render import pair_bars, table
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.events import Event
-from kvwatch.core.kinds import ENGINE_CHOICES, ENGINE_NAMES
+from kvwatch.core.kinds import ENGINE_CHOICES
 from kvwatch.core.units import GiB, format_bytes
 from kvwatch.engines import registry
 from kvwatch.sources.hub import resolve_model_config
@@ -78,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_version(engine: str, version: str) -> None:
     """The version must be one the named engine (or, with --engine auto, either engine) knows."""
     errors = []
-    for name in ENGINE_NAMES if engine == "auto" else (engine,):
+    for found in registry.ENGINES.values() if engine == "auto" else (registry.get(engine),):
         try:
-            registry.check_version(name, version)
+            found.check_version(version)
             return
         except ConfigError as exc:
             errors.append(exc)

@@ -19,7 +19,7 @@ from kvwatch.analysis.workload import load_workload, parse_rank_budgets
 from kvwatch.capacity import gpus
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.gpus import GpuSpec
-from kvwatch.commands.predict import _positive_int, build_deployment
+from kvwatch.commands.predict import _positive_int, read_request
 from kvwatch.commands.predict import add_arguments as add_deployment_arguments
 from kvwatch.commands.render import table
 from kvwatch.core.errors import ConfigError
@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     workload = load_workload(args.workload)
     budgets = parse_rank_budgets(args.available_kv_memory) if args.available_kv_memory else None
     args.available_kv_memory = None
-    deployment = build_deployment(args)
+    request = read_request(args)
+    engine, deployment = request.engine, request.deployment
     cards: list[GpuSpec] | None = None
     if args.gpus:
         cards = [gpus.lookup(name.strip()) for name in args.gpus.split(",") if name.strip()]
@@ -73,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--gpus names no card")
     plan = None
     if budgets is not None or deployment.gpu_memory_bytes is not None:
-        plan = make_plan(model, deployment, workload, grow=args.grow or 0, rank_kv_bytes=budgets)
+        plan = make_plan(
+            model, deployment, workload, grow=args.grow or 0, rank_kv_bytes=budgets, engine=engine
+        )
     grown = workload.grown(args.grow or 0)
-    fits = card_fits(model, deployment, grown, target=args.target, cards=cards)
+    fits = card_fits(model, deployment, grown, target=args.target, cards=cards, engine=engine)
     if args.json:
         out: JsonObject = {
             "plan": plan.to_json_dict() if plan is not None else None,

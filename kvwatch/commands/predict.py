@@ -6,9 +6,10 @@ import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from typing import cast
 
-from kvwatch.analysis.predict import predict
+from kvwatch.analysis.predict import predict, predict_on_cards
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import (
     MAX_GPU_MEMORY_BYTES,
@@ -16,17 +17,17 @@ from kvwatch.capacity.deployment import (
     MIN_TERM_BYTES,
     Deployment,
     DeploymentValue,
-    validate,
 )
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
 from kvwatch.commands.render import stacked_bar, table
-from kvwatch.core.errors import ConfigError, KvwatchError
+from kvwatch.core.errors import ConfigError
 from kvwatch.core.kinds import DEFAULT_ENGINE, ENGINE_NAMES
 from kvwatch.core.units import MAX_SIZE, format_bytes, parse_size
 from kvwatch.engines import registry
-from kvwatch.engines.flags import FlagReading, read_flags
+from kvwatch.engines.base import Engine
+from kvwatch.engines.flags import FlagReading
 from kvwatch.sources.hub import resolve_model_config
 
 HELP = "predict the KV-cache pool vLLM or SGLang will allocate for a model (config.json or Hub name)"
@@ -133,27 +134,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_flags(args: argparse.Namespace) -> FlagReading:
+@dataclass(frozen=True)
+class Request:
+    """What a ``predict`` or ``plan`` command line asks: the engine, resolved once and carried down,
+    the deployment, and the engine's own flags after ``--`` as read (once)."""
+
+    engine: Engine
+    deployment: Deployment
+    flags: FlagReading
+
+
+def engine_flags(args: argparse.Namespace, engine: Engine) -> FlagReading:
     """The engine's own flags given after ``--``, read by the engine's flag table.
 
     One of kvwatch's own flags there that the engine does not take (``-- ... --json``) is refused:
     read as an ignored engine flag it would do nothing, silently.
     """
-    reading = read_flags(getattr(args, "engine_flags", None) or [], registry.get(args.engine).flags)
+    reading = engine.flags.read(getattr(args, "engine_flags", None) or [])
     parser = getattr(args, "own_parser", None)
     own = {o for a in parser._actions for o in a.option_strings} if parser is not None else set()
     for token in reading.ignored:
         name = token.split(" ", 1)[0].partition("=")[0]
         if name in own:
             raise ConfigError(
-                f"{name} after '--' is read as a {args.engine} flag, which {args.engine} does not take: "
+                f"{name} after '--' is read as a {engine.name} flag, which {engine.name} does not take: "
                 f"put kvwatch's own flags before '--'"
             )
     return reading
 
 
-def build_deployment(args: argparse.Namespace) -> Deployment:
-    """Flags -> Deployment (sizes parsed, GPU looked up); the engine's own flags after ``--`` win."""
+def read_request(args: argparse.Namespace) -> Request:
+    """Flags -> the engine, its Deployment (sizes parsed, GPU looked up, release checked) and its own
+    flags after ``--``, which win over kvwatch's."""
+    engine = registry.get(args.engine)
     gpu_name = None
     gpu_memory = None
     if args.gpu:
@@ -161,12 +174,12 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         gpu_name, gpu_memory = spec.name, spec.total_bytes
     elif args.gpu_memory:
         gpu_memory = gpu_memory_size(args.gpu_memory)
-    registry.check_version(args.engine, args.engine_version)
-    fraction_flags = registry.get(args.engine).deployment_flags(
+    engine.check_version(args.engine_version)
+    fraction_flags = engine.flags.deployment_fields(
         args.gpu_memory_utilization, args.mem_fraction_static, args.block_size
     )
-    return Deployment(
-        engine=args.engine,
+    deployment = Deployment(
+        engine=engine.name,
         engine_version=args.engine_version,
         gpu_memory_bytes=gpu_memory,
         gpu_name=gpu_name,
@@ -187,12 +200,10 @@ def build_deployment(args: argparse.Namespace) -> Deployment:
         ),
         max_num_batched_tokens=args.max_num_batched_tokens,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-    ).with_(**{**fraction_flags, **engine_flags_fields(args)})
-
-
-def engine_flags_fields(args: argparse.Namespace) -> dict[str, DeploymentValue]:
-    """Deployment fields of the engine flags after ``--`` (typed by each flag's converter)."""
-    return {k: cast(DeploymentValue, v) for k, v in engine_flags(args).fields.items()}
+    )
+    reading = engine_flags(args, engine)
+    own = {k: cast(DeploymentValue, v) for k, v in reading.fields.items()}
+    return Request(engine, deployment.with_(**{**fraction_flags, **own}), reading)
 
 
 def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:
@@ -212,8 +223,8 @@ def budget_bar(p: Prediction, width: int = BAR_WIDTH) -> str | None:
     )
 
 
-def render(p: Prediction) -> str:
-    """The human table."""
+def render(p: Prediction, engine: Engine) -> str:
+    """The human table (``engine``: the prediction's, for the names of its terms)."""
     rows: list[tuple[str, str]] = [
         ("model", f"{p.model} ({p.param_count / 1e9:.2f}B params)"),
         ("engine", f"{p.engine} {p.engine_version or '(newest defaults)'}"),
@@ -227,12 +238,11 @@ def render(p: Prediction) -> str:
         ),
     ]
     if p.usable_bytes is not None:
-        engine = registry.get(p.engine)
-        rows.append((engine.fraction_label, f"{format_bytes(p.usable_bytes)} ({p.fraction})"))
+        rows.append((engine.labels.fraction_label, f"{format_bytes(p.usable_bytes)} ({p.fraction})"))
     if p.weights_bytes is not None:
         rows.append(("weights", f"{format_bytes(p.weights_bytes)} per GPU ({p.weights_scheme})"))
     if p.activation_bytes is not None:
-        rows.append((registry.get(p.engine).overhead_label, format_bytes(p.activation_bytes)))
+        rows.append((engine.labels.overhead_label, format_bytes(p.activation_bytes)))
     if p.cuda_graph_bytes:
         graphs = format_bytes(p.cuda_graph_bytes)
         if p.cuda_graphs_subtracted is False:
@@ -294,18 +304,11 @@ def _with_flag_notes(p: Prediction, reading: FlagReading, model_config: str) -> 
     return dataclasses.replace(p, assumptions=(*p.assumptions, *notes)) if notes else p
 
 
-def card_table(model: ModelGeometry, base: Deployment) -> list[Prediction]:
-    """The prediction on every NVIDIA card of the catalogue that holds the weights, smallest first."""
-    out = []
-    for card in sorted(gpus.CATALOGUE, key=lambda g: g.total_bytes):
-        if card.vendor != "nvidia":
-            continue
-        try:
-            p = predict(model, base.with_(gpu_memory_bytes=card.total_bytes, gpu_name=card.name))
-        except KvwatchError:
-            continue
-        out.append(p)
-    return out
+def card_table(model: ModelGeometry, base: Deployment, engine: Engine) -> list[Prediction]:
+    """The prediction on every NVIDIA card of the catalogue that holds the weights, smallest first;
+    ConfigError for what the engine refuses on any card (TP split, dtypes)."""
+    cards = sorted((g for g in gpus.CATALOGUE if g.vendor == "nvidia"), key=lambda g: g.total_bytes)
+    return predict_on_cards(model, base, cards, engine)
 
 
 def render_cards(model: ModelGeometry, preds: list[Prediction]) -> str:
@@ -344,11 +347,12 @@ def render_cards(model: ModelGeometry, preds: list[Prediction]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(resolve_model_config(args.model_config))
-    deployment = build_deployment(args)
-    reading = engine_flags(args)
-    if deployment.gpu_memory_bytes is None and registry.get(deployment.engine).needs_gpu_memory(deployment):
-        validate(model, deployment)  # what the engine refuses on any card (TP split, dtypes)
-        preds = [_with_flag_notes(p, reading, args.model_config) for p in card_table(model, deployment)]
+    request = read_request(args)
+    engine, deployment, reading = request.engine, request.deployment, request.flags
+    if deployment.gpu_memory_bytes is None and engine.capacity.needs_gpu_memory(deployment):
+        preds = [
+            _with_flag_notes(p, reading, args.model_config) for p in card_table(model, deployment, engine)
+        ]
         if args.json:
             json.dump({"cards": [p.to_json_dict() for p in preds]}, sys.stdout, indent=2)
             sys.stdout.write("\n")
@@ -359,10 +363,10 @@ def run(args: argparse.Namespace) -> int:
             if notes:
                 print("\n".join(["", "assumptions:", *(f"  - {n}" for n in notes)]))
         return 0
-    prediction = _with_flag_notes(predict(model, deployment), reading, args.model_config)
+    prediction = _with_flag_notes(predict(model, deployment, engine), reading, args.model_config)
     if args.json:
         json.dump(prediction.to_json_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(render(prediction))
+        print(render(prediction, engine))
     return 0

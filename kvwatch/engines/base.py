@@ -1,29 +1,35 @@
-"""The ``Engine`` protocol: what the rest of kvwatch may ask of a serving engine.
+"""``Engine``: what the rest of kvwatch may ask of a serving engine, as an object of parts.
 
-Each package under kvwatch/engines implements it once (``engines/vllm/engine.py``,
-``engines/sglang/engine.py``); the pipeline, the /metrics reader, the capacity model, the analysis
-and the commands call these hooks and never test an engine's name. Everything an engine means
-lives behind them: the log line table and its fast path (``log``), the /metrics map (``metrics``),
-the budget arithmetic of each release (``predict``, ``pool_from_available``), the reconstruction
-of the budget it printed (``observed_budget``), its defaults and its flag spelling.
+Each package under kvwatch/engines declares one (``engines/vllm/engine.py``,
+``engines/sglang/engine.py``), registry.py lists them by ``EngineName``, and a command resolves
+its engine there once and carries the object down (``predict``, ``plan``, ``explain``, the
+sidecar's predictor); nothing outside kvwatch/engines tests an engine's name. The light parts (its
+name, labels, known releases, flag table, anchors and detection phrases) are plain values; the
+heavy ones are built on first use, so reading a vLLM log never imports SGLang's line table and a
+prediction imports no log or /metrics dialect:
+
+- ``log``: the line table and its fast path (engines/<e>/log.py, fastpath.py)
+- ``metrics``: the /metrics map (engines/<e>/metrics.py)
+- ``capacity``: the budget arithmetic of each release before launch (engines/<e>/capacity.py)
+- ``observed``: the budget the engine printed, read back (engines/<e>/observed.py)
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from kvwatch.core.errors import ConfigError
 from kvwatch.core.kinds import EngineName
-from kvwatch.engines.flags import Flag
+from kvwatch.core.versions import version_tuple
+from kvwatch.engines.flags import Flag, FlagReading, read_flags
 
 if TYPE_CHECKING:
-    # The capacity model is imported by the engines' methods that use it: reading a log needs
-    # none of it.
     # Types only: a prediction (``kvwatch predict``) needs no log or /metrics parsing, and these
     # modules (kvwatch.state.facts: the events) import regex and pydantic.
-    import re
-
     from kvwatch.capacity.budget import Budget, Contribution, Term
     from kvwatch.capacity.deployment import Deployment, DeploymentValue
     from kvwatch.capacity.model import LayerSpec, ModelGeometry
@@ -42,13 +48,9 @@ FastPathFn = Callable[[list[bytes]], "list[tuple[Event, ...] | None]"]
 
 @dataclass(frozen=True)
 class LogDialect:
-    """How an engine's log reads: the body parser, its anchors, the fast path, detection phrases."""
+    """How an engine's log reads: the body parser and the fast path (the anchors are ``Engine.anchors``)."""
 
     parse: Callable[[str, LineMeta], tuple[Event, ...]]
-    # Substrings at least one of which every line ``parse`` claims contains (derived from its table).
-    anchors: tuple[str, ...]
-    # Phrases this engine prints in some release and the other engines never do.
-    phrases: tuple[str, ...]
     fast_path: FastPathFn | None = None
 
 
@@ -94,47 +96,37 @@ class FractionLever:
     note: str
 
 
-class Engine(Protocol):
-    """One serving engine, as the rest of kvwatch sees it."""
+@dataclass(frozen=True)
+class Labels:
+    """How the commands name the engine, its memory fraction and its budget terms."""
 
-    @property
-    def name(self) -> EngineName: ...
+    # In messages ('vLLM 0.34 is not a release kvwatch knows').
+    display: str
+    # The Deployment / EngineSettings field of the memory fraction its budget uses.
+    fraction_setting: str
+    # How ``predict`` names the budget the fraction leaves (e.g. 'requested (util)').
+    fraction_label: str
+    # How ``predict`` names everything between the usable budget and weights + KV.
+    overhead_label: str
 
-    @property
-    def anchors(self) -> tuple[str, ...]:
-        """``log.anchors``, known without building the dialect (the pre-filter of an undetected source)."""
-        ...
 
-    @property
-    def phrases(self) -> tuple[str, ...]:
-        """``log.phrases``: what only this engine prints (detection)."""
-        ...
+@dataclass(frozen=True)
+class EngineFlags:
+    """The engine's command line: its own flags (``predict MODEL -- <flags>``) and where kvwatch's
+    fraction and block flags land."""
 
-    @property
-    def log(self) -> LogDialect: ...
+    table: tuple[Flag, ...]
+    # (--gpu-memory-utilization, --mem-fraction-static, --block-size) -> Deployment fields;
+    # ConfigError for the other engine's fraction flag.
+    deployment_fields: Callable[[float | None, float | None, int | None], dict[str, DeploymentValue]]
 
-    @property
-    def metrics(self) -> MetricsDialect: ...
+    def read(self, argv: Sequence[str]) -> FlagReading:
+        """Deployment fields of an argv in the engine's spelling, and the flags kvwatch ignores."""
+        return read_flags(argv, self.table)
 
-    @property
-    def known_versions(self) -> tuple[str, str]:
-        """The oldest and newest release kvwatch knows, e.g. ('0.3', '0.33')."""
-        ...
 
-    @property
-    def fraction_setting(self) -> str:
-        """The EngineSettings field of the memory fraction its budget uses."""
-        ...
-
-    @property
-    def fraction_label(self) -> str:
-        """How ``predict`` names the budget the fraction leaves (e.g. 'requested (util)')."""
-        ...
-
-    @property
-    def overhead_label(self) -> str:
-        """How ``predict`` names everything between the usable budget and weights + KV."""
-        ...
+class Capacity(Protocol):
+    """The engine's budget arithmetic before launch: bytes per token, the pool, the prediction."""
 
     def default_block_size(self, model: ModelGeometry | None) -> int | None:
         """Tokens per block when the log did not print it (None: the engine has no fixed default)."""
@@ -163,6 +155,10 @@ class Engine(Protocol):
     ) -> int | None:
         """Tokens of a pool whose buffers the engine printed in bytes (None: it prints no such figure)."""
         ...
+
+
+class ObservedBudget(Protocol):
+    """The budget the engine printed, read back: rebuilt, compared with a prediction, its lever."""
 
     def observed_budget(
         self,
@@ -198,13 +194,69 @@ class Engine(Protocol):
         """What raising the memory fraction from ``fraction`` to ``new`` makes of the observed budget."""
         ...
 
-    @property
-    def flags(self) -> Sequence[Flag]:
-        """The engine's own command-line flags that move the pool (``predict MODEL -- <flags>``)."""
-        ...
 
-    def deployment_flags(
-        self, utilization: float | None, static_fraction: float | None, block_size: int | None
-    ) -> dict[str, DeploymentValue]:
-        """Deployment fields of ``predict``'s fraction and block flags; ConfigError for another engine's."""
-        ...
+@dataclass(eq=False)
+class Engine:
+    """One serving engine: its parts, the heavy ones built on first use by the ``build_*`` loaders.
+
+    Built parts are cached on the object (tests may replace one with ``monkeypatch.setattr``).
+    """
+
+    name: EngineName
+    labels: Labels
+    # The oldest and newest release kvwatch knows, e.g. ('0.3', '0.33').
+    known_versions: tuple[str, str]
+    flags: EngineFlags
+    # The log table's anchor words (engines/<e>/anchors.py): the pre-filter of a source whose engine
+    # is not known yet, known without building the log dialect.
+    anchors: tuple[str, ...]
+    # Phrases this engine prints in some release and the other engines never do (detection).
+    phrases: tuple[str, ...]
+    build_log: Callable[[], LogDialect] = field(repr=False)
+    build_metrics: Callable[[], MetricsDialect] = field(repr=False)
+    build_capacity: Callable[[], Capacity] = field(repr=False)
+    build_observed: Callable[[], ObservedBudget] = field(repr=False)
+
+    @functools.cached_property
+    def log(self) -> LogDialect:
+        return self.build_log()
+
+    @functools.cached_property
+    def metrics(self) -> MetricsDialect:
+        return self.build_metrics()
+
+    @functools.cached_property
+    def capacity(self) -> Capacity:
+        return self.build_capacity()
+
+    @functools.cached_property
+    def observed(self) -> ObservedBudget:
+        return self.build_observed()
+
+    def check_version(self, version: str | None) -> None:
+        """ConfigError unless ``version`` (a user's --engine-version; None = newest) is a release
+        of this engine kvwatch knows, naming the range it knows."""
+        if version is None:
+            return
+        label = self.labels.display
+        oldest, newest = self.known_versions
+        known = f"kvwatch knows {label} {oldest} to {newest}"
+        parsed = version_tuple(version)
+        text = version.strip().lstrip("v")
+        if (
+            parsed is None
+            or len(text) > 40  # (first: the pattern below is quadratic in a long near miss)
+            or not re.fullmatch(r"[0-9]+(\.[0-9]+)*([.+-]?[A-Za-z0-9.+-]*)?", text)
+        ):
+            raise ConfigError(f"engine version {version!r} is not a version number ({known})")
+        low, high = version_tuple(oldest), version_tuple(newest)
+        assert low is not None and high is not None
+        # A release newer than any kvwatch has read is predicted with the newest rules it knows,
+        # and the prediction says so (capacity/envelope.py widens its band); a jump of two majors
+        # is a typo.
+        newer = parsed[: len(high)] > high and parsed[0] <= high[0] + 1
+        if not newer and not low <= parsed[: len(high)] <= high and parsed[: len(low)] != low:
+            raise ConfigError(
+                f"{label} {version} is not a release kvwatch knows ({label} {oldest} to {newest}); "
+                "omit --engine-version for the newest"
+            )

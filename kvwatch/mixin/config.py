@@ -42,8 +42,15 @@ INHIBIT_RANK: tuple[str, ...] = (*INHIBIT_SOURCE, "dp_rank")
 GAP_RATIO: dict[str, float] = {"config": 0.10, "engine_budget": 0.02}
 # Where kvwatch exports the prediction's expected error (kvwatch_kv_pool_prediction_error_ratio, the
 # a-priori model's band), the config-basis tolerance is this many times it, never under the floor;
-# GAP_RATIO is then the fallback for a prediction without a band.
-GAP_ERROR_MULTIPLE = 3.0
+# GAP_RATIO is then the fallback for a prediction without a band. The band is already an ~85 %
+# out-of-sample interval (bench/accuracy_loso.py QUANTILE, widened per uncovered condition), so the
+# multiple only needs room past it. `make accuracy` (2026-12-02), 66 real startups predicted out of
+# sample: |gap| / band is at most 0.89 on 65 of them (95th percentile 0.85) and 2.78 on one, a
+# Gemma-4 on an A100 whose vision-tower band the GB10 Gemma-4 startups narrow to 1.4 %. 1.5 pages
+# that one healthy startup (1 of 66) and leaves 1.7x room over the others; its median tolerance is
+# 10.5 % of the pool. 3.0 paged none but tolerated 21 % at the median -- a real gap of 10-20 % (8 GiB
+# of an 80 GiB card held by another process) went unpaged; 1.0 pages the same one with 12 % room.
+GAP_ERROR_MULTIPLE = 1.5
 GAP_RATIO_FLOOR: dict[str, float] = {"config": 0.02}
 # vLLM's usage is block-granular and runs high under load by design; only a sustained 95 % matters.
 USAGE_RATIO_FULL = 0.95

@@ -11,6 +11,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.budget import Budget, Contribution
 from kvwatch.core.kinds import EngineName
 from kvwatch.core.units import GiB
+from kvwatch.engines import registry
 from kvwatch.sources.pipeline import LinePipeline
 from kvwatch.state.fleet import Fleet
 
@@ -39,7 +40,9 @@ def _start_budget(
     snap = snaps[0]
     spec = gpus.find(card)
     total = spec.total_bytes if spec is not None else None
-    budget = observed_budget(snap.engine, snap.memory, snap.pool, snap.settings, gpu_memory_bytes=total)
+    budget = observed_budget(
+        registry.ENGINES[snap.engine], snap.memory, snap.pool, snap.settings, gpu_memory_bytes=total
+    )
     return pipe.engine, snap.pool.tokens, budget
 
 
@@ -53,7 +56,7 @@ def explain_restart(
     attribution = None
     if kind is not None and healthy is not None and restart is not None:
         attribution = attribute_gap(
-            kind, restart.as_bytes(), healthy.as_bytes(), restart.fraction, healthy.fraction
+            registry.ENGINES[kind], restart.as_bytes(), healthy.as_bytes(), restart.fraction, healthy.fraction
         )
     if attribution is None or not attribution.main_terms() or healthy is None:
         return before, after, "kvwatch cannot split this change by term"

@@ -107,12 +107,15 @@ class MetricsReader(SampleReader):
             by_instance.setdefault(sample.instance, []).append(sample)
         # vLLM's front end sums num_gpu_blocks over the DP engines it serves and repeats the sum in
         # every engine's cache_config_info (v1/engine/utils.py, 0.11): per instance only with one engine.
-        summed = registry.get(engine).metrics.sums_pool_across_instances(samples)
-        other = self._other_resets(engine, stream.other_counters[engine])
+        dialect = registry.ENGINES[engine].metrics  # looked up once per body, carried to each instance
+        summed = dialect.sums_pool_across_instances(samples)
+        other = self._other_resets(engine, dialect, stream.other_counters[engine])
         events: list[Event] = []
         for instance in sorted(by_instance, key=_instance_order):
             chosen = self._one_rank(by_instance[instance])
-            events.extend(self._instance_events(engine, instance, chosen, summed, other.get(instance)))
+            events.extend(
+                self._instance_events(engine, dialect, instance, chosen, summed, other.get(instance))
+            )
         self._bound_memory(samples)
         return tuple(events)
 
@@ -125,10 +128,11 @@ class MetricsReader(SampleReader):
         if len(self.remembered) > _REMEMBERED:
             self.remembered.clear()
 
-    def _other_resets(self, engine: EngineName, current: dict[str, float]) -> dict[str, CounterReset]:
+    def _other_resets(
+        self, engine: EngineName, dialect: MetricsDialect, current: dict[str, float]
+    ) -> dict[str, CounterReset]:
         """Per instance, the first counter kvwatch does not read that went back since the last body."""
         previous, self._other = self._other.get(engine, {}), {engine: current}
-        dialect = registry.get(engine).metrics
         out: dict[str, CounterReset] = {}
         for key in sorted(current.keys() & previous.keys()):
             value, before = current[key], previous[key]
@@ -178,20 +182,21 @@ class MetricsReader(SampleReader):
     def _instance_events(
         self,
         engine: EngineName,
+        dialect: MetricsDialect,
         instance: str,
         by_name: dict[str, list[Sample]],
         summed_blocks: bool,
         other_reset: CounterReset | None,
     ) -> list[Event]:
         events: list[Event] = []
-        reset = self._check_counters(engine, instance, by_name, other_reset)
+        reset = self._check_counters(engine, dialect, instance, by_name, other_reset)
         if reset is not None:
             events.append(reset)
         ident: dict[str, Any] = {"engine": engine, "instance": instance, "origin": "metrics"}
         rank = next((s.rank[0] for group in by_name.values() for s in group if s.rank is not None), None)
         if rank is not None:
             ident["rank"] = rank
-        facts = registry.get(engine).metrics.facts(self, instance, by_name, reset is not None, summed_blocks)
+        facts = dialect.facts(self, instance, by_name, reset is not None, summed_blocks)
         settings, pools, usage, preemption = facts.settings, facts.pools, facts.usage, facts.preemption
         model = self.label(by_name, "model_name")
         if model is not None:
@@ -218,6 +223,7 @@ class MetricsReader(SampleReader):
     def _check_counters(
         self,
         engine: EngineName,
+        dialect: MetricsDialect,
         instance: str,
         by_name: dict[str, list[Sample]],
         other_reset: CounterReset | None,
@@ -226,7 +232,7 @@ class MetricsReader(SampleReader):
         the counters kvwatch does not read, ``other_reset``, when none of those it reads did)."""
         current: dict[tuple[str, str, tuple[tuple[str, str], ...]], float] = {}
         totals = {name for name, group in by_name.items() if any(s.counter for s in group)}
-        cumulative_gauges = registry.get(engine).metrics.cumulative_gauges
+        cumulative_gauges = dialect.cumulative_gauges
         for name, group in by_name.items():
             created = name.endswith("_created") and f"{name[: -len('_created')]}_total" in totals
             cumulative = name in cumulative_gauges

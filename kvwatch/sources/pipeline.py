@@ -80,9 +80,10 @@ class LinePipeline:
             self._set_engine(engine)
 
     def _set_engine(self, engine: EngineName) -> None:
-        dialect = registry.get(engine).log
+        found = registry.ENGINES[engine]
+        dialect = found.log
         self.engine = engine
-        self._anchors = dialect.anchors
+        self._anchors = found.anchors
         self._parser = dialect.parse
         self._fast = dialect.fast_path
 

@@ -19,7 +19,7 @@ from kvwatch.capacity.model import LayerSpec, ModelGeometry, stage_layers
 from kvwatch.capacity.weights import weight_bytes
 from kvwatch.core.units import MiB
 from kvwatch.core.versions import version_tuple
-from kvwatch.engines.sglang import states
+from kvwatch.engines.sglang import releases, states
 
 DEFAULT_PAGE_SIZE = 1
 DSA_PAGE_SIZE = 64
@@ -67,18 +67,14 @@ def gpu_defaults(gpu_mem_mb: float, tp: int, version: str | None = None) -> tupl
     """(chunked_prefill_size, cuda_graph_max_bs) SGLang picks for a card of this size.
 
     Cards under 35 GiB: chunk 2048 and graphs up to 16 (tp < 4) / 80 in 0.5.3-0.5.4 (0.5.4
-    server_args.py:685-697), 24 / 80 in 0.5.6-0.5.19 (0.5.9 server_args.py:953-955), 4096 and
+    server_args.py:685-697), 24 / 80 in 0.5.5-0.5.19 (0.5.9 server_args.py:953-955), 4096 and
     48 / 160 from 0.5.20 (arg_groups/memory_hook.py:100-117 @0.5.20).
     """
-    v = version_tuple(version)
     if gpu_mem_mb < 20 * 1024:
         return 2048, 8
     if gpu_mem_mb < 35 * 1024:
-        if v is not None and v < (0, 5, 5):
-            return 2048, 16 if tp < 4 else 80
-        if v is not None and v < (0, 5, 20):
-            return 2048, 24 if tp < 4 else 80
-        return 4096, 48 if tp < 4 else 160
+        chunked, small_tp, large_tp = releases.SMALL_CARD_DEFAULTS.at(version)
+        return chunked, small_tp if tp < 4 else large_tp
     if gpu_mem_mb < 60 * 1024:
         return 4096, 32 if tp < 4 else 160
     if gpu_mem_mb < 160 * 1024:
@@ -112,13 +108,13 @@ def piecewise_reserved(model: ModelGeometry | None, d: Deployment, chunked: int)
     :1579-1585) (0.5.12.post1 server_args.py:1301-1370; 0.5.23 arg_groups/cuda_graph_hook.py,
     configs/model_config.py:2475-2483)."""
     v = version_tuple(d.engine_version)
-    if v is not None and v < (0, 5, 10):
+    if not releases.PIECEWISE_GRAPHS.at(v):
         return 0.0
     card = gpus.find(d.gpu_name)
     rocm = card is not None and card.vendor != "nvidia"
-    if d.dp_attention and d.dp > 1 and (rocm or (v is not None and v < (0, 5, 23))):
+    if d.dp_attention and d.dp > 1 and (rocm or releases.PIECEWISE_OFF_DP_ATTENTION.at(v)):
         return 0.0
-    if d.pp > 1 or rocm or (d.dcp > 1 and (v is None or v >= (0, 5, 23))):
+    if d.pp > 1 or rocm or (d.dcp > 1 and releases.PIECEWISE_OFF_DCP.at(v)):
         return 0.0
     if model is not None:
         dims = model.dims
@@ -126,7 +122,7 @@ def piecewise_reserved(model: ModelGeometry | None, d: Deployment, chunked: int)
             return 0.0
         if model.architecture.startswith(("Qwen3Next", "DeepseekV4")):
             return 0.0
-        if any(is_dsa(layer) for layer in model.layers) and v is not None and v < (0, 5, 13):
+        if any(is_dsa(layer) for layer in model.layers) and releases.PIECEWISE_OFF_DSA.at(v):
             return 0.0
         if model.is_mla:
             return 1.5 * 1024
@@ -154,21 +150,22 @@ def vlm_factor(model: ModelGeometry | None) -> float:
     return 0.95 * min(max(1 - 0.1 * (layers * hidden**2 / (24 * 1024**2) - 1), 0.8), 1.05)
 
 
-def _table(parallel: int, v: tuple[int, ...]) -> float:
+def _table(parallel: int, v: tuple[int, ...] | None) -> float:
     """0.2.15 - 0.4.7's fraction by parallel size (0.81 at 8 ranks from 0.4, 0.83 before)."""
-    table = ((16, 0.79), (8, 0.81 if v >= (0, 4) else 0.83), (4, 0.85), (2, 0.87), (1, 0.88))
+    table = ((16, 0.79), (8, releases.TABLE_8_RANKS.at(v)), (4, 0.85), (2, 0.87), (1, 0.88))
     return next(f for size, f in table if parallel >= size)
 
 
-def _old_fraction(d: Deployment, v: tuple[int, ...], gpu_mb: float) -> StaticFraction:
+def _old_fraction(d: Deployment, v: tuple[int, ...] | None, gpu_mb: float) -> StaticFraction:
     """Before 0.4.8: the table by TP (0.4.3.post4 server_args.py:203-214); 0.4.6 takes
     (card - 13 GiB) / card above 80 GiB (0.4.6 :224-237); 0.4.7 keeps the table up to 80 GiB, 0.79
     above 180 GB on CUDA and min(f + 48 GiB x (1 - f) / card, (card - 18 GiB) / card) above 96 GiB
     (0.4.7 :253-283; the table counts TP x PP from 0.4.7)."""
-    parallel = d.tp * d.pp if v >= (0, 4, 7) else d.tp
+    parallel = d.tp * d.pp if releases.TABLE_COUNTS_PP.at(v) else d.tp
     value = _table(parallel, v)
     rule = "table by tp"
-    if v >= (0, 4, 7):
+    large = releases.LARGE_CARD_FRACTION.at(v)
+    if large == "share_48_gib":
         if gpu_mb > 81920:
             value = 0.88
         card = gpus.find(d.gpu_name)
@@ -177,7 +174,7 @@ def _old_fraction(d: Deployment, v: tuple[int, ...], gpu_mb: float) -> StaticFra
         elif gpu_mb > 96 * 1024:
             value = min(value + 48 * 1024 * (1 - value) / gpu_mb, (gpu_mb - 18 * 1024) / gpu_mb)
             rule = "48 GiB share above 96 GiB"
-    elif v >= (0, 4, 6) and gpu_mb > 81920:
+    elif large == "minus_13_gib" and gpu_mb > 81920:
         value, rule = (gpu_mb - 13 * 1024) / gpu_mb, "card - 13 GiB above 80 GiB"
     return StaticFraction(value, gpu_mb * (1 - value), d.chunked_prefill_size, d.cuda_graph_max_bs, rule)
 
@@ -189,13 +186,14 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
     gpu_mb = gpu_mem_mib(d)
     if gpu_mb is None:
         # No GPU information: 0.88 up to 0.5.19, 0.95 from 0.5.20 (memory_hook.py:320 @0.5.20).
-        fallback = 0.88 if v is not None and v < (0, 5, 20) else 0.95
+        fallback = releases.NO_GPU_FRACTION.at(v)
         return StaticFraction(
             fallback, 0.0, d.chunked_prefill_size, d.cuda_graph_max_bs, "no GPU memory known"
         )
-    if v is not None and v < (0, 4, 8):
+    formula = releases.FRACTION_FORMULA.at(v)
+    if formula == "table":
         return _old_fraction(d, v, gpu_mb)
-    if v is not None and v < (0, 5, 3):
+    if formula == "reserve_by_card":
         # 0.4.8 - 0.5.2: a reserve by card size, +4 GiB for DP attention (0.4.8.post1
         # server_args.py:287-314; 0.5.2 :452-497), the vision factor from 0.5 (0.5.2 :506).
         if gpu_mb < 35 * 1024:
@@ -209,7 +207,7 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
         if d.dp_attention and d.dp > 1:
             reserved += 4 * 1024
         value = round((gpu_mb - reserved) / gpu_mb, 3)
-        if v >= (0, 5):
+        if releases.RESERVE_VLM_FACTOR.at(v):
             value *= vlm_factor(model)
         return StaticFraction(
             value, reserved, d.chunked_prefill_size, d.cuda_graph_max_bs, "reserve by GPU size"
@@ -242,11 +240,10 @@ def vlm_runtime_factor(model: ModelGeometry, d: Deployment) -> float:
     runner: x 0.95 (0.4.3.post4 model_executor/model_runner.py:235-236), x 0.90 from 0.4.6
     (0.4.6 model_runner.py:307-308; 0.4.8.post1 :414-415); from 0.5 the server-args default does it
     instead."""
-    v = version_tuple(d.engine_version)
     dims = model.dims
-    if v is None or v >= (0, 5) or dims is None or not dims.has_vision_tower:
+    if dims is None or not dims.has_vision_tower:
         return 1.0
-    return 0.90 if v >= (0, 4, 6) else 0.95
+    return releases.VLM_RUNTIME_FACTOR.at(d.engine_version)
 
 
 # model_types whose SGLang attention is built over the attention-TP group (tp_size=attn_tp_size in
@@ -295,9 +292,8 @@ def multimodal_reservation(model: ModelGeometry, d: Deployment) -> int:
     SGLANG_VLM_CACHE_SIZE_MB, 100 by default (mm_runtime_reservation_gb, 0.5.18
     mem_cache/kv_cache_configurator.py:130-147; environ.py:1146), plus the feature-transport pools
     only when --mm-feature-transport is cuda_ipc / cuda_vmm (not the default)."""
-    v = version_tuple(d.engine_version)
     dims = model.dims
-    if dims is None or not dims.has_vision_tower or (v is not None and v < (0, 5, 18)):
+    if dims is None or not dims.has_vision_tower or not releases.MM_RESERVATION.at(d.engine_version):
         return 0
     return 100 * MiB
 
@@ -340,11 +336,11 @@ def layer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int, version: st
     if not is_dsa(layer):
         return layer.head_size_k * elem_bytes + layer.extra_bytes_per_token
     v = version_tuple(version)
-    if elem_bytes == 1 and (v is None or v >= (0, 5, 17)):
+    if elem_bytes == 1 and releases.DSA_FP8_LATENT_CELL.at(v):
         latent = _dsa_fp8_latent(layer)
     else:
         latent = layer.head_size_k * elem_bytes
-    indexer = layer.extra_bytes_per_token if v is None or v >= (0, 5, 4) else 0
+    indexer = layer.extra_bytes_per_token if releases.DSA_INDEXER_CELL.at(v) else 0
     return latent + indexer
 
 
@@ -363,9 +359,8 @@ def buffer_cell(layer: LayerSpec, tp_for_heads: int, elem_bytes: int, version: s
     """
     if not is_dsa(layer):
         return layer_cell(layer, tp_for_heads, elem_bytes, version)
-    v = version_tuple(version)
     latent = _dsa_fp8_latent(layer) if elem_bytes == 1 else layer.head_size_k * elem_bytes
-    indexer = layer.extra_bytes_per_token if v is None or v >= (0, 5, 4) else 0
+    indexer = layer.extra_bytes_per_token if releases.DSA_INDEXER_BUFFER.at(version) else 0
     return latent + indexer
 
 
@@ -454,13 +449,13 @@ def pool(model: ModelGeometry, d: Deployment, elem_bytes: int, available: int) -
         ratio = DEFAULT_SWA_FULL_TOKENS_RATIO
         swa_cell = all_layer_cell_size(model, d, elem_bytes) - cell
         notes.append(f"sliding-window pool holds swa_full_tokens_ratio={ratio} of the full pool's tokens")
-        v = version_tuple(d.engine_version)
+        split = releases.SWA_SPLIT.at(d.engine_version)
         base = available // (cell + swa_cell)
-        if v is not None and v < (0, 5, 9):
+        if split == "layer_counts":
             # set_num_token_hybrid (0.4.10-0.5.8): all-layer tokens shared out by layer counts
             # (0.5.6 model_executor/model_runner.py:1587-1600).
             tokens = int(base * (n_sliding + n_full) / (ratio * n_sliding + n_full))
-        elif v is not None and v < (0, 5, 11):
+        elif split == "byte_shares":
             # 0.5.9-0.5.10: the profiled tokens' bytes shared out by bytes per token
             # (0.5.9 model_executor/model_runner_kv_cache_mixin.py:297-330).
             tokens = int(base * (cell + swa_cell) / (cell + ratio * swa_cell))

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from kvwatch.engines.sglang import releases
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -44,7 +46,7 @@ def current() -> Calibration:
 
 def context_bytes(calibration: Calibration, version: tuple[int, ...] | None) -> int:
     """The memory in use before the weights load for this release (no release: the newest's)."""
-    gib = calibration.context_gib_04 if version is not None and version < (0, 5) else calibration.context_gib
+    gib = calibration.context_gib_04 if releases.CONTEXT_04.at(version) else calibration.context_gib
     return int(gib * 1024**3)
 
 

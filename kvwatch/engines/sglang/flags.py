@@ -6,7 +6,13 @@ Only flags that move the KV pool are read; every other one is listed as ignored.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from kvwatch.core.errors import ConfigError
 from kvwatch.engines.flags import Flag, human_int, positive_int, text
+
+if TYPE_CHECKING:
+    from kvwatch.capacity.deployment import DeploymentValue
 
 
 def _static_fraction(value: str) -> float:
@@ -33,3 +39,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--quantization",), "quantization", text),
     Flag(("--disable-cuda-graph",), "enforce_eager", switch=True),
 )
+
+
+def deployment_fields(
+    utilization: float | None, static_fraction: float | None, block_size: int | None
+) -> dict[str, DeploymentValue]:
+    """kvwatch's own --mem-fraction-static and --block-size (SGLang's page size) as Deployment fields."""
+    if utilization is not None:
+        raise ConfigError("--gpu-memory-utilization is a vLLM setting; use --mem-fraction-static with SGLang")
+    return {"mem_fraction_static": static_fraction, "page_size": block_size}

@@ -4,10 +4,20 @@ activations and CUDA graphs (model_runner.py profile_max_num_token)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvwatch.capacity.budget import Budget, Term, TermSource, printed_fraction, putter
+from kvwatch.capacity.budget import (
+    Budget,
+    Contribution,
+    Term,
+    TermSource,
+    printed_fraction,
+    putter,
+    usable_and_weights,
+)
 from kvwatch.capacity.deployment import Deployment
+from kvwatch.engines.base import FractionLever
 from kvwatch.engines.sglang import budget
 
 if TYPE_CHECKING:
@@ -57,3 +67,61 @@ def observed_budget(
     if pre_load is not None and usable is not None and usable.bytes is not None:
         put("activation", pre_load - usable.bytes, "derived", "reserve outside mem_fraction_static")
     return Budget("sglang", frac, frac_source, terms)
+
+
+class SglangObserved:
+    """SGLang's printed budget read back: the ``ObservedBudget`` part of its Engine (engines/base.py)."""
+
+    def observed_budget(
+        self,
+        terms: dict[str, Term],
+        memory: MemoryFacts,
+        pool: PoolFacts,
+        settings: SettingsFacts,
+        total: int | None,
+        kv: int | None,
+    ) -> Budget:
+        return observed_budget(terms, memory, pool, settings, total, kv)
+
+    def budget_terms_for_gap(
+        self, observed_terms: Mapping[str, int | None], settings: SettingsFacts
+    ) -> dict[str, int | None]:
+        return dict(observed_terms)
+
+    def attribute(
+        self,
+        observed_terms: Mapping[str, int | None],
+        predicted: Mapping[str, int | None],
+        observed_fraction: float | None,
+        predicted_fraction: float | None,
+    ) -> list[Contribution]:
+        # kv = (total - non_torch) x f - weights.
+        out: list[Contribution] = []
+        to, tp_ = observed_terms.get("total"), predicted.get("total")
+        no, np_ = observed_terms.get("non_torch"), predicted.get("non_torch")
+        fo, fp = observed_fraction, predicted_fraction
+        split = False
+        if to is not None and tp_ is not None and fp is not None and no is not None and np_ is not None:
+            out.append(Contribution("total", round((to - tp_) * fp), to, tp_))
+            out.append(Contribution("non_torch", round(-(no - np_) * fp), no, np_))
+            if fo is not None:
+                out.append(Contribution("utilisation", round((to - no) * (fo - fp)), fo, fp))
+                split = True
+        return out + usable_and_weights(observed_terms, predicted, split)
+
+    def fraction_lever(
+        self, d: Deployment, observed: Budget, fraction: float, new: float
+    ) -> FractionLever | None:
+        total = observed.get("total")
+        if total is None:
+            return None
+        base = total - (observed.get("non_torch") or 0)
+        return FractionLever(
+            f"--mem-fraction-static {new}",
+            d.with_(mem_fraction_static=new),
+            int(base * new) - int(base * fraction),
+            "less room for activations and CUDA graphs: risk of CUDA OOM",
+        )
+
+
+OBSERVED = SglangObserved()

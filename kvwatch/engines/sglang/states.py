@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import ModelGeometry
-from kvwatch.core.versions import version_tuple
+from kvwatch.engines.sglang import releases
 
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 # State slots a hybrid model keeps while its radix cache is off and --max-running-requests is not set.
@@ -34,9 +34,8 @@ def state_slots_dp(model: ModelGeometry, d: Deployment) -> int:
     0.5.2-0.5.3 do not divide (0.5.2 model_runner.py:308-325), a Mamba2 model is not divided, and
     from 0.5.9 only an explicit --max-mamba-cache-size or --max-running-requests is, not the ratio's
     count (0.5.9 model_runner_kv_cache_mixin.py:172-203; 0.5.23 kv_cache_configurator.py:3303-3345)."""
-    v = version_tuple(d.engine_version)
     gdn = any(layer.kind == "linear" for layer in model.layers)
-    if not (d.dp_attention and d.dp > 1 and gdn and v is not None and (0, 5, 4) <= v < (0, 5, 9)):
+    if not (d.dp_attention and d.dp > 1 and gdn and releases.STATE_SLOTS_DP_DIVIDED.at(d.engine_version)):
         return 1
     return d.dp
 
@@ -47,9 +46,9 @@ def kv_bytes_beside_states(model: ModelGeometry, d: Deployment, available: int) 
     exact = True
     state_budget = available * ratio / (1 + ratio)
     per_req = state_bytes_per_request(model, d)
-    v = version_tuple(d.engine_version)
+    v = d.engine_version
     mamba2 = any(layer.kind == "mamba" for layer in model.layers)
-    fixed = v is not None and (v < (0, 5, 4) or (mamba2 and v < (0, 5, 9)))
+    fixed = releases.FIXED_STATE_SLOTS.at(v) or (mamba2 and releases.MAMBA2_FIXED_STATE_SLOTS.at(v))
     dp = state_slots_dp(model, d)
     if per_req and fixed:
         # Without the radix cache the state is a fixed max_mamba_cache_size of slots:
@@ -66,7 +65,7 @@ def kv_bytes_beside_states(model: ModelGeometry, d: Deployment, available: int) 
         # (state_slots_dp); from 0.5.17 one more slot for the pool's padding (0.5.9
         # model_runner_kv_cache_mixin.py:151-210; 0.5.17 kv_cache_configurator.py:1911/1978;
         # 0.5.23 :3368-3409). The KV cache gets the rest.
-        if v is None or v >= (0, 5, 17):
+        if releases.STATE_PADDING_SLOT.at(v):
             slots = max(int((state_budget - per_req) // per_req), 0) + 1
         else:
             slots = int(state_budget // per_req) // dp

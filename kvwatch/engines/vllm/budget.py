@@ -4,7 +4,7 @@ Mirrors vllm/v1/worker/gpu_worker.py (requested = total x gpu_memory_utilization
 profiled non-KV memory and, from 0.21, the CUDA-graph estimate) and vllm/v1/core/kv_cache_utils.py
 (KV cache groups, ``num_blocks = available // page_size // num_layers``, the token count and
 max concurrency it logs, the 'To serve at least one request' check and estimate_max_model_len).
-Version differences that change a number are keyed on the engine version; None means newest.
+Version differences that change a number are rows of releases.py; None means newest.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, ceil_div, stage_layers
-from kvwatch.core.versions import version_tuple
+from kvwatch.engines.vllm import releases
 
 DEFAULT_BLOCK_SIZE = 16
 # MLA backends force their own block size (FlashMLA 64; vllm/platforms/cuda.py).
@@ -34,8 +34,7 @@ def logs_tokens_from_concurrency(version: str | None) -> bool:
     kv_cache_utils.py:1694-1711, 0.19.0 :1302-1319): num_blocks // len(groups) x min block size,
     times dcp x pcp. 0.20.0 still has the old formula: the change is not "0.20+".
     """
-    v = version_tuple(version)
-    return v is None or v >= (0, 20, 1)
+    return releases.TOKENS_FROM_CONCURRENCY.at(version)
 
 
 def max_concurrent_batches(d: Deployment) -> int:
@@ -44,10 +43,9 @@ def max_concurrent_batches(d: Deployment) -> int:
     keeps pp and the V2 runner pp + 1 -- V2 is the default for every model in 0.29-0.30 and PP with
     async scheduling falls back to V1 from 0.31 (0.31.0 config/vllm.py:3124). 0.26-0.28 run dense
     models on V2 too (pp + 1 there); taken as V1 (pp) here."""
-    v = version_tuple(d.engine_version)
     if d.pp <= 1:
         return 2
-    if v is not None and (0, 29) <= v[:2] < (0, 31):
+    if releases.V2_RUNNER_PP.at(d.engine_version):
         return d.pp + 1
     return d.pp
 
@@ -62,16 +60,14 @@ def in_flight_tokens(d: Deployment, max_num_batched_tokens: int) -> int:
     max_num_batched_tokens alone. It changes the blocks one request takes (concurrency, the logged
     token count, the fit check), not the pool.
     """
-    v = version_tuple(d.engine_version)
-    if v is not None and v < (0, 26):
+    if not releases.IN_FLIGHT_BATCHES.at(d.engine_version):
         return max_num_batched_tokens
     return max_concurrent_batches(d) * max_num_batched_tokens
 
 
 def hybrid_manager(d: Deployment) -> bool:
     """Whether sliding-window layers get their own KV groups (the hybrid allocator, 0.9.2+, unless disabled)."""
-    v = version_tuple(d.engine_version)
-    return d.hybrid_kv_cache_manager and (v is None or v >= (0, 9, 2))
+    return d.hybrid_kv_cache_manager and releases.HYBRID_ALLOCATOR.at(d.engine_version)
 
 
 def largest_type_ratio(version: str | None) -> float | None:
@@ -79,12 +75,7 @@ def largest_type_ratio(version: str | None) -> float | None:
     multiple of the smaller's (else the smaller's): none up to 0.11 (0.11.0 kv_cache_utils.py:977 takes
     the min), 1.25 in 0.12-0.17 (0.12.0 :1017, 0.17.0 :1043), 1.5 from 0.18 (0.18.0 :1043,
     0.21.0 :1139)."""
-    v = version_tuple(version)
-    if v is not None and v < (0, 12):
-        return None
-    if v is not None and v < (0, 18):
-        return 1.25
-    return 1.5
+    return releases.LARGEST_TYPE_RATIO.at(version)
 
 
 @dataclass(frozen=True)
@@ -163,8 +154,7 @@ def state_blocks_per_request(d: Deployment) -> int:
     """Blocks a state layer's group takes per request: 2 in mamba_cache_mode 'align', which prefix
     caching (on by default) selects from 0.21 (0.21.0 model_executor/models/config.py:357-377; 0.33.0
     :763-771); 1 before."""
-    v = version_tuple(d.engine_version)
-    return 1 if v is not None and v < (0, 21) else 2
+    return releases.MAMBA_BLOCKS_PER_REQUEST.at(d.engine_version)
 
 
 def state_block(model: ModelGeometry, d: Deployment, elem_bytes: int, block: int) -> tuple[int, int] | None:
@@ -331,12 +321,7 @@ def needed_rule(version: str | None) -> str:
     'groups' (0.19+): group_size x page x the blocks summed over the groups, padding included, per
     worker (0.19.0 :1332-1367; 0.29.0 :2041-2070 is the same sum over bytes_per_block).
     """
-    v = version_tuple(version)
-    if v is not None and v < (0, 14):
-        return "layers"
-    if v is not None and v < (0, 19):
-        return "first_group"
-    return "groups"
+    return releases.NEEDED_RULE.at(version)
 
 
 def _stage_needed(specs: list[Spec], d: Deployment, block: int, model_len: int, mnbt: int, rule: str) -> int:
@@ -362,8 +347,7 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     block = block_size_for(model, d)
     rule = needed_rule(d.engine_version)
     mnbt = in_flight_tokens(d, mnbt)
-    v = version_tuple(d.engine_version)
-    global_groups = v is not None and (0, 14) <= v < (0, 17)
+    global_groups = releases.GLOBAL_GROUPS_CHECK.at(d.engine_version)
     stages = [list(model.layers)] if global_groups else stage_layers(model.layers, d.pp)
     worst = 0
     for stage in stages:
@@ -397,8 +381,7 @@ def holds_back_null_block(version: str | None) -> bool:
     (0.29.0 v1/core/kv_cache_utils.py:975-989 check_enough_kv_cache_memory, :2316-2336
     get_kv_cache_configs; 0.33.0 v1/core/kv_cache_planning.py:170-181, :1533-1555). 0.28.0
     (kv_cache_utils.py:2193) checks the whole budget."""
-    v = version_tuple(version)
-    return v is None or v >= (0, 29)
+    return releases.NULL_BLOCK_HELD_BACK.at(version)
 
 
 def check_bytes(pool: VllmPool, available: int, version: str | None) -> int:

@@ -60,9 +60,9 @@ FITTED = Calibration(
     non_torch_tp1_old_gib=0.13,
     non_torch_tp_old_gib=0.545,
     non_torch_v0_gib=0.35,
-    graphs_base_gib=0.1566,
-    graphs_per_layer_gib=0.02028,
-    graphs_moe_gib=0.03739,
+    graphs_base_gib=0.1389,
+    graphs_per_layer_gib=0.0208,
+    graphs_moe_gib=-0.05833,
 )
 CASES: dict[str, str] = {
     "forward_h": "llm-d-incubation/llm-d-planner (3)",
@@ -76,9 +76,9 @@ CASES: dict[str, str] = {
     "non_torch_tp1_old_gib": "llm-d/llm-d-benchmark (6), release-sweep (3)",
     "non_torch_tp_old_gib": "llm-d/llm-d-benchmark (2)",
     "non_torch_v0_gib": "vllm-project/vllm#10517 (2)",
-    "graphs_base_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",
-    "graphs_per_layer_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",
-    "graphs_moe_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34)",
+    "graphs_base_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34), sostrowsk/dgx-spark-local-llm (3)",
+    "graphs_per_layer_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34), sostrowsk/dgx-spark-local-llm (3)",
+    "graphs_moe_gib": "NnamdiOdozi/mlops-assignment (1), llm-d-incubation/llm-d-planner (34), sostrowsk/dgx-spark-local-llm (3)",
 }
 # --- fitted: end
 

@@ -6,7 +6,13 @@ vLLM's argparse reads them (``32k`` = 32,000, ``32K`` = 32,768; human_readable_i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from kvwatch.core.errors import ConfigError
 from kvwatch.engines.flags import Flag, fraction, human_int, positive_int, text
+
+if TYPE_CHECKING:
+    from kvwatch.capacity.deployment import DeploymentValue
 
 
 def _kv_memory(value: str) -> int:
@@ -37,3 +43,14 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(("--kv-cache-memory", "--kv-cache-memory-bytes"), "available_kv_bytes", _kv_memory),
 )
+
+
+def deployment_fields(
+    utilization: float | None, static_fraction: float | None, block_size: int | None
+) -> dict[str, DeploymentValue]:
+    """kvwatch's own --gpu-memory-utilization and --block-size as Deployment fields."""
+    if static_fraction is not None:
+        raise ConfigError(
+            "--mem-fraction-static is an SGLang setting; use --gpu-memory-utilization with vLLM"
+        )
+    return {"gpu_memory_utilization": utilization, "block_size": block_size}

@@ -4,8 +4,9 @@ Input is a message body with every prefix already removed (see kvwatch/parsers/p
 and the versions that print them are catalogued in docs/parse.md and the vLLM formats reference;
 each pattern quotes one real line. ``parse`` walks one table of (anchor, handler): the first row
 whose anchor is in the body and whose handler answers (a handler answers None for a line that is
-not its own) decides, and ``ANCHORS`` -- the pipeline's cheap pre-filter -- is derived from that table. Settings
-lines live in settings.py, the stats-line fast path in fastpath.py.
+not its own) decides; each row's anchor is a word of anchors.py (``ANCHORS``, the pipeline's cheap
+pre-filter, declared once there). Settings lines live in settings.py, the stats-line fast path in
+fastpath.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from kvwatch.core.events import (
     UsageSample,
 )
 from kvwatch.engines.vllm import failures, settings
+from kvwatch.engines.vllm.anchors import ANCHORS as ANCHORS  # (re-exported: the table's words)
+from kvwatch.engines.vllm.anchors import Anchor
 from kvwatch.engines.vllm.common import INT, NUM, gib, ident, ratio, to_int
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
@@ -431,7 +434,7 @@ Handler = Callable[[str, LineMeta], "tuple[Event, ...] | None"]
 # (anchor, handler) in the order the rows are tried: of two rows that would both answer a line, the
 # earlier wins ('KV cache' lines mention blocks; settings lines mention everything). A new line is
 # one row (its anchor may repeat an earlier row's): every row before it answers None for it.
-_TABLE: tuple[tuple[str, Handler], ...] = (
+_TABLE: tuple[tuple[Anchor, Handler], ...] = (
     ("KV cache", _stats_line),
     ("KV cache", _kv_size),
     ("KV cache", _auto_fit),
@@ -460,8 +463,10 @@ _TABLE: tuple[tuple[str, Handler], ...] = (
     ("headless", settings.settings_line),
 )
 
-ANCHORS: tuple[str, ...] = tuple(dict.fromkeys(anchor for anchor, _ in _TABLE))
-"""Substrings at least one of which every line ``parse`` claims contains (cheap pre-filter)."""
+# Each row's anchor is an ``Anchor`` (anchors.py, the one declaration; mypy refuses another word);
+# a declared word no row uses is refused here, so ``ANCHORS`` is exactly the table's words.
+if set(ANCHORS) != {anchor for anchor, _ in _TABLE}:  # pragma: no cover - fails every test at import
+    raise RuntimeError(f"anchors.py declares words no row uses: {set(ANCHORS) - {a for a, _ in _TABLE}}")
 
 
 def parse(body: str, meta: LineMeta) -> tuple[Event, ...]:

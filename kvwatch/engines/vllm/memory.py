@@ -24,22 +24,34 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.core.units import GiB, MiB
-from kvwatch.core.versions import version_tuple
-from kvwatch.engines.vllm import calibration
+from kvwatch.engines.vllm import calibration, releases
 
 # --- engine defaults -----------------------------------------------------------------------------
 
 
 def default_utilization(version: str | None) -> float:
     """0.90 up to 0.19 (config/cache.py:41), 0.92 from 0.20 (0.20.0 config/cache.py:66)."""
-    v = version_tuple(version)
-    return 0.9 if v is not None and v < (0, 20) else 0.92
+    return releases.UTILIZATION_DEFAULT.at(version)
 
 
 def is_v1(version: str | None) -> bool:
     """V1 is the default engine from 0.8.0 (V0 before; VLLM_USE_V1=0 is not modelled)."""
-    v = version_tuple(version)
-    return v is None or v >= (0, 8)
+    return releases.V1_ENGINE.at(version)
+
+
+def runs_v0(d: Deployment) -> bool:
+    """Whether the deployment runs the V0 engine: every release before 0.8, and 0.8.0-0.9.0 at PP >= 2.
+
+    The V1 oracle falls back to V0 for pipeline parallelism unless the executor backend is one it
+    names, and the default backend (None) is not among them: 'ray' only in 0.8.5
+    (engine/arg_utils.py:1476-1482), 'ray'/'mp'/'external_launcher' in 0.9.0 (:1378-1384); 0.9.1
+    adds the default (ParallelConfig.distributed_executor_backend, :1434-1440; 0.10.0 :1439-1445).
+    kvwatch models the default backend.
+    """
+    if not is_v1(d.engine_version):
+        return True
+    # No release given means the newest, which runs V1 at any PP.
+    return d.pp >= 2 and d.engine_version is not None and releases.V0_AT_PP.at(d.engine_version)
 
 
 def default_batch_limits(
@@ -55,10 +67,11 @@ def default_batch_limits(
     SchedulerConfig).
     """
     if not is_v1(version):
-        return 256, max(max_model_len, 2048)
-    v = version_tuple(version)
+        # Beyond 32K tokens V0 turns chunked prefill on by default, which schedules 2048 tokens
+        # (0.6.4 engine/arg_utils.py:995-1020, 0.8.5 :1504-1533; 0.8.5 config.py:1968-1978).
+        return 256, 2048 if max_model_len > 32768 else max(max_model_len, 2048)
     total = total_bytes or 0
-    big = v is None or v[:2] == (0, 20) or v >= (0, 28)
+    big = releases.BIG_CARD_TOKENS.at(version)
     if total >= 160 * GiB and big:
         return 1024, 16384
     if total >= 70 * GiB and "a100" not in (gpu_name or "").lower():
@@ -67,8 +80,10 @@ def default_batch_limits(
 
 
 def batch_limits(d: Deployment, max_model_len: int) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) as given, else as the release resolves them."""
-    seqs, tokens = default_batch_limits(d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len)
+    """(max_num_seqs, max_num_batched_tokens) as given, else as the release resolves them; a V0
+    fallback (runs_v0) takes V0's."""
+    version = "0.7" if runs_v0(d) else d.engine_version
+    seqs, tokens = default_batch_limits(version, d.gpu_memory_bytes, d.gpu_name, max_model_len)
     return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
 
 
@@ -79,13 +94,12 @@ def capture_sizes(
     min(2 x max_num_seqs, cap, max_num_batched_tokens) (config/vllm.py:1349-1353, 1389-1403), cap 512,
     1024 on SM100 from 0.28 (0.28.0 config/vllm.py:1936-1943). From 0.21 max_num_batched_tokens is
     captured too when under the top (0.21.0 :1580), from 0.31 max_num_seqs (0.31.0 :2540)."""
-    v = version_tuple(version)
-    cap = 1024 if sm_major == 10 and (v is None or v >= (0, 28)) else 512
+    cap = releases.SM100_CAPTURE_CAP.at(version) if sm_major == 10 else 512
     top = min(max_num_seqs * 2, cap, max_num_batched_tokens)
     sizes = {s for s in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)) if s <= top}
-    if (v is None or v >= (0, 21)) and max_num_batched_tokens <= top:
+    if releases.CAPTURES_BATCHED_TOKENS.at(version) and max_num_batched_tokens <= top:
         sizes.add(max_num_batched_tokens)
-    if (v is None or v >= (0, 31)) and max_num_seqs <= top:
+    if releases.CAPTURES_MAX_NUM_SEQS.at(version) and max_num_seqs <= top:
         sizes.add(max_num_seqs)
     return len(sizes)
 
@@ -94,14 +108,12 @@ def subtracts_cuda_graphs(version: str | None) -> bool:
     """VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 from 0.20.0 (0.20.0 envs.py:1724; 0.19.0
     envs.py:1654 has "0"): the estimate comes out of the KV budget. The source wins over 0.21's log
     text ("default since v0.21.0")."""
-    v = version_tuple(version)
-    return v is None or v >= (0, 20)
+    return releases.SUBTRACTS_CUDA_GRAPHS.at(version)
 
 
 def estimates_cuda_graphs(version: str | None) -> bool:
     """0.18+ profiles CUDA-graph memory before sizing the pool (gpu_worker.py profile_cudagraph_memory)."""
-    v = version_tuple(version)
-    return v is None or v >= (0, 18)
+    return releases.ESTIMATES_CUDA_GRAPHS.at(version)
 
 
 # --- terms ---------------------------------------------------------------------------------------
@@ -147,14 +159,7 @@ def sampler_path(version: str | None) -> str:
     [SMs, vocab] fp32 buffer (topk_topp_triton.py:1018). 0.21: FlashInfer by default, but
     _dummy_sampler_run also warms forward_native, so the native peak is the larger. V0: its own.
     """
-    v = version_tuple(version)
-    if not is_v1(version):
-        return "v0"
-    if v is not None and v < (0, 12):
-        return "flashinfer"
-    if v is not None and v < (0, 17):
-        return "sort"
-    return "triton"
+    return releases.SAMPLER_PATH.at(version)
 
 
 def activation_dtype_bytes(dims: ModelDims, d: Deployment) -> int:
@@ -174,7 +179,7 @@ def _sampler_bytes(dims: ModelDims, d: Deployment, rows: int, act: int, sms: int
     Logits are full-vocab on every TP rank (logits_processor.py:75-83 all-gathers them), which is
     why activation does not change with TP; an fp32 model's .to(float32) is a no-op (sampler.py:90).
     """
-    path = sampler_path(d.engine_version)
+    path = "v0" if runs_v0(d) else sampler_path(d.engine_version)
     logits16 = 2 if act == 2 else 0
     extra = 0
     if path == "sort":
@@ -217,14 +222,14 @@ def activation(
     received and sent intermediate tensors, 2 x tokens x H (gpu_model_runner.py:5441).
     """
     act = activation_dtype_bytes(dims, d)
-    v1 = is_v1(d.engine_version)
+    v1 = not runs_v0(d)
     rows = min(tokens, max_num_seqs)
     hopper = gpu is None or gpu.sm_major >= 9
     cal = calibration.current()
-    v = version_tuple(d.engine_version)
     # From 0.33 the cuBLAS/cuBLASLt handles and their workspace exist before the init snapshot
     # (0.33.0 v1/worker/gpu_worker.py:520-529): baseline, not profile memory.
-    cublas = 0 if v is None or v >= (0, 33) else (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE)
+    in_baseline = releases.CUBLAS_IN_BASELINE.at(d.engine_version)
+    cublas = 0 if in_baseline else (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE)
     persistent = cublas + int(cal.small_tensors_gib * GiB)
     persistent += _moe_workspace(dims, d.tp, tokens, act)
     if dims.has_vision_tower:
@@ -253,8 +258,7 @@ def non_torch(d: Deployment) -> Term:
     NCCL set-up already sits in the init snapshot. Values FITTED per release class (calibration.py):
     the allocation behind the ~2 GiB at TP >= 2 is not traced to one line of the source.
     """
-    v = version_tuple(d.engine_version)
-    new = v is None or v >= (0, 18)
+    new = releases.NON_TORCH_WITH_GRAPH_PROFILE.at(d.engine_version)
     cal = calibration.current()
     if d.tp >= 2:
         gib = (
@@ -264,7 +268,7 @@ def non_torch(d: Deployment) -> Term:
         )
     elif d.pp >= 2:
         gib = cal.non_torch_pp_gib
-    elif not is_v1(d.engine_version):
+    elif runs_v0(d):
         gib = cal.non_torch_v0_gib
     else:
         gib = cal.non_torch_tp1_gib if new else cal.non_torch_tp1_old_gib

@@ -4,14 +4,25 @@ one term a release did not print (vllm/v1/worker/gpu_worker.py determine_availab
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvwatch.capacity.budget import Budget, Term, TermSource, printed_fraction, putter
+from kvwatch.capacity.budget import (
+    Budget,
+    Contribution,
+    Term,
+    TermSource,
+    printed_fraction,
+    putter,
+    usable_and_weights,
+)
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.engines.base import FractionLever
 from kvwatch.engines.vllm import budget
 from kvwatch.engines.vllm import memory as terms_model
 
 if TYPE_CHECKING:
-    from kvwatch.state.facts import MemoryFacts, SettingsFacts
+    from kvwatch.state.facts import MemoryFacts, PoolFacts, SettingsFacts
 
 
 def graphs_in_budget(version: str | None) -> bool:
@@ -46,3 +57,68 @@ def observed_budget(
             "usable - weights - KV - printed terms: the profiled peak and whatever the log did not print",
         )
     return Budget("vllm", frac, frac_source, terms)
+
+
+class VllmObserved:
+    """vLLM's printed budget read back: the ``ObservedBudget`` part of its Engine (engines/base.py)."""
+
+    def observed_budget(
+        self,
+        terms: dict[str, Term],
+        memory: MemoryFacts,
+        pool: PoolFacts,
+        settings: SettingsFacts,
+        total: int | None,
+        kv: int | None,
+    ) -> Budget:
+        return observed_budget(terms, memory, settings, total, kv)
+
+    def budget_terms_for_gap(
+        self, observed_terms: Mapping[str, int | None], settings: SettingsFacts
+    ) -> dict[str, int | None]:
+        out = dict(observed_terms)
+        if not graphs_in_budget(settings.version):
+            # Captured after the pool was sized: printed, but not part of this budget.
+            out["cuda_graphs"] = None
+        return out
+
+    def attribute(
+        self,
+        observed_terms: Mapping[str, int | None],
+        predicted: Mapping[str, int | None],
+        observed_fraction: float | None,
+        predicted_fraction: float | None,
+    ) -> list[Contribution]:
+        # kv = total x f - weights - (activation + non-torch + CUDA graphs); the last three are one
+        # term because kvwatch predicts them as one allowance.
+        out: list[Contribution] = []
+        to, tp_ = observed_terms.get("total"), predicted.get("total")
+        fo, fp = observed_fraction, predicted_fraction
+        split = to is not None and tp_ is not None and fp is not None and fo is not None
+        if to is not None and tp_ is not None and fp is not None and fo is not None:
+            out.append(Contribution("total", round((to - tp_) * fp), to, tp_))
+            out.append(Contribution("utilisation", round(to * (fo - fp)), fo, fp))
+        out += usable_and_weights(observed_terms, predicted, split)
+        ao, ap = observed_terms.get("activation"), predicted.get("activation")
+        if ao is not None and ap is not None:
+            oa = ao + (observed_terms.get("non_torch") or 0) + (observed_terms.get("cuda_graphs") or 0)
+            pa = ap + (predicted.get("non_torch") or 0) + (predicted.get("cuda_graphs") or 0)
+            out.append(Contribution("activation", -(oa - pa), oa, pa))
+        return out
+
+    def fraction_lever(
+        self, d: Deployment, observed: Budget, fraction: float, new: float
+    ) -> FractionLever | None:
+        total = observed.get("total")
+        if total is None:
+            return None
+        extra = budget.requested_bytes(total, new) - budget.requested_bytes(total, fraction)
+        return FractionLever(
+            f"--gpu-memory-utilization {new}",
+            d.with_(gpu_memory_utilization=new),
+            extra,
+            "less room for activations: risk of CUDA OOM at large prefills",
+        )
+
+
+OBSERVED = VllmObserved()

@@ -18,7 +18,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weight_bytes
 from kvwatch.core.units import GiB, format_bytes
-from kvwatch.engines.vllm import budget, memory, weights
+from kvwatch.engines.vllm import budget, memory, releases, weights
 from kvwatch.engines.vllm.envelope import CURRENT
 
 # Error band of a card total: measured in a log, estimated from nvidia-smi, or given by the user.
@@ -96,7 +96,8 @@ def _terms(
         inputs["activation"] = "estimated"
         notes.append(
             f"activation peak: the profile run modelled ({stage_act[-1].note} pass; max_num_seqs {seqs}, "
-            f"max_num_batched_tokens {tokens}, sampler path {memory.sampler_path(d.engine_version)})"
+            f"max_num_batched_tokens {tokens}, sampler path "
+            f"{'v0' if memory.runs_v0(d) else memory.sampler_path(d.engine_version)})"
         )
     if d.non_torch_bytes is not None:
         nt = memory.Term(d.non_torch_bytes)
@@ -149,6 +150,15 @@ def _terms(
         band,
         notes,
     )
+
+
+def _v0_max_seq_len(plan: budget.VllmPool, d: Deployment) -> int:
+    """V0's own check (worker/worker.py raise_if_cache_size_invalid): no blocks is 'No available
+    memory', and max_model_len must fit in block_size x the blocks of one virtual engine. From 0.8
+    the check divides the blocks among the PP virtual engines as each scheduler does (0.8.5
+    worker.py:554-569, core/scheduler.py:452); up to 0.7.3 it counts them all (0.7.3 worker.py:542)."""
+    engines = d.pp if releases.V0_BLOCKS_PER_VIRTUAL_ENGINE.at(d.engine_version) else 1
+    return plan.block_size * (plan.num_blocks // engines)
 
 
 def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
@@ -211,10 +221,23 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     limiting = min(stage_available) if stage_available else available
     # From 0.29 the check and the estimate hold back the null block (budget.check_bytes).
     limiting = budget.check_bytes(plan, limiting, d.engine_version) if limiting > 0 else limiting
-    if limiting <= 0:
+    if memory.runs_v0(d) and memory.is_v1(d.engine_version):
+        assumptions.append(
+            f"engine: V0 (vLLM {d.engine_version} falls back to V0 for PP {d.pp} with the default executor backend)"
+        )
+    v0_tokens = _v0_max_seq_len(plan, d) if memory.runs_v0(d) and limiting > 0 else None
+    if limiting <= 0 or v0_tokens == 0:
         failure = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
         fits = False
         estimated = 0
+    elif v0_tokens is not None:
+        fits = max_model_len <= v0_tokens
+        if not fits:
+            estimated = v0_tokens
+            failure = (
+                f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
+                f"that can be stored in KV cache ({v0_tokens})."
+            )
     elif needed > limiting:
         fits = False
         estimated = budget.estimate_max_model_len(model, d, elem, limiting, max_model_len, mnbt)

@@ -1,0 +1,201 @@
+"""vLLM's release rules: what one release does differently, one named row each.
+
+Every row is a ``Rule`` (core/versions.py) of sides oldest first: ``Side(since, value, source)``,
+``since`` the first release with that value (None: every release before the next side) and
+``source`` the engine file:line it was read from (``pip download vllm==X --no-deps --no-binary
+:all:``). ``RULE.at(version)`` is the value for a release; None -- no release given or printed --
+and any release newer than the last side take the newest. memory.py and budget.py read these rows
+instead of comparing versions themselves; tests/test_releases.py checks every row cites its
+source and that its sides run in release order inside the releases kvwatch knows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from kvwatch.core.versions import Rule, Side
+
+SamplerPath = Literal["v0", "flashinfer", "sort", "triton"]
+NeededRule = Literal["layers", "first_group", "groups"]
+
+# --- engine defaults (memory.py) -----------------------------------------------------------------
+
+UTILIZATION_DEFAULT: Rule[float] = Rule(
+    "utilization_default",
+    "--gpu-memory-utilization when none is given",
+    Side(None, 0.90, "0.19.0 config/cache.py:41"),
+    Side("0.20", 0.92, "0.20.0 config/cache.py:66"),
+)
+V1_ENGINE: Rule[bool] = Rule(
+    "v1_engine",
+    "the V1 engine (scheduler, profile run, sampler) is the default; VLLM_USE_V1=0 is not modelled",
+    Side(None, False, "0.7.3 envs.py VLLM_USE_V1 (default 0)"),
+    Side("0.8", True, "0.8.0 envs.py VLLM_USE_V1 (default 1)"),
+)
+V0_AT_PP: Rule[bool] = Rule(
+    "v0_at_pp",
+    "the V1 oracle falls back to V0 at PP >= 2 with the default executor backend (not among those it names)",
+    Side(None, False, "0.7.3 envs.py VLLM_USE_V1 (V0 is the default anyway)"),
+    Side("0.8", True, "0.8.5 engine/arg_utils.py:1476-1482 ('ray' only); 0.9.0 :1378-1384"),
+    Side("0.9.1", False, "0.9.1 engine/arg_utils.py:1434-1440 (the default backend accepted)"),
+)
+V0_BLOCKS_PER_VIRTUAL_ENGINE: Rule[bool] = Rule(
+    "v0_blocks_per_virtual_engine",
+    "V0's max-seq-len check counts the blocks of one PP virtual engine, not of them all",
+    Side(None, False, "0.7.3 worker/worker.py:542"),
+    Side("0.8", True, "0.8.5 worker/worker.py:554-569, core/scheduler.py:452"),
+)
+BIG_CARD_TOKENS: Rule[bool] = Rule(
+    "big_card_tokens",
+    "a card reporting >= 160 GiB gets max_num_batched_tokens 16384 by default (else 8192 / 2048)",
+    Side(None, False, "0.19.0 engine/arg_utils.py:2053-2071"),
+    Side("0.20", True, "0.20.0 engine/arg_utils.py"),
+    Side("0.21", False, "0.21.0 engine/arg_utils.py:2217-2266; 0.27.1 :2515-2544"),
+    Side("0.28", True, "0.28.0 engine/arg_utils.py:2582-2591; 0.33.0 :2973"),
+)
+
+# --- CUDA graphs (memory.py) ---------------------------------------------------------------------
+
+SM100_CAPTURE_CAP: Rule[int] = Rule(
+    "sm100_capture_cap",
+    "the largest CUDA-graph capture size on an SM100 card (512 on every other card)",
+    Side(None, 512, "0.19.0 config/vllm.py:1389-1403"),
+    Side("0.28", 1024, "0.28.0 config/vllm.py:1936-1943"),
+)
+CAPTURES_BATCHED_TOKENS: Rule[bool] = Rule(
+    "captures_batched_tokens",
+    "max_num_batched_tokens is a capture size of its own when under the top size",
+    Side(None, False, "0.19.0 config/vllm.py:1349-1353"),
+    Side("0.21", True, "0.21.0 config/vllm.py:1580"),
+)
+CAPTURES_MAX_NUM_SEQS: Rule[bool] = Rule(
+    "captures_max_num_seqs",
+    "max_num_seqs is a capture size of its own when under the top size",
+    Side(None, False, "0.21.0 config/vllm.py:1580 (max_num_batched_tokens only)"),
+    Side("0.31", True, "0.31.0 config/vllm.py:2540"),
+)
+ESTIMATES_CUDA_GRAPHS: Rule[bool] = Rule(
+    "estimates_cuda_graphs",
+    "the worker profiles CUDA-graph memory before sizing the pool and logs the estimate",
+    Side(None, False, "0.17 v1/worker/gpu_worker.py (no profile_cudagraph_memory)"),
+    Side("0.18", True, "0.18.0 v1/worker/gpu_worker.py profile_cudagraph_memory"),
+)
+SUBTRACTS_CUDA_GRAPHS: Rule[bool] = Rule(
+    "subtracts_cuda_graphs",
+    "the CUDA-graph estimate comes out of the KV budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1)",
+    Side(None, False, "0.19.0 envs.py:1654"),
+    Side("0.20", True, "0.20.0 envs.py:1724"),
+)
+
+# --- the profile run's terms (memory.py) ---------------------------------------------------------
+
+SAMPLER_PATH: Rule[SamplerPath] = Rule(
+    "sampler_path",
+    "the top-k/top-p implementation the profile's dummy sampler run takes on CUDA",
+    Side(None, "v0", "V0 model_executor/layers/sampler.py (before the V1 engine)"),
+    Side("0.8", "flashinfer", "0.11.0 v1/sample/ops/topk_topp_sampler.py:39-50"),
+    Side("0.12", "sort", "0.15.0 v1/sample/ops/topk_topp_sampler.py:262"),
+    Side("0.17", "triton", "0.19.0 v1/sample/ops/topk_topp_sampler.py:251, topk_topp_triton.py:1018"),
+)
+CUBLAS_IN_BASELINE: Rule[bool] = Rule(
+    "cublas_in_baseline",
+    "the cuBLAS/cuBLASLt handles and workspace exist before the init snapshot (baseline, not profile)",
+    Side(None, False, "0.32.0 v1/worker/gpu_worker.py:534 (snapshot before any cuBLAS call)"),
+    Side("0.33", True, "0.33.0 v1/worker/gpu_worker.py:520-529"),
+)
+NON_TORCH_WITH_GRAPH_PROFILE: Rule[bool] = Rule(
+    "non_torch_with_graph_profile",
+    "the CUDA-graph profile runs inside memory_profiling, so the non-torch increase is the larger class",
+    Side(None, False, "0.17 v1/worker/gpu_worker.py (no CUDA-graph profile)"),
+    Side("0.18", True, "0.19.0 v1/worker/gpu_worker.py:366-381"),
+)
+
+# --- blocks, groups, tokens, concurrency (budget.py) ---------------------------------------------
+
+HYBRID_ALLOCATOR: Rule[bool] = Rule(
+    "hybrid_allocator",
+    "sliding-window layers get KV cache groups of their own (the hybrid allocator) unless disabled",
+    Side(None, False, "0.9.1 v1/core/kv_cache_utils.py (one group of full-attention specs)"),
+    Side("0.9.2", True, "0.9.2 v1/core/kv_cache_coordinator.py (HybridKVCacheCoordinator)"),
+)
+LARGEST_TYPE_RATIO: Rule[float | None] = Rule(
+    "largest_type_ratio",
+    "hybrid groups take the larger type's layer count as group size under this multiple of the smaller's",
+    Side(None, None, "0.11.0 v1/core/kv_cache_utils.py:977 (the min)"),
+    Side("0.12", 1.25, "0.12.0 v1/core/kv_cache_utils.py:1017; 0.17.0 :1043"),
+    Side("0.18", 1.5, "0.18.0 v1/core/kv_cache_utils.py:1043; 0.21.0 :1139"),
+)
+TOKENS_FROM_CONCURRENCY: Rule[bool] = Rule(
+    "tokens_from_concurrency",
+    "'GPU KV cache size: N tokens' is int(max_concurrency x max_model_len), not blocks x block size",
+    Side(None, False, "0.20.0 v1/core/kv_cache_utils.py:1694-1711; 0.19.0 :1302-1319"),
+    Side("0.20.1", True, "0.20.1 v1/core/kv_cache_utils.py:1699-1708; 0.21.0 :1701-1710"),
+)
+V2_RUNNER_PP: Rule[bool] = Rule(
+    "v2_runner_pp",
+    "at PP > 1 the V2 model runner keeps pp + 1 batches in flight (V1: pp)",
+    Side(None, False, "0.26.0 config/vllm.py:512-522 (dense models taken as V1)"),
+    Side("0.29", True, "0.29.0 config/vllm.py:559-569, :645 (V2 the default for every model)"),
+    Side("0.31", False, "0.31.0 config/vllm.py:3124 (PP with async scheduling falls back to V1)"),
+)
+IN_FLIGHT_BATCHES: Rule[bool] = Rule(
+    "in_flight_batches",
+    "a sliding-window / chunked layer keeps max_concurrent_batches x max_num_batched_tokens in flight",
+    Side(None, False, "0.25.1 v1/kv_cache_interface.py:561"),
+    Side("0.26", True, "0.26.0 config/vllm.py:525-534, v1/kv_cache_interface.py:584; 0.33.0 :916-940"),
+)
+MAMBA_BLOCKS_PER_REQUEST: Rule[int] = Rule(
+    "mamba_blocks_per_request",
+    "blocks a state layer's group takes per request (mamba_cache_mode 'align' under prefix caching: 2)",
+    Side(None, 1, "0.33.0 v1/kv_cache_interface.py:1135 (mode 'none': 1), the mode before 0.21"),
+    Side("0.21", 2, "0.21.0 model_executor/models/config.py:357-377; 0.33.0 :763-771"),
+)
+NEEDED_RULE: Rule[NeededRule] = Rule(
+    "needed_rule",
+    "how the 'To serve at least one request' check counts the bytes one request needs",
+    Side(None, "layers", "0.13.0 v1/core/kv_cache_utils.py:664, called at :1340"),
+    Side("0.14", "first_group", "0.18.0 v1/core/kv_cache_utils.py:1329-1362"),
+    Side("0.19", "groups", "0.19.0 v1/core/kv_cache_utils.py:1332-1367; 0.29.0 :2041-2070"),
+)
+GLOBAL_GROUPS_CHECK: Rule[bool] = Rule(
+    "global_groups_check",
+    "the fit check runs over the global (all-stage) groups against min(available), not per worker",
+    Side(None, False, "0.13.0 v1/core/kv_cache_utils.py:1340"),
+    Side("0.14", True, "0.16.0 v1/core/kv_cache_utils.py:1514-1527"),
+    Side("0.17", False, "0.18.0 v1/core/kv_cache_utils.py:1570-1579"),
+)
+NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
+    "null_block_held_back",
+    "the fit check and its estimate plan against the budget less the pool's null block",
+    Side(None, False, "0.28.0 v1/core/kv_cache_utils.py:2193"),
+    Side(
+        "0.29",
+        True,
+        "0.29.0 v1/core/kv_cache_utils.py:975-989, :2316-2336; 0.33.0 kv_cache_planning.py:170-181",
+    ),
+)
+
+RULES: tuple[Rule[Any], ...] = (
+    UTILIZATION_DEFAULT,
+    V1_ENGINE,
+    V0_AT_PP,
+    V0_BLOCKS_PER_VIRTUAL_ENGINE,
+    BIG_CARD_TOKENS,
+    SM100_CAPTURE_CAP,
+    CAPTURES_BATCHED_TOKENS,
+    CAPTURES_MAX_NUM_SEQS,
+    ESTIMATES_CUDA_GRAPHS,
+    SUBTRACTS_CUDA_GRAPHS,
+    SAMPLER_PATH,
+    CUBLAS_IN_BASELINE,
+    NON_TORCH_WITH_GRAPH_PROFILE,
+    HYBRID_ALLOCATOR,
+    LARGEST_TYPE_RATIO,
+    TOKENS_FROM_CONCURRENCY,
+    V2_RUNNER_PP,
+    IN_FLIGHT_BATCHES,
+    MAMBA_BLOCKS_PER_REQUEST,
+    NEEDED_RULE,
+    GLOBAL_GROUPS_CHECK,
+    NULL_BLOCK_HELD_BACK,
+)

@@ -1,0 +1,117 @@
+"""Failed starts predicted as the engine fails them (issue 20): each test derives its figures from the
+engine's own check, read in the release's source (cited per test), and checks kvwatch's verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.accuracy_cases import _card
+from kvwatch.analysis.predict import predict
+from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.envelope import card_family
+from kvwatch.capacity.geometry import load_model
+from kvwatch.core.units import GiB
+from kvwatch.engines.vllm import memory
+
+CONFIGS = Path(__file__).parent / "model_configs"
+PUBLIC_CONFIGS = Path(__file__).parent / "apriori" / "public" / "configs"
+# Qwen2.5-32B (QwQ-32B's architecture): 64 layers, 8 KV heads of 128 -> 32 layers a PP-2 stage, a
+# 16-token block of one stage = 16 x 32 x 2 x 8 x 128 x 2 B = 2 MiB.
+QWEN25_32B = PUBLIC_CONFIGS / "Qwen--Qwen2.5-32B.json"
+STAGE_BLOCK = 16 * 32 * 2 * 8 * 128 * 2
+# vllm#14452 (0.8.5, 2 x RTX 5090, PP 2): the smaller stage leaves 14.26 GiB, 7299 blocks.
+BLOCKS = 7299
+
+
+@pytest.mark.parametrize(
+    ("version", "pp", "v0"),
+    [("0.7.3", 1, True), ("0.8.5", 1, False), ("0.8.5", 2, True), ("0.9.0", 2, True), ("0.9.1", 2, False)],
+)
+def test_pipeline_parallel_falls_back_to_v0_until_0_9_1(version: str, pp: int, v0: bool) -> None:
+    """0.8.5 engine/arg_utils.py:1476-1482 and 0.9.0 :1378-1384 fall back to V0 for PP without a
+    named executor backend; 0.9.1 :1434-1440 accepts the default one."""
+    assert memory.runs_v0(Deployment(engine="vllm", engine_version=version, pp=pp)) is v0
+
+
+@pytest.mark.parametrize(
+    ("version", "max_model_len", "fails"),
+    [
+        # 0.8.5 worker.py:563: max_seq_len = 16 x (7299 // 2) = 58,384 < 60,000 (the log's own figure).
+        ("0.8.5", 60000, True),
+        ("0.8.5", 50000, False),  # the same user's run at 50,000 started
+        # 0.7.3 worker.py:542 counts every block: 16 x 7299 = 116,784 >= 60,000.
+        ("0.7.3", 60000, False),
+        # 0.10.0 runs V1: one request of 60,000 tokens needs 60,000 x 32 x 4 KiB = 7.32 GiB per stage.
+        ("0.10.0", 60000, False),
+    ],
+)
+def test_v0_divides_the_blocks_among_pipeline_virtual_engines(
+    version: str, max_model_len: int, fails: bool
+) -> None:
+    m = load_model(QWEN25_32B)
+    d = Deployment(
+        engine="vllm",
+        engine_version=version,
+        pp=2,
+        max_model_len=max_model_len,
+        available_kv_bytes=BLOCKS * STAGE_BLOCK,
+    )
+    p = predict(m, d)
+    assert p.kv_pool_blocks == BLOCKS
+    assert p.fits is not fails
+    assert any("falls back to V0 for PP 2" in a for a in p.assumptions) is (version == "0.8.5")
+    if fails:
+        assert p.failure is not None
+        assert "larger than the maximum number of tokens that can be stored in KV cache (58384)" in p.failure
+        assert p.estimated_max_model_len == 58384
+    else:
+        assert p.failure is None
+
+
+def test_v0_long_context_profiles_a_2048_token_chunk() -> None:
+    """Beyond 32K tokens V0 turns chunked prefill on (0.8.5 engine/arg_utils.py:1504-1533), so the
+    scheduler's default is 2048 tokens (config.py:1968-1978), not max_model_len."""
+    d = Deployment(engine="vllm", engine_version="0.8.5", pp=2, max_model_len=60000)
+    assert memory.batch_limits(d, 60000) == (256, 2048)
+    assert memory.batch_limits(d.with_(max_model_len=20000), 20000) == (256, 20000)
+
+
+def test_float32_dtype_keeps_a_4_byte_kv_cache() -> None:
+    """--kv-cache-dtype auto follows the model dtype (0.21.0 utils/torch_utils.py:396-401
+    kv_cache_dtype_str_to_dtype; V0 0.8.5 worker/cache_engine.py:50-51), so --dtype float32 stores
+    4-byte K and V. llm-d-planner's 0.19.0 Llama-3.1-8B run at --dtype float32 on an H100 logged
+    'Available KV cache memory: 42.8 GiB' and 'GPU KV cache size: 175,296 tokens' (10,956 blocks of
+    16 x 32 layers x 2 x 8 x 128 x 4 B)."""
+    m = load_model(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
+    d = Deployment(
+        engine="vllm", engine_version="0.19.0", max_model_len=8192, available_kv_bytes=int(42.8 * GiB)
+    )
+    p = predict(m, d.with_(dtype="float32"))
+    assert p.bytes_per_token == 32 * 2 * 8 * 128 * 4
+    assert (p.kv_pool_blocks, p.kv_pool_tokens) == (10956, 175_296)
+    # --dtype half on the same checkpoint, and no --dtype at all, keep 2 bytes.
+    assert predict(m, d.with_(dtype="half")).kv_pool_tokens == predict(m, d).kv_pool_tokens == 350_608
+    # A quantised cache ignores --dtype.
+    assert predict(m, d.with_(dtype="float32", kv_cache_dtype="fp8")).bytes_per_token == 32 * 2 * 8 * 128
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "total_gib"),
+    [
+        # CUDA's total on a DGX Spark (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47).
+        ("DGX Spark GB10 (121.6 GiB unified) x1", "GB10-128GB", 121.69),
+        # nvidia-smi's 275,040 MiB less the 480 MiB no log has measured.
+        ("B300 x8", "B300-288GB", (275040 - 480) / 1024),
+        # 288 GiB as AMD counts it, less the same 480 MiB.
+        ("AMD Instinct MI355X x8", "MI355X-288GB", 288 - 480 / 1024),
+        # rocminfo's GPU pool of 16,695,296 KB.
+        ("AMD Radeon RX 9070 XT (16GB, gfx1201) x1", "RX-9070-XT-16GB", 16695296 / 1024**2),
+    ],
+)
+def test_cards_of_the_public_cases_are_catalogued(text: str, name: str, total_gib: float) -> None:
+    got, total, why = _card(text, None)
+    assert (got, why) == (name, None)
+    assert total is not None and abs(total / GiB - total_gib) < 0.005
+    assert card_family(got) == name.rsplit("-", 1)[0].upper()
