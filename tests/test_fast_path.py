@@ -20,6 +20,7 @@ from same_events import identical_events
 
 from kvwatch.core.events import Event, Preemption, UsageSample, event_to_json
 from kvwatch.engines.vllm import fastpath, log
+from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.prefix import strip_prefixes
 from kvwatch.sources.lines import read_blocks
 from kvwatch.sources.pipeline import LinePipeline
@@ -69,19 +70,22 @@ def test_fast_path_equals_general_path_on_every_sample_line() -> None:
     assert answered == len(stats) >= 20
 
 
-def test_builder_matches_model_construct() -> None:
-    values: dict[str, Any] = {
-        "engine": "vllm",
-        "instance": "2",
-        "rank": 1,
-        "ts": "01-02 03:04:05",
-        "running": 4,
-    }
-    built = fastpath._usage_sample(dict(values))
-    constructed = UsageSample.model_construct(**values)
-    assert list(built.__dict__.items()) == list(constructed.__dict__.items())
-    assert built.model_fields_set == constructed.model_fields_set
-    assert (built.__pydantic_extra__, built.__pydantic_private__) == (None, None)
+def test_events_are_fresh_copies_of_their_printers() -> None:
+    """Each event is its own copy of the printer's cached events: nothing one event holds reaches
+    another's, and the cached events keep no line's values."""
+    line = (
+        "INFO 01-02 03:04:05 [loggers.py:123] Engine 001: Avg prompt throughput: 0.0 tokens/s, Avg generation "
+        "throughput: 12.3 tokens/s, Running: 2 reqs, Waiting: 0 reqs, Preemptions: 3, GPU KV cache usage: 1.5%"
+    )
+    first, again = _fast(line), _fast(line)
+    assert first is not None and len(first) == 2
+    identical_events(first, _general(line))
+    assert first is not None and again is not None and first == again
+    for a, b in zip(first, again, strict=True):
+        assert a.__dict__ is not b.__dict__ and a.model_fields_set is not b.model_fields_set
+    usage, preemption = fastpath._printer(b"", b"", b"001", b"")
+    assert usage == log.usage_sample(LineMeta(instance="1"), {}, {})
+    assert (usage.ts, usage.running, preemption.ts, preemption.count) == (None, None, None, None)
     assert UsageSample.__pydantic_post_init__ is None and Preemption.__pydantic_post_init__ is None
 
 

@@ -9,11 +9,18 @@ Identity: ``instance`` is the engine instance inside one source -- the data-para
 engine index ("0" when the engine is not data-parallel); ``rank`` is the TP/PP worker that printed
 the line when the prefix names one. Capacity facts repeated by several TP ranks are one fact: the
 state keeps one pool per instance and replaces it, never sums it.
+
+Each fact field is declared once, in a fact-field class (``SettingsFields``, ``MemoryFields``,
+``PoolFields``, ``UsageFields``, ``FailureFields``): the event inherits its fields from it, and so
+does the state's fact group of the same facts (kvwatch/state/facts.py), so the two cannot disagree
+on a name or a type. The fact-field classes are frozen dataclasses that generate no methods: in an
+event they only give pydantic (and mypy) their fields, which pydantic validates like its own.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Annotated, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -26,10 +33,10 @@ from kvwatch.core.labels import Origin as Origin  # re-exported: events carry it
 EventValue = str | int | float | bool | None
 
 
-class _Event(BaseModel):
-    """Fields every event has."""
+class _Event(BaseModel, frozen=True):
+    """Fields every event has. (``frozen=True`` is given on every event class: mypy reads it there.)"""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     engine: EngineName
     instance: str = "0"
@@ -48,15 +55,15 @@ class EventIdentity(TypedDict):
     ts: str | None
 
 
-class EngineSettings(_Event):
-    """Settings an engine printed at startup (banner, args, config line, server_args).
+# A fact-field class is a dataclass for its fields alone (kw-only and frozen, as the events and the
+# groups that inherit them are): it generates no method, so an event keeps pydantic's __init__,
+# __eq__, __hash__ and __repr__. (Spelled out on each: mypy reads only a literal @dataclass call.)
 
-    ``starts_engine`` is True for lines that only appear once per engine start (the version banner,
-    'Initializing ... engine', server_args), so the state opens a new epoch on them.
-    """
 
-    kind: Literal["settings"] = "settings"
-    starts_engine: bool = False
+@dataclass(frozen=True, kw_only=True, init=False, repr=False, eq=False, match_args=False)
+class SettingsFields:
+    """What an engine printed about its settings."""
+
     version: str | None = None
     model: str | None = None
     served_model_name: str | None = None
@@ -81,10 +88,10 @@ class EngineSettings(_Event):
     engine_generation: Literal["v0", "v1"] | None = None
 
 
-class MemoryBudget(_Event):
-    """Terms of the startup memory budget, as printed (any subset per line)."""
+@dataclass(frozen=True, kw_only=True, init=False, repr=False, eq=False, match_args=False)
+class MemoryFields:
+    """The terms of the startup memory budget."""
 
-    kind: Literal["memory"] = "memory"
     total_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     requested_bytes: int | None = None
@@ -105,14 +112,10 @@ class MemoryBudget(_Event):
     mem_fraction_static: float | None = None
 
 
-PoolKind = Literal["full", "swa", "mamba"]
+@dataclass(frozen=True, kw_only=True, init=False, repr=False, eq=False, match_args=False)
+class PoolFields:
+    """One KV pool the engine allocated (its kind is the event's, not a fact)."""
 
-
-class PoolSized(_Event):
-    """The KV pool the engine allocated (any subset per line; the state merges one startup's lines)."""
-
-    kind: Literal["pool"] = "pool"
-    pool: PoolKind = "full"
     tokens: int | None = None
     blocks: int | None = None
     cpu_blocks: int | None = None
@@ -125,10 +128,10 @@ class PoolSized(_Event):
     state_slots: int | None = None
 
 
-class UsageSample(_Event):
-    """A periodic stats line or /metrics scrape: how full the pool is and how busy the engine is."""
+@dataclass(frozen=True, kw_only=True, init=False, repr=False, eq=False, match_args=False)
+class UsageFields:
+    """How full the pool is and how busy the engine is."""
 
-    kind: Literal["usage"] = "usage"
     kv_usage_ratio: float | None = None
     used_tokens: int | None = None
     running: int | None = None
@@ -148,7 +151,62 @@ class UsageSample(_Event):
     generation_throughput: float | None = None
 
 
-class Preemption(_Event):
+@dataclass(frozen=True, kw_only=True, init=False, repr=False, eq=False, match_args=False)
+class FailureFields:
+    """Why the engine refused to start, with the figures it gave."""
+
+    reason: FailureReason
+    needed_kv_bytes: int | None = None
+    available_kv_bytes: int | None = None
+    max_model_len: int | None = None
+    max_tokens_in_cache: int | None = None
+    estimated_max_model_len: int | None = None
+
+
+# Each event is (its fact fields, its head): the head (kind and what else is not a fact) comes
+# after the identity and before the facts in the event's fields, as its JSON has always listed them.
+class _SettingsHead(_Event, frozen=True):
+    kind: Literal["settings"] = "settings"
+    starts_engine: bool = False
+
+
+class EngineSettings(SettingsFields, _SettingsHead, frozen=True):
+    """Settings an engine printed at startup (banner, args, config line, server_args).
+
+    ``starts_engine`` is True for lines that only appear once per engine start (the version banner,
+    'Initializing ... engine', server_args), so the state opens a new epoch on them.
+    """
+
+
+class _MemoryHead(_Event, frozen=True):
+    kind: Literal["memory"] = "memory"
+
+
+class MemoryBudget(MemoryFields, _MemoryHead, frozen=True):
+    """Terms of the startup memory budget, as printed (any subset per line)."""
+
+
+PoolKind = Literal["full", "swa", "mamba"]
+
+
+class _PoolHead(_Event, frozen=True):
+    kind: Literal["pool"] = "pool"
+    pool: PoolKind = "full"
+
+
+class PoolSized(PoolFields, _PoolHead, frozen=True):
+    """The KV pool the engine allocated (any subset per line; the state merges one startup's lines)."""
+
+
+class _UsageHead(_Event, frozen=True):
+    kind: Literal["usage"] = "usage"
+
+
+class UsageSample(UsageFields, _UsageHead, frozen=True):
+    """A periodic stats line or /metrics scrape: how full the pool is and how busy the engine is."""
+
+
+class Preemption(_Event, frozen=True):
     """Requests evicted from the KV cache: vLLM preemptions, SGLang retractions.
 
     ``total`` is a cumulative count the engine reported (vLLM V0's
@@ -165,19 +223,15 @@ class Preemption(_Event):
     new_tokens_gained: int | None = None
 
 
-class StartupFailure(_Event):
+class _FailureHead(_Event, frozen=True):
+    kind: Literal["startup_failure"] = "startup_failure"
+
+
+class StartupFailure(FailureFields, _FailureHead, frozen=True):
     """The engine refused to start for lack of KV-cache memory."""
 
-    kind: Literal["startup_failure"] = "startup_failure"
-    reason: FailureReason
-    needed_kv_bytes: int | None = None
-    available_kv_bytes: int | None = None
-    max_model_len: int | None = None
-    max_tokens_in_cache: int | None = None
-    estimated_max_model_len: int | None = None
 
-
-class CounterReset(_Event):
+class CounterReset(_Event, frozen=True):
     """A /metrics counter went backwards: the engine restarted between two scrapes."""
 
     kind: Literal["counter_reset"] = "counter_reset"
@@ -189,7 +243,7 @@ class CounterReset(_Event):
 DisagreementFact = Literal["pool_tokens", "pool_blocks", "block_size", "kv_usage_ratio"]
 
 
-class Disagreement(_Event):
+class Disagreement(_Event, frozen=True):
     """The log and /metrics give different values for the same fact (beyond rounding)."""
 
     kind: Literal["disagreement"] = "disagreement"

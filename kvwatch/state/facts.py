@@ -1,16 +1,11 @@
 """Typed facts: what the state keeps of the events, one frozen dataclass per fact group.
 
-Each group mirrors the fact fields of one event class (kvwatch/core/events.py) under the same names:
-``SettingsFacts`` <- EngineSettings, ``MemoryFacts`` <- MemoryBudget, ``PoolFacts`` <- PoolSized
-(one per pool kind), ``UsageFacts`` <- UsageSample, ``Failure`` <- StartupFailure. The state builds
-them with one generic merge (``merged``: the event's set, non-None fields replace the group's), and
-every later layer reads them as attributes. Two checks keep a group and its event in step:
-
-- at import, ``_mirror`` fails unless the group's fields are exactly the event's fact fields, so a
-  field added to or renamed in an event cannot be silently dropped by the merge;
-- for mypy, ``_typed_mirror`` reads every event field by name into the group by name, so renaming
-  an event field (``MemoryBudget.available_kv_bytes``) is a type error until the group follows,
-  and renaming the group's field is a type error in every consumer that reads it.
+Each group takes its fact fields from the event's fact-field class (kvwatch/core/events.py), where
+every fact is declared once: ``SettingsFacts`` <- SettingsFields (EngineSettings), ``MemoryFacts``
+<- MemoryFields (MemoryBudget), ``PoolFacts`` <- PoolFields (PoolSized, one per pool kind),
+``UsageFacts`` <- UsageFields (UsageSample), ``Failure`` <- FailureFields (StartupFailure). The
+state builds them with one generic merge (``merged``: the event's set, non-None fields replace the
+group's), and every later layer reads them as attributes.
 
 ``updated_at`` is the state clock of the last event that set a field of the group (None: never, or
 restored from a state file); it is not part of a group's value (equality, hashing, the state file).
@@ -19,7 +14,7 @@ Staleness is decided here, by kind of fact, and nowhere else. A group's ``CADENC
 the engine reports it: ``"startup"`` facts (settings, memory budget, pools, a failure) are printed
 once per start and stay true for the whole epoch, so they never go stale while their source is
 alive; ``"periodic"`` facts (usage: stats lines and every scrape) go stale when they stop arriving
-for the fact TTL. Of the periodic facts, those marked ``WATCHED`` are levels that every stats line
+for the fact TTL. Of the periodic facts, those a group names in ``WATCHED`` are levels that every stats line
 and every scrape carries whatever the model; only their staleness is exported
 (kvwatch_source_facts_stale), since the others (rates from counter deltas, hybrid-model pools) are
 absent from an idle or a plain engine without anything being wrong (``watched_facts``).
@@ -31,25 +26,23 @@ import dataclasses
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel
 
 from kvwatch.core.events import (
     DisagreementFact,
-    EngineSettings,
-    MemoryBudget,
-    PoolSized,
+    FailureFields,
+    MemoryFields,
+    PoolFields,
+    SettingsFields,
     StartupFailure,
-    UsageSample,
+    UsageFields,
 )
 from kvwatch.core.jsontypes import JsonObject, JsonValue
-from kvwatch.core.labels import FailureReason
 
 # How often the engine reports a group: once per start, or over and over while it runs.
 Cadence = Literal["startup", "periodic"]
-# Field metadata of a periodic fact whose staleness is exported (see the module docstring).
-WATCHED: Mapping[str, bool] = types.MappingProxyType({"watched": True})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +50,8 @@ class _Facts:
     """Fields every fact group has."""
 
     CADENCE: ClassVar[Cadence] = "startup"
+    # The periodic facts whose staleness is exported (see the module docstring).
+    WATCHED: ClassVar[tuple[str, ...]] = ()
     updated_at: float | None = field(default=None, compare=False)
 
     def empty(self) -> bool:
@@ -78,98 +73,32 @@ F = TypeVar("F", bound=_Facts)
 
 
 @dataclass(frozen=True, kw_only=True)
-class SettingsFacts(_Facts):
+class SettingsFacts(SettingsFields, _Facts):
     """What the engine printed about its settings (EngineSettings)."""
 
-    version: str | None = None
-    model: str | None = None
-    served_model_name: str | None = None
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    data_parallel_size: int | None = None
-    decode_context_parallel_size: int | None = None
-    dtype: str | None = None
-    kv_cache_dtype: str | None = None
-    quantization: str | None = None
-    block_size: int | None = None
-    page_size: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    chunked_prefill_size: int | None = None
-    cuda_graph_max_bs: int | None = None
-    gpu_memory_utilization: float | None = None
-    mem_fraction_static: float | None = None
-    enable_prefix_caching: bool | None = None
-    enforce_eager: bool | None = None
-    engine_generation: Literal["v0", "v1"] | None = None
-
 
 @dataclass(frozen=True, kw_only=True)
-class MemoryFacts(_Facts):
+class MemoryFacts(MemoryFields, _Facts):
     """The terms of the startup memory budget (MemoryBudget)."""
 
-    total_bytes: int | None = None
-    gpu_memory_utilization: float | None = None
-    requested_bytes: int | None = None
-    weights_bytes: int | None = None
-    activation_bytes: int | None = None
-    non_torch_bytes: int | None = None
-    cuda_graph_bytes: int | None = None
-    available_kv_bytes: int | None = None
-    avail_after_weights_bytes: int | None = None
-    avail_after_pool_bytes: int | None = None
-    avail_before_weights_bytes: int | None = None
-    avail_after_startup_bytes: int | None = None
-    mem_fraction_static: float | None = None
-
 
 @dataclass(frozen=True, kw_only=True)
-class PoolFacts(_Facts):
+class PoolFacts(PoolFields, _Facts):
     """One KV pool the engine allocated (PoolSized, without its kind)."""
 
-    tokens: int | None = None
-    blocks: int | None = None
-    cpu_blocks: int | None = None
-    block_size: int | None = None
-    bytes: int | None = None
-    max_concurrency: float | None = None
-    max_concurrency_tokens: int | None = None
-    state_slots: int | None = None
-
 
 @dataclass(frozen=True, kw_only=True)
-class UsageFacts(_Facts):
+class UsageFacts(UsageFields, _Facts):
     """How full the pool is and how busy the engine is, as last sampled (UsageSample): the one
     periodic group. The watched facts are levels every stats line and scrape carries."""
 
     CADENCE: ClassVar[Cadence] = "periodic"
-    kv_usage_ratio: float | None = field(default=None, metadata=WATCHED)
-    used_tokens: int | None = field(default=None, metadata=WATCHED)
-    running: int | None = field(default=None, metadata=WATCHED)
-    waiting: int | None = field(default=None, metadata=WATCHED)
-    swapped: int | None = None
-    prefix_cache_hit_ratio: float | None = None
-    swa_usage_ratio: float | None = None
-    mamba_usage_ratio: float | None = None
-    swa_used_tokens: int | None = None
-    mamba_used_slots: int | None = None
-    retracted: int | None = None
-    cpu_kv_usage_ratio: float | None = None
-    prompt_throughput: float | None = None
-    generation_throughput: float | None = None
+    WATCHED: ClassVar[tuple[str, ...]] = ("kv_usage_ratio", "used_tokens", "running", "waiting")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Failure(_Facts):
+class Failure(FailureFields, _Facts):
     """The last startup failure of an epoch (StartupFailure)."""
-
-    reason: FailureReason
-    needed_kv_bytes: int | None = None
-    available_kv_bytes: int | None = None
-    max_model_len: int | None = None
-    max_tokens_in_cache: int | None = None
-    estimated_max_model_len: int | None = None
 
     @classmethod
     def of(cls, event: StartupFailure, now: float | None = None) -> Failure:
@@ -215,7 +144,7 @@ def periodic_facts(cls: type[_Facts]) -> tuple[str, ...]:
 def watched_facts(cls: type[_Facts]) -> tuple[str, ...]:
     """The periodic facts of a group whose staleness is exported, in field order."""
     periodic = set(periodic_facts(cls))
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name in periodic and f.metadata.get("watched"))
+    return tuple(name for name in fact_names(cls) if name in periodic and name in cls.WATCHED)
 
 
 def changes(event: BaseModel, group: type[_Facts]) -> dict[str, object]:
@@ -232,15 +161,11 @@ def updated(current: F, changed: Mapping[str, object], now: float | None = None)
     """``current`` with ``changed`` (from ``changes``) replacing its own facts."""
     if not changed:
         return current
-    # The group is frozen: a merge makes a new one. This is dataclasses.replace without its
-    # per-field checks (the changes are fields of the group, values the event validated), which
-    # would cost more than the rest of applying a stats line.
-    new = object.__new__(type(current))
-    values = new.__dict__
-    values.update(current.__dict__)
-    values.update(changed)
-    values["updated_at"] = now
-    return new
+    # The group is frozen: a merge makes a new one, through its own constructor (the changes are
+    # fields of the group with values the event validated; dataclasses.replace would check that
+    # again, field by field, at more than the rest of applying a stats line costs).
+    values: dict[str, Any] = {**current.__dict__, **changed, "updated_at": now}
+    return type(current)(**values)
 
 
 def merged(current: F, event: BaseModel, now: float | None = None) -> F:
@@ -314,105 +239,7 @@ def disagreement_from_json(data: Mapping[str, JsonValue]) -> LastDisagreement:
     raise ValueError(f"unknown disagreement fact {fact!r}")
 
 
-# Fields of the base event that are identity, not facts, and per event what else is not a fact.
-_IDENTITY = frozenset({"engine", "instance", "rank", "origin", "ts", "kind"})
-
-
-def _mirror(group: type[_Facts], event: type[BaseModel], *not_facts: str) -> None:
-    facts = set(event.model_fields) - _IDENTITY - set(not_facts)
-    mine = set(fact_names(group))
-    if facts != mine:
-        raise TypeError(
-            f"{group.__name__} does not mirror {event.__name__}: "
-            f"missing {sorted(facts - mine)}, extra {sorted(mine - facts)}"
-        )
-
-
-_mirror(SettingsFacts, EngineSettings, "starts_engine")
-_mirror(MemoryFacts, MemoryBudget)
-_mirror(PoolFacts, PoolSized, "pool")
-_mirror(UsageFacts, UsageSample)
-_mirror(Failure, StartupFailure)
-
-
-if TYPE_CHECKING:
-
-    def _typed_mirror(
-        s: EngineSettings, m: MemoryBudget, p: PoolSized, u: UsageSample, f: StartupFailure
-    ) -> tuple[SettingsFacts, MemoryFacts, PoolFacts, UsageFacts, Failure]:
-        """Never runs: mypy checks that every event field has a group field of the same type."""
-        return (
-            SettingsFacts(
-                version=s.version,
-                model=s.model,
-                served_model_name=s.served_model_name,
-                tensor_parallel_size=s.tensor_parallel_size,
-                pipeline_parallel_size=s.pipeline_parallel_size,
-                data_parallel_size=s.data_parallel_size,
-                decode_context_parallel_size=s.decode_context_parallel_size,
-                dtype=s.dtype,
-                kv_cache_dtype=s.kv_cache_dtype,
-                quantization=s.quantization,
-                block_size=s.block_size,
-                page_size=s.page_size,
-                max_model_len=s.max_model_len,
-                max_num_seqs=s.max_num_seqs,
-                max_num_batched_tokens=s.max_num_batched_tokens,
-                chunked_prefill_size=s.chunked_prefill_size,
-                cuda_graph_max_bs=s.cuda_graph_max_bs,
-                gpu_memory_utilization=s.gpu_memory_utilization,
-                mem_fraction_static=s.mem_fraction_static,
-                enable_prefix_caching=s.enable_prefix_caching,
-                enforce_eager=s.enforce_eager,
-                engine_generation=s.engine_generation,
-            ),
-            MemoryFacts(
-                total_bytes=m.total_bytes,
-                gpu_memory_utilization=m.gpu_memory_utilization,
-                requested_bytes=m.requested_bytes,
-                weights_bytes=m.weights_bytes,
-                activation_bytes=m.activation_bytes,
-                non_torch_bytes=m.non_torch_bytes,
-                cuda_graph_bytes=m.cuda_graph_bytes,
-                available_kv_bytes=m.available_kv_bytes,
-                avail_after_weights_bytes=m.avail_after_weights_bytes,
-                avail_after_pool_bytes=m.avail_after_pool_bytes,
-                avail_before_weights_bytes=m.avail_before_weights_bytes,
-                avail_after_startup_bytes=m.avail_after_startup_bytes,
-                mem_fraction_static=m.mem_fraction_static,
-            ),
-            PoolFacts(
-                tokens=p.tokens,
-                blocks=p.blocks,
-                cpu_blocks=p.cpu_blocks,
-                block_size=p.block_size,
-                bytes=p.bytes,
-                max_concurrency=p.max_concurrency,
-                max_concurrency_tokens=p.max_concurrency_tokens,
-                state_slots=p.state_slots,
-            ),
-            UsageFacts(
-                kv_usage_ratio=u.kv_usage_ratio,
-                used_tokens=u.used_tokens,
-                running=u.running,
-                waiting=u.waiting,
-                swapped=u.swapped,
-                prefix_cache_hit_ratio=u.prefix_cache_hit_ratio,
-                swa_usage_ratio=u.swa_usage_ratio,
-                mamba_usage_ratio=u.mamba_usage_ratio,
-                swa_used_tokens=u.swa_used_tokens,
-                mamba_used_slots=u.mamba_used_slots,
-                retracted=u.retracted,
-                cpu_kv_usage_ratio=u.cpu_kv_usage_ratio,
-                prompt_throughput=u.prompt_throughput,
-                generation_throughput=u.generation_throughput,
-            ),
-            Failure(
-                reason=f.reason,
-                needed_kv_bytes=f.needed_kv_bytes,
-                available_kv_bytes=f.available_kv_bytes,
-                max_model_len=f.max_model_len,
-                max_tokens_in_cache=f.max_tokens_in_cache,
-                estimated_max_model_len=f.estimated_max_model_len,
-            ),
-        )
+# Checked at import: a watched fact is a periodic fact of its group.
+for _group in (SettingsFacts, MemoryFacts, PoolFacts, UsageFacts, Failure):
+    if not set(_group.WATCHED) <= set(periodic_facts(_group)):
+        raise TypeError(f"{_group.__name__}.WATCHED names what is not a periodic fact of the group")

@@ -14,10 +14,9 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel
-
 from kvwatch.core.events import Event, UsageSample
-from kvwatch.engines.sglang.stats import _USAGE_KEYS
+from kvwatch.engines.sglang.stats import _USAGE_KEYS, BatchValues, usage_sample
+from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.prefix import SGLANG, fast_identity, fast_prefix
 
 # The batch line as stats.parse_batch reads it, behind the prefixes strip_prefixes reads most often
@@ -75,22 +74,17 @@ _CONVERT: dict[str, Any] = {"int": int, "float": float, "ratio": float, "percent
 _FIELDS: tuple[tuple[str, Any], ...] = tuple((field, _CONVERT[kind]) for _, field, kind in _KEYS)
 
 # A row's shape: (the prefix groups that name the printer, then which value groups it fills). Per
-# shape, what every row of it shares: the event's __dict__ but for ts and the values, its fields
-# set, and (group, field, converter) per value; None when the general path must read such rows.
+# shape, what every row of it shares: the event without ts and the values (its printer's instance
+# and rank), and (group, field, converter) per value; None when the general path must read such
+# rows. A row's event is a copy of its shape's (stats.usage_sample of no values, so it names every
+# field the general path names) with the row's values (``model_copy(update=...)``,
+# pydantic's own constructor for values already in their field types: the pattern and converters
+# gave them); tests compare them with validated ones, attribute by attribute.
 ShapeKey = tuple[Any, ...]
-Shape = tuple[dict[str, Any], frozenset[str], tuple[tuple[int, str, Any], ...]] | None
+Shape = tuple[UsageSample, tuple[tuple[int, str, Any], ...]] | None
 _SHAPES: dict[ShapeKey, Shape] = {}
 _MAX_SHAPES = 4096
-_UNKNOWN: Shape = ({}, frozenset(), ())
-
-# UsageSample events are built as UsageSample.model_construct would build them (the same __dict__
-# in field order, fields set, no extras, no private attributes; see vllm/fastpath._constructor),
-# from values the pattern and converters have already given their final type: tests compare them
-# with validated ones, attribute by attribute.
-_TEMPLATE = dict(UsageSample(engine="sglang").__dict__)
-_NEW = object.__new__
-_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
-_SET_DICT, _SET_FIELDS_SET, _SET_EXTRA, _SET_PRIVATE = (BaseModel.__dict__[n].__set__ for n in _SLOTS)
+_UNKNOWN: Shape = (UsageSample(engine="sglang"), ())
 
 
 def _shape(key: ShapeKey) -> Shape:
@@ -111,9 +105,7 @@ def _shape(key: ShapeKey) -> Shape:
             plan.append((_MIXED, "running", int))  # stats.parse_batch: the mixed head's count
         if plan:
             instance, rank = _identity(p1name, p2name, tags) if p1name or p2name or tags else ("0", None)
-            base = {**_TEMPLATE, "engine": "sglang", "instance": instance, "rank": rank}
-            names = frozenset(("engine", "instance", "rank", "ts", *(f for _, f, _ in plan)))
-            shape = (base, names, tuple(plan))
+            shape = (usage_sample(LineMeta(instance=instance, rank=rank), BatchValues()), tuple(plan))
     if len(_SHAPES) >= _MAX_SHAPES:
         _SHAPES.clear()  # shapes come from the log: forgetting them only costs rebuilding them
     _SHAPES[key] = shape
@@ -154,15 +146,9 @@ def parse_lines(lines: list[bytes]) -> list[tuple[Event, ...] | None]:
         if shape is None:
             out.append(None)
             continue
-        base, names, plan = shape
-        values = base.copy()
-        values["ts"] = row[_TS].decode()
+        printer, plan = shape
+        values: dict[str, object] = {"ts": row[_TS].decode()}
         for i, field, convert in plan:
             values[field] = convert(row[i])
-        event: UsageSample = _NEW(UsageSample)
-        _SET_DICT(event, values)
-        _SET_FIELDS_SET(event, set(names))
-        _SET_EXTRA(event, None)
-        _SET_PRIVATE(event, None)
-        out.append((event,))
+        out.append((printer.model_copy(update=values),))
     return out

@@ -22,6 +22,7 @@ from kvwatch.core.events import (
     EngineSettings,
     Event,
     MemoryBudget,
+    PoolKind,
     PoolSized,
     StartupFailure,
 )
@@ -78,7 +79,7 @@ def _parse_kv_alloc(body: str, meta: LineMeta) -> tuple[Event, ...]:
         size = _gib(m.group("kv"))
     else:
         size = _gib(m.group("k")) + _gib(m.group("v"))
-    pool = "swa" if label == "swa" else "full"
+    pool: PoolKind = "swa" if label == "swa" else "full"
     return (PoolSized(**_ident(meta), pool=pool, tokens=_opt_int(m.group("tokens")), bytes=size),)
 
 
@@ -157,13 +158,18 @@ def _parse_max_total(body: str, meta: LineMeta) -> tuple[Event, ...]:
         return NO_EVENTS
     events: list[Event] = [PoolSized(**_ident(meta), tokens=int(m.group("tokens")))]
     found = {f.group("key"): f.group("value") for f in _SCHED_FIELD.finditer(body, m.end())}
-    settings = {
-        "chunked_prefill_size": _opt_int(found.get("chunked_prefill_size")),
-        "max_num_seqs": _opt_int(found.get("max_running_requests")),
-        "max_model_len": _opt_int(found.get("context_len")),
-    }
-    if any(v is not None for v in settings.values()):
-        events.append(EngineSettings(**_ident(meta), **{k: v for k, v in settings.items() if v is not None}))
+    settings = EngineSettings(
+        **_ident(meta),
+        chunked_prefill_size=_opt_int(found.get("chunked_prefill_size")),
+        max_num_seqs=_opt_int(found.get("max_running_requests")),
+        max_model_len=_opt_int(found.get("context_len")),
+    )
+    if (
+        settings.chunked_prefill_size is not None
+        or settings.max_num_seqs is not None
+        or settings.max_model_len is not None
+    ):
+        events.append(settings)
     avail = found.get("available_gpu_mem", found.get("available_cpu_mem"))
     if avail is not None:
         events.append(MemoryBudget(**_ident(meta), avail_after_startup_bytes=_gib(avail)))

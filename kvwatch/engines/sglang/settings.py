@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from typing import Any
+
+from pydantic import TypeAdapter
 
 from kvwatch.core.events import EngineSettings, Event
 from kvwatch.engines.sglang.common import ident as _ident
@@ -51,6 +52,12 @@ _SETTINGS_KEYS: dict[str, str] = {
     "max_running_requests": "max_num_seqs",
 }
 
+
+# A server_args value as the EngineSettings field it fills takes it.
+_COUNT: TypeAdapter[int | None] = TypeAdapter(int | None)
+_SHARE: TypeAdapter[float | None] = TypeAdapter(float | None)
+_TEXT: TypeAdapter[str | None] = TypeAdapter(str | None)
+_FLAG: TypeAdapter[bool | None] = TypeAdapter(bool | None)
 
 _OPEN = frozenset("([{")
 _CLOSE = frozenset(")]}")
@@ -100,7 +107,7 @@ def parse_server_args(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _SERVER_ARGS.search(body)
     if m is None:
         return NO_EVENTS
-    fields: dict[str, Any] = {}
+    found: dict[str, object] = {}
     for item in _top_level_items(body, m.end()):
         kv = _REPR_KEY.fullmatch(item)
         if kv is None:
@@ -110,12 +117,41 @@ def parse_server_args(body: str, meta: LineMeta) -> tuple[Event, ...]:
         if value is None:
             continue
         if key == "disable_radix_cache" and isinstance(value, bool):
-            fields.setdefault("enable_prefix_caching", not value)
+            found.setdefault("enable_prefix_caching", not value)
         elif key == "disable_cuda_graph" and isinstance(value, bool):
-            fields.setdefault("enforce_eager", value)
+            found.setdefault("enforce_eager", value)
         elif key in _SETTINGS_KEYS:
-            fields.setdefault(_SETTINGS_KEYS[key], value)
-    return (EngineSettings(**_ident(meta), starts_engine=True, **fields),)
+            found.setdefault(_SETTINGS_KEYS[key], value)
+    # Each value as its field's type takes it (pydantic's rules, as the event's own validation: a
+    # value it refuses is the line's ParseError); every field server_args gives, by name.
+    count, share, text, flag = (
+        _COUNT.validate_python,
+        _SHARE.validate_python,
+        _TEXT.validate_python,
+        _FLAG.validate_python,
+    )
+    return (
+        EngineSettings(
+            **_ident(meta),
+            starts_engine=True,
+            model=text(found.get("model")),
+            served_model_name=text(found.get("served_model_name")),
+            tensor_parallel_size=count(found.get("tensor_parallel_size")),
+            pipeline_parallel_size=count(found.get("pipeline_parallel_size")),
+            data_parallel_size=count(found.get("data_parallel_size")),
+            dtype=text(found.get("dtype")),
+            kv_cache_dtype=text(found.get("kv_cache_dtype")),
+            quantization=text(found.get("quantization")),
+            page_size=count(found.get("page_size")),
+            max_model_len=count(found.get("max_model_len")),
+            max_num_seqs=count(found.get("max_num_seqs")),
+            chunked_prefill_size=count(found.get("chunked_prefill_size")),
+            cuda_graph_max_bs=count(found.get("cuda_graph_max_bs")),
+            mem_fraction_static=share(found.get("mem_fraction_static")),
+            enable_prefix_caching=flag(found.get("enable_prefix_caching")),
+            enforce_eager=flag(found.get("enforce_eager")),
+        ),
+    )
 
 
 # `python -m sglang.check_env`, pasted with the log (SGLang never logs its own version):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any
 
 from kvwatch.core.events import Event, Preemption, UsageSample
 from kvwatch.engines.sglang.common import ident as _ident
@@ -78,9 +77,27 @@ def _convert(kind: str, value: str) -> int | float | None:
     return float(value) if _DECIMAL.fullmatch(value) else None
 
 
-def _batch_fields(items: Iterator[str]) -> dict[str, Any]:
+class BatchValues:
+    """The values of one batch line by UsageSample field: counts (``int`` keys) and the rest."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.shares: dict[str, float] = {}
+
+    def put(self, field: str, kind: str, text: str) -> None:
+        value = _convert(kind, text)
+        if isinstance(value, int):
+            self.counts[field] = value
+        elif value is not None:
+            self.shares[field] = value
+
+    def __bool__(self) -> bool:
+        return bool(self.counts or self.shares)
+
+
+def _batch_fields(items: Iterator[str]) -> BatchValues:
     """Fold 'key: value' items into UsageSample fields; unknown keys and damaged values are skipped."""
-    fields: dict[str, Any] = {}
+    fields = BatchValues()
     last: tuple[str, str] | None = None
     for item in items:
         key, sep, raw = item.partition(":")
@@ -89,9 +106,8 @@ def _batch_fields(items: Iterator[str]) -> dict[str, Any]:
             sub = _SUBPOOL.fullmatch(item.strip())
             if last is not None and sub is not None and sub.group("pool") == "swa":
                 twin = _SWA_TWIN.get(last[0])
-                value = _convert(last[1], sub.group("num"))
-                if twin is not None and value is not None:
-                    fields[twin] = value
+                if twin is not None:
+                    fields.put(twin, last[1], sub.group("num"))
             last = None
             continue
         spec = _USAGE_KEYS.get(key.strip())
@@ -102,10 +118,31 @@ def _batch_fields(items: Iterator[str]) -> dict[str, Any]:
         sub = _SUBPOOL.fullmatch(value_text)
         if sub is not None and sub.group("pool") == "full":
             value_text = sub.group("num")
-        value = _convert(spec[1], value_text)
-        if value is not None:
-            fields[spec[0]] = value
+        fields.put(spec[0], spec[1], value_text)
     return fields
+
+
+def usage_sample(meta: LineMeta, values: BatchValues) -> UsageSample:
+    """The sample of a batch line's values. Every field a batch line can give is named (None where
+    this one has none): the fast path's events are copies of ``usage_sample(meta, BatchValues())``
+    with a row's values, so both paths' events have the same fields set."""
+    counts, shares = values.counts, values.shares
+    return UsageSample(
+        **_ident(meta),
+        kv_usage_ratio=shares.get("kv_usage_ratio"),
+        used_tokens=counts.get("used_tokens"),
+        running=counts.get("running"),
+        waiting=counts.get("waiting"),
+        prefix_cache_hit_ratio=shares.get("prefix_cache_hit_ratio"),
+        swa_usage_ratio=shares.get("swa_usage_ratio"),
+        mamba_usage_ratio=shares.get("mamba_usage_ratio"),
+        swa_used_tokens=counts.get("swa_used_tokens"),
+        mamba_used_slots=counts.get("mamba_used_slots"),
+        retracted=counts.get("retracted"),
+        cpu_kv_usage_ratio=shares.get("cpu_kv_usage_ratio"),
+        prompt_throughput=shares.get("prompt_throughput"),
+        generation_throughput=shares.get("generation_throughput"),
+    )
 
 
 def parse_batch(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -113,11 +150,11 @@ def parse_batch(body: str, meta: LineMeta) -> tuple[Event, ...]:
     if m is None:
         return NO_EVENTS
     fields = _batch_fields(iter(body[m.end() :].split(",")))
-    if m.group("mixed") is not None and "running" not in fields:
-        fields["running"] = int(m.group("mixed"))
+    if m.group("mixed") is not None and "running" not in fields.counts:
+        fields.counts["running"] = int(m.group("mixed"))
     if not fields:
         raise ParseError(f"{m.group('phase')} batch line without a readable field")
-    return (UsageSample(**_ident(meta), **fields),)
+    return (usage_sample(meta, fields),)
 
 
 # --- retraction (SGLang's preemption) ------------------------------------------------------------

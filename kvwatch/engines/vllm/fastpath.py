@@ -9,13 +9,12 @@ tests hold the two paths equal event for event.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
-
-from pydantic import BaseModel
 
 from kvwatch.core.events import Event, Preemption, UsageSample
+from kvwatch.engines.vllm.common import ident
+from kvwatch.engines.vllm.log import usage_sample
+from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.prefix import VLLM_LEVEL, fast_identity, fast_prefix
 
 # The periodic stats line in the shapes vLLM prints it (V0 0.4.3+ and V1, their optional fields in
@@ -63,37 +62,18 @@ if tuple(sorted(_FAST_STATS_LINES.groupindex, key=_FAST_STATS_LINES.groupindex._
 _TS = _ROW.index("ts")
 
 
-_MODEL_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
-
-
-def _constructor(cls: type[UsageSample] | type[Preemption]) -> Callable[[dict[str, Any]], Event]:
-    """A builder of ``cls`` events from values already in their validated types.
-
-    What ``cls.model_construct(**values)`` produces (the same ``__dict__`` in field order, fields
-    set, no extras, no private attributes), without its per-field Python loop, which costs more
-    than validating. Only the fast path uses it, on values its pattern and converters have already
-    given their final type (str, int, float); tests compare its events with validated ones.
-    """
-    template = dict(cls(engine="vllm").__dict__)
-    new = object.__new__
-    # The slots' own setters: what object.__setattr__ finds after looking the name up on the class.
-    slots = {name: BaseModel.__dict__[name].__set__ for name in _MODEL_SLOTS}
-    set_dict, set_fields_set = slots["__dict__"], slots["__pydantic_fields_set__"]
-    set_extra, set_private = slots["__pydantic_extra__"], slots["__pydantic_private__"]
-
-    def build(values: dict[str, Any]) -> Event:
-        event: UsageSample | Preemption = new(cls)
-        set_dict(event, {**template, **values})
-        set_fields_set(event, set(values))
-        set_extra(event, None)
-        set_private(event, None)
-        return event
-
-    return build
-
-
-_usage_sample = _constructor(UsageSample)
-_preemption = _constructor(Preemption)
+@lru_cache(maxsize=256)
+def _printer(p1name: bytes, p2name: bytes, engine: bytes, agg: bytes) -> tuple[UsageSample, Preemption]:
+    """The events of one printer (its instance and rank) without a line's values (log.usage_sample
+    names every field _stats names): the fast path's events are copies of them with the line's values (``model_copy(update=...)``, pydantic's own
+    constructor for values already in their field types: the pattern and converters gave them)."""
+    instance, rank = _identity(p1name, p2name) if p1name or p2name else ("0", None)
+    if engine:
+        instance = engine.lstrip(b"0").decode() or "0"  # str(int(engine)) for ASCII digits
+    elif agg:
+        instance = "all"
+    meta = LineMeta(instance=instance, rank=rank)
+    return usage_sample(meta, {}, {}), Preemption(**ident(meta), mechanism="preempt")
 
 
 @lru_cache(maxsize=256)
@@ -140,16 +120,9 @@ def _fast_stats_events(row: tuple[bytes, ...]) -> tuple[Event, ...]:
         cpu,
         hit,
     ) = row
-    instance, rank = _identity(p1name, p2name) if p1name or p2name else ("0", None)
-    if engine:
-        instance = engine.lstrip(b"0").decode() or "0"  # str(int(engine)) for ASCII digits
-    elif agg:
-        instance = "all"
+    usage, preemption = _printer(p1name, p2name, engine, agg)
     ts = ts_b.decode()
-    usage: dict[str, Any] = {
-        "engine": "vllm",
-        "instance": instance,
-        "rank": rank,
+    values: dict[str, str | float | int] = {
         "ts": ts,
         "prompt_throughput": float(prompt),
         "generation_throughput": float(gen),
@@ -158,14 +131,14 @@ def _fast_stats_events(row: tuple[bytes, ...]) -> tuple[Event, ...]:
         "kv_usage_ratio": float(kv + b"e-2"),  # _ratio
     }
     if swapped:
-        usage["swapped"] = int(swapped)
+        values["swapped"] = int(swapped)
     if cpu:
-        usage["cpu_kv_usage_ratio"] = float(cpu + b"e-2")
+        values["cpu_kv_usage_ratio"] = float(cpu + b"e-2")
     if hit:
-        usage["prefix_cache_hit_ratio"] = float(hit + b"e-2")
+        values["prefix_cache_hit_ratio"] = float(hit + b"e-2")
     if not preemptions:
-        return (_usage_sample(usage),)
-    preemption = {"engine": "vllm", "instance": instance, "rank": rank, "ts": ts}
-    preemption["mechanism"] = "preempt"
-    preemption["count"] = int(preemptions)
-    return (_usage_sample(usage), _preemption(preemption))
+        return (usage.model_copy(update=values),)
+    return (
+        usage.model_copy(update=values),
+        preemption.model_copy(update={"ts": ts, "count": int(preemptions)}),
+    )

@@ -12,8 +12,7 @@ fastpath.py.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from pydantic import ValidationError
 
@@ -161,12 +160,15 @@ def _kv_size(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _KV_SIZE.match(body) if "KV cache size" in body else None
     if m is None:
         return None
-    fields: dict[str, Any] = {"tokens": to_int(m.group("tokens"))}
     c = _CONCURRENCY.search(body, m.end())
-    if c is not None:
-        fields["max_concurrency_tokens"] = to_int(c.group("len"))
-        fields["max_concurrency"] = float(c.group("x"))
-    return (PoolSized(**ident(meta), **fields),)
+    return (
+        PoolSized(
+            **ident(meta),
+            tokens=to_int(m.group("tokens")),
+            max_concurrency_tokens=to_int(c.group("len")) if c is not None else None,
+            max_concurrency=float(c.group("x")) if c is not None else None,
+        ),
+    )
 
 
 def _auto_fit(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
@@ -214,16 +216,36 @@ def _percent(val: str) -> float:
 
 
 # Stats keys with a fixed meaning -> (field, converter). V0's 'Pending' is the waiting queue.
-_STAT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+# Stats-line key -> UsageSample field (or 'preemptions', a Preemption's count), by value type.
+_STAT_COUNTS: dict[str, str] = {
+    "Running": "running",
+    "Waiting": "waiting",
+    "Pending": "waiting",
+    "Swapped": "swapped",
+    "Preemptions": "preemptions",
+}
+_STAT_RATES: dict[str, tuple[str, Callable[[str], float]]] = {
     "Avg prompt throughput": ("prompt_throughput", float),
     "Avg generation throughput": ("generation_throughput", float),
-    "Running": ("running", int),
-    "Waiting": ("waiting", int),
-    "Pending": ("waiting", int),
-    "Swapped": ("swapped", int),
-    "Preemptions": ("preemptions", int),
     "Prefix cache hit rate": ("prefix_cache_hit_ratio", _percent),
 }
+
+
+def usage_sample(meta: LineMeta, counts: Mapping[str, int], shares: Mapping[str, float]) -> UsageSample:
+    """The sample of a stats line's values, by field. Every field a stats line can give is named
+    (None where this one has none): the fast path's events are copies of ``usage_sample(meta, {},
+    {})`` with a line's values, so both paths' events have the same fields set."""
+    return UsageSample(
+        **ident(meta),
+        kv_usage_ratio=shares.get("kv_usage_ratio"),
+        running=counts.get("running"),
+        waiting=counts.get("waiting"),
+        swapped=counts.get("swapped"),
+        prefix_cache_hit_ratio=shares.get("prefix_cache_hit_ratio"),
+        cpu_kv_usage_ratio=shares.get("cpu_kv_usage_ratio"),
+        prompt_throughput=shares.get("prompt_throughput"),
+        generation_throughput=shares.get("generation_throughput"),
+    )
 
 
 def _stats(body: str, head: re.Match[str], meta: LineMeta) -> tuple[Event, ...]:
@@ -237,27 +259,30 @@ def _stats(body: str, head: re.Match[str], meta: LineMeta) -> tuple[Event, ...]:
         # The aggregated DP logger sums every engine: not one instance's numbers.
         meta = LineMeta(instance="all", rank=meta.rank, ts=meta.ts)
     text = body[head.end() - len("Avg prompt throughput") :].rstrip().removesuffix(".")
-    usage: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    shares: dict[str, float] = {}
     try:
         for part in text.split(", "):
             key, sep, rest = part.partition(": ")
             if not sep:
                 continue
             val = rest.split(" ", 1)[0]
-            known = _STAT_FIELDS.get(key)
-            if known is not None:
-                usage[known[0]] = known[1](val)
+            count, rate = _STAT_COUNTS.get(key), _STAT_RATES.get(key)
+            if count is not None:
+                counts[count] = int(val)
+            elif rate is not None:
+                shares[rate[0]] = rate[1](val)
             elif key.endswith("KV cache usage") and not key.startswith(("External", "MM")):
                 # '<DEV> KV cache usage' (0.30+); V0 prints GPU then CPU (its swap space).
                 share = ratio(val.removesuffix("%"))
-                if "kv_usage_ratio" in usage and key == "CPU KV cache usage":
-                    usage["cpu_kv_usage_ratio"] = share
+                if "kv_usage_ratio" in shares and key == "CPU KV cache usage":
+                    shares["cpu_kv_usage_ratio"] = share
                 else:
-                    usage.setdefault("kv_usage_ratio", share)
+                    shares.setdefault("kv_usage_ratio", share)
     except (ValueError, ArithmeticError) as exc:
         raise ParseError(f"bad stats value in {body[:80]!r}") from exc
-    preemptions = usage.pop("preemptions", None)
-    events: list[Event] = [UsageSample(**ident(meta), **usage)]
+    events: list[Event] = [usage_sample(meta, counts, shares)]
+    preemptions = counts.get("preemptions")
     if preemptions is not None:
         events.append(Preemption(**ident(meta), mechanism="preempt", count=preemptions))
     return tuple(events)

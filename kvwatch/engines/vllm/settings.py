@@ -7,7 +7,8 @@ new engine start (``starts_engine``). Patterns quote the real lines of the relea
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Literal
 
 from kvwatch.core.events import EngineSettings, Event
 from kvwatch.engines.vllm.common import ident
@@ -78,29 +79,76 @@ def _unquote(value: str) -> str:
     return value
 
 
-def _settings_fields(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+@dataclass
+class _Found:
+    """Typed EngineSettings values read from (key, raw value) pairs, by field; the first key wins."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+    flags: dict[str, bool] = field(default_factory=dict)
+    gpu_memory_utilization: float | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.counts or self.texts or self.flags) or self.gpu_memory_utilization is not None
+
+
+def _settings_fields(pairs: list[tuple[str, str]]) -> _Found:
     """Typed EngineSettings fields from (key, raw value) pairs; first occurrence of a key wins."""
-    out: dict[str, Any] = {}
+    out = _Found()
     for key, raw in pairs:
         value = _unquote(raw)
         if value in ("None", "", "null"):
             continue
         try:
             if key in _INT_SETTINGS:
-                out.setdefault(_INT_SETTINGS[key], int(value))
+                out.counts.setdefault(_INT_SETTINGS[key], int(value))
             elif key in _STR_SETTINGS:
                 if key == "dtype":
                     value = value.removeprefix("torch.")
-                out.setdefault(_STR_SETTINGS[key], value)
+                out.texts.setdefault(_STR_SETTINGS[key], value)
             elif key in _BOOL_SETTINGS and value in ("True", "False"):
-                out.setdefault(_BOOL_SETTINGS[key], value == "True")
+                out.flags.setdefault(_BOOL_SETTINGS[key], value == "True")
             elif key == "gpu_memory_utilization":
-                out.setdefault("gpu_memory_utilization", float(value))
+                share = float(value)
+                if out.gpu_memory_utilization is None:
+                    out.gpu_memory_utilization = share
         except ValueError as exc:
             raise ParseError(f"bad value for {key}: {value!r}") from exc
-    if out.get("model") is None:
-        out.pop("model", None)
     return out
+
+
+def _settings(
+    meta: LineMeta,
+    found: _Found,
+    *,
+    starts_engine: bool = False,
+    version: str | None = None,
+    generation: Literal["v0", "v1"] | None = None,
+) -> EngineSettings:
+    """The settings event of a config or args line: every field such a line can give, by name."""
+    counts, texts, flags = found.counts, found.texts, found.flags
+    return EngineSettings(
+        **ident(meta),
+        starts_engine=starts_engine,
+        version=version,
+        model=texts.get("model"),
+        served_model_name=texts.get("served_model_name"),
+        tensor_parallel_size=counts.get("tensor_parallel_size"),
+        pipeline_parallel_size=counts.get("pipeline_parallel_size"),
+        data_parallel_size=counts.get("data_parallel_size"),
+        decode_context_parallel_size=counts.get("decode_context_parallel_size"),
+        dtype=texts.get("dtype"),
+        kv_cache_dtype=texts.get("kv_cache_dtype"),
+        quantization=texts.get("quantization"),
+        block_size=counts.get("block_size"),
+        max_model_len=counts.get("max_model_len"),
+        max_num_seqs=counts.get("max_num_seqs"),
+        max_num_batched_tokens=counts.get("max_num_batched_tokens"),
+        gpu_memory_utilization=found.gpu_memory_utilization,
+        enable_prefix_caching=flags.get("enable_prefix_caching"),
+        enforce_eager=flags.get("enforce_eager"),
+        engine_generation=generation,
+    )
 
 
 def logo_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -117,22 +165,21 @@ def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
     m = _VERSION.match(body)
     if m is not None:
         version = m.group("v") or m.group("headless")
-        fields: dict[str, Any] = {"version": version, "starts_engine": True}
-        if m.group("model"):
-            fields["model"] = m.group("model")
-        return (EngineSettings(**ident(meta), **fields),)
+        return (
+            EngineSettings(
+                **ident(meta), version=version, starts_engine=True, model=m.group("model") or None
+            ),
+        )
     m = _ENGINE_INIT.match(body)
     if m is not None:
-        fields = _settings_fields(
+        found = _settings_fields(
             [(f.group("key"), f.group("val")) for f in _KV_FIELD.finditer(m.group("cfg"))]
         )
-        fields["starts_engine"] = True
-        if m.group("v"):
-            fields["version"] = m.group("v")
-        gen = m.group("gen")
-        if gen is not None:
-            fields["engine_generation"] = gen.lower()
-        return (EngineSettings(**ident(meta), **fields),)
+        gen = m.group("gen")  # 'V0' or 'V1'
+        generation: Literal["v0", "v1"] | None = None if gen is None else "v1" if gen == "V1" else "v0"
+        return (
+            _settings(meta, found, starts_engine=True, version=m.group("v") or None, generation=generation),
+        )
     m = _NON_DEFAULT.match(body)
     if m is not None:
         args = m.group("body").strip()
@@ -142,8 +189,8 @@ def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
             pairs = [(f.group("key"), f.group("val")) for f in _KV_FIELD.finditer(args)]
         else:
             return NO_EVENTS
-        fields = _settings_fields(pairs)
-        return (EngineSettings(**ident(meta), **fields),) if fields else NO_EVENTS
+        found = _settings_fields(pairs)
+        return (_settings(meta, found),) if found else NO_EVENTS
     return NO_EVENTS
 
 
