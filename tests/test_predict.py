@@ -244,11 +244,12 @@ def test_inside_the_envelope_nothing_is_named_and_the_band_is_narrow(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """H100, vLLM 0.19, a dense text model at TP 1: what the calibration set covers. Its band is the
-    envelope's floor, the out-of-sample error of the cases nearest the calibrated cell (2-3 % of the
-    KV here; the < 1 % it once printed was missed by those cases held out)."""
+    envelope's floor, the out-of-sample error of the cases nearest the calibrated cell (4.2 % of the
+    usable memory on the 90 startups of 2026-12-02, 5.5 % of the KV here; the < 1 % it once printed
+    was missed by those cases held out)."""
     data = run_json(capsys, LLAMA8, "--gpu", "h100", "--engine-version", "0.19.0", "--max-model-len", "8192")
     assert data["not_calibrated"] == []
-    assert _band(data) < 0.03
+    assert _band(data) < 0.06
 
 
 def _llama8_on_h100() -> Prediction:

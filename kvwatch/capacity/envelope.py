@@ -39,6 +39,9 @@ AXES: tuple[Axis, ...] = (
     "connector",
 )
 
+# Not a card family: every card kvwatch does not know, whatever its memory. Never calibrated, however
+# many startups ran on such cards (three sources' 44, 79 and 40 GiB cards are three different cards).
+UNLISTED_CARD = "unlisted card"
 _FORM = re.compile(r"-(?:SXM|PCIE|NVL|HBM3|ECC-OFF)\b.*|-\d+GB.*", re.IGNORECASE)
 
 
@@ -50,7 +53,7 @@ def card_family(gpu_name: str | None, total_bytes: int | None = None) -> str:
     if card is None and total_bytes is not None:
         card = next((c for c in gpus.CATALOGUE if c.total_measured and c.total_bytes == total_bytes), None)
     if card is None:
-        return "unlisted card"
+        return UNLISTED_CARD
     return _FORM.sub("", card.name).upper()
 
 
