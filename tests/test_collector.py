@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import kvwatch
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.events import EngineSettings, PoolSized, UsageSample
-from kvwatch.core.labels import ORIGINS, PREDICTION_STATES
+from kvwatch.core.labels import ORIGINS, PREDICTION_STATES, Origin
 from kvwatch.export import names
 from kvwatch.export.collector import KvwatchCollector, SourceStatus
 from kvwatch.sources.pipeline import LinePipeline
@@ -242,13 +242,15 @@ def test_the_cached_rows_render_what_a_fresh_collector_renders_after_any_events(
     for _ in range(120):
         for _ in range(rng.randint(1, 4)):
             source = rng.choice(sorted(engines))
-            common = {"engine": engines[source], "origin": rng.choice(["log", "metrics"])}
+            engine = engines[source]
+            origin: Origin = rng.choice(ORIGINS)
             roll = rng.random()
             if roll < 0.6:
                 fleet.apply(
                     source,
                     UsageSample(
-                        **common,
+                        engine=engine,
+                        origin=origin,
                         kv_usage_ratio=rng.choice([None, 0.0, -0.0, rng.random()]),
                         running=rng.choice([None, 0, rng.randint(0, 50)]),
                         waiting=rng.choice([None, rng.randint(0, 5)]),
@@ -257,9 +259,12 @@ def test_the_cached_rows_render_what_a_fresh_collector_renders_after_any_events(
                 )
             elif roll < 0.8:
                 tokens = rng.choice([None, 476_000, rng.randint(1, 10**6)])
-                fleet.apply(source, PoolSized(**common, tokens=tokens, block_size=rng.choice([None, 16])))
+                fleet.apply(
+                    source,
+                    PoolSized(engine=engine, origin=origin, tokens=tokens, block_size=rng.choice([None, 16])),
+                )
             else:
-                fleet.apply(source, Preemption(**common, count=rng.randint(0, 3)))
+                fleet.apply(source, Preemption(engine=engine, origin=origin, count=rng.randint(0, 3)))
         clock[0] += rng.choice([0, 1, 20, 40])
         assert kept.render() == KvwatchCollector(fleet.snapshot, predictor).render()
 
