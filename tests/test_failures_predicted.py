@@ -70,11 +70,14 @@ def test_v0_divides_the_blocks_among_pipeline_virtual_engines(
         assert p.failure is None
 
 
-def test_v0_long_context_profiles_a_2048_token_chunk() -> None:
-    """Beyond 32K tokens V0 turns chunked prefill on (0.8.5 engine/arg_utils.py:1504-1533), so the
-    scheduler's default is 2048 tokens (config.py:1968-1978), not max_model_len."""
-    d = Deployment(engine="vllm", engine_version="0.8.5", pp=2, max_model_len=60000)
-    assert memory.batch_limits(d, 60000) == (256, 2048)
+@pytest.mark.parametrize(("version", "chunk"), [("0.6.4.post1", 512), ("0.6.5", 2048), ("0.8.5", 2048)])
+def test_v0_long_context_profiles_its_releases_chunk(version: str, chunk: int) -> None:
+    """Beyond 32K tokens V0 turns chunked prefill on (0.6.4 engine/arg_utils.py:995-1020, 0.8.5
+    :1504-1533), so the scheduler's default is its chunk, not max_model_len: 512 tokens up to
+    0.6.4.post1 (config.py:1103-1114; MapCoder's 0.6.4.post1 Llama-3.1-8B at 131K logs
+    max_num_batched_tokens=512), 2048 from 0.6.5 (config.py:1344; 0.8.5 config.py:68)."""
+    d = Deployment(engine="vllm", engine_version=version, pp=2, max_model_len=60000)
+    assert memory.batch_limits(d, 60000) == (256, chunk)
     assert memory.batch_limits(d.with_(max_model_len=20000), 20000) == (256, 20000)
 
 

@@ -55,7 +55,11 @@ def runs_v0(d: Deployment) -> bool:
 
 
 def default_batch_limits(
-    version: str | None, total_bytes: int | None, gpu_name: str | None, max_model_len: int
+    version: str | None,
+    total_bytes: int | None,
+    gpu_name: str | None,
+    max_model_len: int,
+    v0: bool | None = None,
 ) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) the API server resolves when the user sets neither.
 
@@ -64,12 +68,13 @@ def default_batch_limits(
     in 0.20 (0.20.0 arg_utils.py) and again from 0.28 (0.28.0 arg_utils.py:2582-2591, 0.33.0 :2973);
     0.21.0-0.27.1 have no such branch (0.21.0 :2217-2266, 0.27.1 :2515-2544). V0 (< 0.8) schedules
     256 sequences and, without chunked prefill, max(max_model_len, 2048) tokens (config.py
-    SchedulerConfig).
+    SchedulerConfig). ``v0``: the release runs V0 (None: its default engine; True for a fallback).
     """
-    if not is_v1(version):
-        # Beyond 32K tokens V0 turns chunked prefill on by default, which schedules 2048 tokens
-        # (0.6.4 engine/arg_utils.py:995-1020, 0.8.5 :1504-1533; 0.8.5 config.py:1968-1978).
-        return 256, 2048 if max_model_len > 32768 else max(max_model_len, 2048)
+    if (not is_v1(version)) if v0 is None else v0:
+        # Beyond 32K tokens V0 turns chunked prefill on by default (0.6.4 engine/arg_utils.py:995-1020,
+        # 0.8.5 :1504-1533), which schedules v0_chunked_prefill_tokens (512, then 2048).
+        chunk = releases.V0_CHUNKED_PREFILL_TOKENS.at(version)
+        return 256, chunk if max_model_len > 32768 else max(max_model_len, 2048)
     total = total_bytes or 0
     big = releases.BIG_CARD_TOKENS.at(version)
     if total >= 160 * GiB and big:
@@ -82,8 +87,8 @@ def default_batch_limits(
 def batch_limits(d: Deployment, max_model_len: int) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) as given, else as the release resolves them; a V0
     fallback (runs_v0) takes V0's."""
-    version = "0.7" if runs_v0(d) else d.engine_version
-    seqs, tokens = default_batch_limits(version, d.gpu_memory_bytes, d.gpu_name, max_model_len)
+    v0 = runs_v0(d)
+    seqs, tokens = default_batch_limits(d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len, v0)
     return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
 
 

@@ -39,6 +39,12 @@ V0_AT_PP: Rule[bool] = Rule(
     Side("0.8", True, "0.8.5 engine/arg_utils.py:1476-1482 ('ray' only); 0.9.0 :1378-1384"),
     Side("0.9.1", False, "0.9.1 engine/arg_utils.py:1434-1440 (the default backend accepted)"),
 )
+V0_CHUNKED_PREFILL_TOKENS: Rule[int] = Rule(
+    "v0_chunked_prefill_tokens",
+    "max_num_batched_tokens of V0's chunked prefill when none is given (on by default past 32K tokens)",
+    Side(None, 512, "0.6.4.post1 config.py:1103-1114 (SchedulerConfig: 512, 'best balance ... on A100')"),
+    Side("0.6.5", 2048, "0.6.5 config.py:1344; 0.7.3 config.py:1532; 0.8.5 config.py:68"),
+)
 V0_BLOCKS_PER_VIRTUAL_ENGINE: Rule[bool] = Rule(
     "v0_blocks_per_virtual_engine",
     "V0's max-seq-len check counts the blocks of one PP virtual engine, not of them all",
@@ -179,6 +185,7 @@ RULES: tuple[Rule[Any], ...] = (
     UTILIZATION_DEFAULT,
     V1_ENGINE,
     V0_AT_PP,
+    V0_CHUNKED_PREFILL_TOKENS,
     V0_BLOCKS_PER_VIRTUAL_ENGINE,
     BIG_CARD_TOKENS,
     SM100_CAPTURE_CAP,
