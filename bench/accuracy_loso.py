@@ -31,8 +31,8 @@ from kvwatch.engines.vllm import calibration
 from kvwatch.engines.vllm import envelope as vllm_envelope
 from kvwatch.engines.vllm.calibration import Calibration
 
-# The share of out-of-sample errors a band is sized to hold (term bands, the scale on their sum and
-# the widenings alike): above the 80 % promised, since each is refitted without the source it judges.
+# The share of out-of-sample errors a band is sized to hold (term bands, the floor and the widenings
+# alike): above the 80 % promised, since each is refitted without the source it judges.
 QUANTILE = 0.85
 # An axis with fewer uncovered cases than this takes the pooled widening of all uncovered cases.
 MIN_AXIS_CASES = 3
@@ -42,8 +42,8 @@ MIN_AXIS_CASES = 3
 # leaves it "calibrated" on the others' one or two startups. vLLM 0.19 is the case in point: 39 of
 # its 42 cases are llm-d-planner's, and with that source held out myoceane's and local-ai's three
 # startups still covered it, so its TP >= 2 rows lost their widening and missed by 2.3-3.1 % against
-# bands of +/-0.4-2.2 % -- and, read as inside the envelope, they drove the scale on the term bands
-# to 26.7 (in-sample bands of +/-4 % around errors of 0.05 %). With three, a value rests on two
+# bands of +/-0.4-2.2 % -- and, read as inside the envelope, they drove the (since removed) scale on
+# the term bands to 26.7 (in-sample bands of +/-4 % around errors of 0.05 %). With three, a value rests on two
 # other sources in every fold of its own cases.
 MIN_COVER = 3
 MIN_SOURCES = 3
@@ -224,16 +224,13 @@ def fit_envelope(
     # bands, the floor (the 85 % quantile of those very cases' error, _floor) already covers them.
     # A scale fitted as the quantile of error / band blew up on small bands (12.4x on the 90
     # startups of 2026-12-02: Qwen3-32B on an H100 printed 7.89 GiB +- 22.88 GiB).
-    scale = 1.0
-    if TERMS[engine]:
-        terms["scale"] = scale
     floor = _floor(rows)
     residual: dict[Axis, list[float]] = {axis: [] for axis in AXES}
     pooled: list[float] = []
     for r in rows:
         if r.kv_error is None or not r.usable_bytes or not r.uncovered:
             continue
-        b = max(scale * base.get(r.case.id, 0.0), floor * r.usable_bytes)
+        b = max(base.get(r.case.id, 0.0), floor * r.usable_bytes)
         extra = math.sqrt(max(0.0, _err_bytes(r) ** 2 - b**2)) / r.usable_bytes
         pooled.append(extra)
         for axis, _ in r.uncovered:
@@ -277,9 +274,8 @@ def _floor(rows: Sequence[Row]) -> float:
 
 
 def _no_widening(env: Envelope) -> Envelope:
-    """The envelope's term bands alone: unscaled, no widening (each row's base band)."""
-    bands = {**env.term_bands, "scale": 1.0} if env.term_bands else {}
-    return replace(env, widening=dict.fromkeys(AXES, 0.0), term_bands=bands, floor=0.0)
+    """The envelope's term bands alone: no widening, no floor (each row's base band)."""
+    return replace(env, widening=dict.fromkeys(AXES, 0.0), floor=0.0)
 
 
 def _sglang_band(case: Case, folds: Mapping[str, BandTerms]) -> AbstractContextManager[None]:

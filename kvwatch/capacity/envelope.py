@@ -131,8 +131,8 @@ class Envelope:
 
     newest_read: str
     covered: Mapping[Axis, frozenset[str]]
-    # Per modelled term, the band as a fraction of the term (leave-one-source-out quantile), and
-    # "scale", the factor on their quadrature sum that holds the cases inside the envelope.
+    # Per modelled term, the band as a fraction of the term (leave-one-source-out quantile); what
+    # their quadrature sum misses on the cases inside the envelope, the floor covers.
     term_bands: Mapping[str, float]
     # Per axis, the widening of an uncovered value, as a fraction of the usable memory.
     widening: Mapping[Axis, float]

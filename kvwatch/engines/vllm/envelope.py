@@ -24,13 +24,7 @@ ENVELOPE = Envelope(
         "parallelism": frozenset({"tp 1", "tp >= 2"}),
         "connector": frozenset({"none"}),
     },
-    term_bands={
-        "weights": 0.0039,
-        "activation": 0.0045,
-        "non_torch": 0.3394,
-        "cuda_graphs": 1.2304,
-        "scale": 1.0,
-    },
+    term_bands={"weights": 0.0039, "activation": 0.0045, "non_torch": 0.3394, "cuda_graphs": 1.2304},
     widening={
         "card": 0.055,
         "release": 0.0,
@@ -97,7 +91,6 @@ ENVELOPE = Envelope(
         "band activation": "leave-one-source-out error of every case that logs it",
         "band non_torch": "leave-one-source-out error of every case that logs it",
         "band cuda_graphs": "leave-one-source-out error of every case that logs it",
-        "band scale": "leave-one-source-out error of every case that logs it",
         "floor": "9 cases nearest the calibrated cell: DaisukeTakai/eval_dataset (1), dennislee22/vLLM-benchmarking (6), kolyangg/mlops-assignment (1), qweewqq/EnergyLLM (1)",
     },
     floor=0.0418,

@@ -137,8 +137,7 @@ def _terms(
                     f"{gpus.DEFAULT_RESERVED_MIB} MiB (no log has measured this card; --gpu-memory gives "
                     "the driver's figure)"
                 )
-        summed = math.isqrt(sum(int(t + _RESOLUTION) ** 2 for t in terms if t) + int(card_band * util) ** 2)
-        band = int(f.get("scale", 1.0) * summed)
+        band = math.isqrt(sum(int(t + _RESOLUTION) ** 2 for t in terms if t) + int(card_band * util) ** 2)
     return _Budget(
         requested,
         stage_weights[0],
