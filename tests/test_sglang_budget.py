@@ -184,6 +184,29 @@ def test_mla_copies_of_an_unquantised_kv_b_are_bf16() -> None:
     assert budget.mla_up_proj_copies(kimi, d) == 512 * 64 * (128 + 128) * 61 * 2 // 8
 
 
+# DeepSeek-V3.2's indexer per layer: wq_b 1536 x 64 x 128, wk 7168 x 128 (fp8), weights_proj 7168 x 64.
+V32_INDEXER = 1536 * 64 * 128 + 7168 * 128
+V32_GATE = 7168 * 64
+
+
+@pytest.mark.parametrize(
+    ("version", "dp", "expected"),
+    [
+        # TP 8 without DP attention: the count splits the indexer by 8, nsa_indexer.py:133-156 keeps it
+        # whole; weights_proj in bf16 up to 0.5.5, fp32 from 0.5.6 (:148-155).
+        ("0.5.4", 1, (V32_INDEXER * 7 / 8 + V32_GATE * (2 - 1 / 8)) * 61),
+        ("0.5.6", 1, (V32_INDEXER * 7 / 8 + V32_GATE * (4 - 1 / 8)) * 61),
+        # DP attention (attention TP 1): the count already holds it whole, only the gate's width is off.
+        ("0.5.6", 8, V32_GATE * (4 - 1) * 61),
+    ],
+)
+def test_dsa_indexer_is_replicated(version: str, dp: int, expected: float) -> None:
+    v32 = _model("deepseek-ai--DeepSeek-V3.2")
+    d = _sglang(version, "B200-180GB", tp=8, dp=dp, dp_attention=dp > 1)
+    assert budget.dsa_indexer_replicas(v32, d) == int(expected)
+    assert budget.dsa_indexer_replicas(_model("deepseek-ai--DeepSeek-V3"), d) == 0
+
+
 def test_moe_routers_are_replicated() -> None:
     # MoEGate's weight is a plain Parameter on every rank (0.5.6 deepseek_v2.py:523-525), bf16.
     v3 = _model("deepseek-ai--DeepSeek-V3")

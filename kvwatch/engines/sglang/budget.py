@@ -300,6 +300,27 @@ def router_replicas(model: ModelGeometry, d: Deployment) -> int:
     return int((part - part / d.tp) / max(d.pp, 1))
 
 
+def dsa_indexer_replicas(model: ModelGeometry, d: Deployment) -> int:
+    """Bytes one rank holds beyond what the weights count for a DeepSeek sparse-attention indexer.
+
+    Its wq_b and wk are ReplicatedLinear, whole on every rank in the checkpoint's scheme, and its
+    weights_proj an unquantised ReplicatedLinear, in the model dtype and from 0.5.6 in fp32
+    (releases.DSA_INDEXER_GATE_FP32; 0.5.6 layers/attention/nsa/nsa_indexer.py:133-156), while the
+    count puts all three inside the attention, at its width and split over the attention-TP group.
+    """
+    dims = model.dims
+    attn_params = model.params.get(ATTENTION, 0)
+    if dims is None or not dims.dsa_indexer_linear_params or not attn_params:
+        return 0
+    width = weight_bytes_of(model, ATTENTION) / attn_params
+    gate_width = 4 if releases.DSA_INDEXER_GATE_FP32.at(d.engine_version) else model.dtype_bytes
+    attn_tp = attention_tp(d)
+    layers = max(sum(1 for layer in stage if is_dsa(layer)) for stage in stage_layers(model.layers, d.pp))
+    linear = dims.dsa_indexer_linear_params * width * (1 - 1 / attn_tp)
+    gate = dims.dsa_indexer_gate_params * (gate_width - width / attn_tp)
+    return int((linear + gate) * layers)
+
+
 def mla_up_proj_copies(model: ModelGeometry, d: Deployment) -> int:
     """Bytes one rank holds for the per-head copies of an MLA model's latent up-projection.
 

@@ -31,9 +31,9 @@ ENVELOPE = Envelope(
     widening={
         "card": 0.0504,
         "release": 0.0504,
-        "architecture": 0.041,
+        "architecture": 0.0407,
         "modality": 0.0504,
-        "quantization": 0.041,
+        "quantization": 0.0407,
         "parallelism": 0.0504,
         "connector": 0.0504,
     },

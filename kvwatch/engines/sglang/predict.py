@@ -101,6 +101,13 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 f"MoE routers are replicated on every rank, not split over tp={d.tp} "
                 f"(+{format_bytes(routers)} per rank)"
             )
+        indexer = budget.dsa_indexer_replicas(model, d)
+        if indexer:
+            weights_rank = basis.weights_bytes = weights_rank + indexer
+            assumptions.append(
+                "sparse-attention indexer: wq_b and wk whole on every rank, weights_proj in fp32 "
+                f"(+{format_bytes(indexer)} per rank)"
+            )
         copies = budget.mla_up_proj_copies(model, d)
         if copies:
             weights_rank = basis.weights_bytes = weights_rank + copies

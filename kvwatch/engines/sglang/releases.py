@@ -153,6 +153,12 @@ MLA_FP8_UP_PROJ_DEQUANT: Rule[bool] = Rule(
     Side(None, False, "0.4.6 models/deepseek_v2.py:1553-1566, :1594-1595"),
     Side("0.4.7", True, "0.4.7 models/deepseek_v2.py:1842-1862, :1903-1906; 0.5.6 :3584-3602, :3653-3657"),
 )
+DSA_INDEXER_GATE_FP32: Rule[bool] = Rule(
+    "dsa_indexer_gate_fp32",
+    "a DSA indexer's weights_proj is kept in fp32 (before: unquantised, in the model dtype)",
+    Side(None, False, "0.5.3 layers/attention/nsa/nsa_indexer.py:148-154; 0.5.5 :141-147"),
+    Side("0.5.6", True, "0.5.6 layers/attention/nsa/nsa_indexer.py:148-155"),
+)
 
 # --- request states of hybrid Mamba / linear-attention models (states.py) -------------------------
 
@@ -210,6 +216,7 @@ RULES: tuple[Rule[Any], ...] = (
     DSA_INDEXER_BUFFER,
     SWA_SPLIT,
     MLA_FP8_UP_PROJ_DEQUANT,
+    DSA_INDEXER_GATE_FP32,
     FIXED_STATE_SLOTS,
     MAMBA2_FIXED_STATE_SLOTS,
     STATE_SLOTS_DP_DIVIDED,
