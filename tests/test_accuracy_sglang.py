@@ -50,8 +50,10 @@ KNOWN_OUTSIDE: dict[str, str] = {
 KNOWN_FAILED_MISSES = {
     "sgl-7691-dsr1-rocm-tp8-dp8-dpattn-mfs095-negative-profile": (
         "the profile printed -561981 tokens, yet the excerpt's own figures give a positive budget "
-        "(21.73 - 188.32 x 0.05 GiB), and its 166.59 GiB of weights are twice the FP8 checkpoint's: "
-        "the cause is outside the excerpt"
+        "(21.73 - 188.32 x 0.05 GiB), and its 166.59 GiB of weights are twice the FP8 checkpoint's; "
+        "0.4.8.post1's EPMoE holding its experts twice under SGLANG_USE_AITER (ep_moe/layer.py:238-249, "
+        ":1055-1063) and aiter's x 0.85 (model_runner.py:436-438) would explain both, but kvwatch is "
+        "given neither --attention-backend nor the environment"
     ),
 }
 
