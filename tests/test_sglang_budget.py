@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
+from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.units import GiB, MiB
 from kvwatch.engines.sglang import budget, states
 
@@ -215,6 +217,25 @@ def test_moe_routers_are_replicated() -> None:
     assert budget.router_replicas(v3, _sglang("0.5.6", tp=8)) == int(router * 7 / 8)
     assert budget.router_replicas(v3, _sglang("0.5.6", tp=1)) == 0
     assert budget.router_replicas(_model("meta-llama--Meta-Llama-3.1-70B"), _sglang("0.5.6", tp=8)) == 0
+
+
+def test_predicted_weights_carry_what_sglang_holds_beyond_the_checkpoint() -> None:
+    # DeepSeek-V3.2 on 8 x B200, DP attention (PR#11309's deployment): the weights SGLang's budget
+    # subtracts are the even split plus the unsplit embedding and attention, the routers, the
+    # indexer and the w_kc / w_vc copies -- each its own rule above.
+    v32 = _model("deepseek-ai--DeepSeek-V3.2")
+    d = _sglang("0.5.4", "B200-180GB", B200_MIB, tp=8, dp=8, dp_attention=True)
+    p = predict(v32, d)
+    split = weights_per_rank(v32, 8, 1).per_rank_bytes
+    extras = (
+        budget.dp_attention_weights_extra(v32, d)
+        + budget.router_replicas(v32, d)
+        + budget.dsa_indexer_replicas(v32, d)
+        + budget.mla_up_proj_copies(v32, d)
+    )
+    assert budget.mla_up_proj_copies(v32, d) == 512 * 128 * 256 * 61 * 2
+    assert p.weights_bytes == split + extras
+    assert any("w_kc" in a for a in p.assumptions)
 
 
 def _hybrid(full: LayerSpec, sliding: LayerSpec, n: int) -> ModelGeometry:
