@@ -24,26 +24,36 @@ LOSO = acc.leave_one_source_out(SCORED)
 
 # Measured 2026-12-02 after the refit on the issue-20 data with a calibrated condition needing three
 # independent sources (leave-one-source-out refits the band terms without the held-out source; the
-# envelope's widening per uncovered condition is the shipped one, fitted by bench/bench_accuracy.py):
-# median 5.97 %, mean 6.30 %, 5 of 12 within 5 %, 12 of 12 inside the printed band; weights median
-# 2.10 % over 8 cases.
-MEDIAN_PCT = 6.0
-MEAN_PCT = 6.3
-WITHIN_5_PCT = 41.0
-INSIDE_BAND_PCT = 100.0
-WEIGHTS_MEDIAN_PCT = 2.2
+# envelope's widening per uncovered condition is the shipped one, fitted by bench/bench_accuracy.py),
+# then again once the weights counted SGLang's MLA w_kc / w_vc copies, its replicated MoE routers and
+# sparse-attention indexer: median 3.63 %, mean 5.44 %, 7 of 12 within 5 %, 11 of 12 inside the
+# printed band (the tighter refitted envelope leaves sglang#12419 out, KNOWN_OUTSIDE); weights
+# median 1.42 % over 8 cases.
+MEDIAN_PCT = 3.7
+MEAN_PCT = 5.5
+WITHIN_5_PCT = 58.0
+INSIDE_BAND_PCT = 91.0
+WEIGHTS_MEDIAN_PCT = 1.5
 
-# Cases whose token count falls outside the band their prediction prints, and why. None today:
-# the four outside the band terms alone (sglang#12419, PR#39713, sglang#10407, Kimi-K2.5; the
-# README of tests/apriori/public/sglang gives each reason) are inside once the band is widened for
-# the conditions no calibration case covers.
-KNOWN_OUTSIDE: dict[str, str] = {}
+# Cases whose token count falls outside the band their prediction prints, and why. The others
+# outside the band terms alone (PR#39713, sglang#10407, Kimi-K2.5; the README of
+# tests/apriori/public/sglang gives each reason) are inside once the band is widened for the
+# conditions no calibration case covers.
+KNOWN_OUTSIDE: dict[str, str] = {
+    "sgl-12419-qwen3next-rocm-tp4-mamba": (
+        "the excerpt's mamba and KV pools (52.44 + 58.26 GiB) imply mem_fraction_static 0.778 against "
+        "the 0.865 default, and 0.5.4's aiter x 0.85 (model_runner.py:646-648) would give 0.735: "
+        "the command line is not in the excerpt"
+    ),
+}
 # Failed starts (for want of memory) predicted to start, and why.
 KNOWN_FAILED_MISSES = {
     "sgl-7691-dsr1-rocm-tp8-dp8-dpattn-mfs095-negative-profile": (
         "the profile printed -561981 tokens, yet the excerpt's own figures give a positive budget "
-        "(21.73 - 188.32 x 0.05 GiB), and its 166.59 GiB of weights are twice the FP8 checkpoint's: "
-        "the cause is outside the excerpt"
+        "(21.73 - 188.32 x 0.05 GiB), and its 166.59 GiB of weights are twice the FP8 checkpoint's; "
+        "0.4.8.post1's EPMoE holding its experts twice under SGLANG_USE_AITER (ep_moe/layer.py:238-249, "
+        ":1055-1063) and aiter's x 0.85 (model_runner.py:436-438) would explain both, but kvwatch is "
+        "given neither --attention-backend nor the environment"
     ),
 }
 

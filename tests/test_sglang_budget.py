@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
+from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.units import GiB, MiB
 from kvwatch.engines.sglang import budget, states
 
@@ -148,6 +150,92 @@ def test_dp_attention_weights_not_split() -> None:
     )
     q_embed, q_attn = qwen.params["embeddings"] * 2, qwen.params["attention"] * 2
     assert budget.dp_attention_weights_extra(qwen, dp) == pytest.approx((q_embed + q_attn) * 7 / 8, rel=1e-6)
+
+
+# DeepSeek-V3's kv_b_proj: kv_lora_rank 512 x 128 heads x (qk_nope 128 + v_head 128), 61 layers.
+V3_KV_B = 512 * 128 * (128 + 128) * 61
+
+
+@pytest.mark.parametrize(
+    ("version", "gpu", "tp", "dp", "expected"),
+    [
+        # 0.5.6 deepseek_v2.py:3584-3602: CUDA dequantises the fp8 128 x 128 blocks to bf16 for
+        # w_kc / w_vc (:3653-3657), split over attention TP: 1 under DP attention, 8 without.
+        ("0.5.6", "B200-180GB", 8, 8, V3_KV_B * 2),
+        ("0.5.6", "B200-180GB", 8, 1, V3_KV_B * 2 // 8),
+        # 0.4.6 :1553-1566 kept them fp8 (block_quant_to_tensor_quant); so does ROCm in every release.
+        ("0.4.6", "H200-SXM-141GB", 8, 1, V3_KV_B // 8),
+        ("0.4.8.post1", "MI300X-192GB", 8, 8, V3_KV_B),
+    ],
+)
+def test_mla_keeps_per_head_copies_of_kv_b_proj(
+    version: str, gpu: str, tp: int, dp: int, expected: int
+) -> None:
+    v3 = _model("deepseek-ai--DeepSeek-V3")
+    d = _sglang(version, gpu, tp=tp, dp=dp, dp_attention=dp > 1)
+    assert budget.mla_up_proj_copies(v3, d) == expected
+    # No MLA, no copies.
+    assert budget.mla_up_proj_copies(_model("meta-llama--Meta-Llama-3.1-70B"), d) == 0
+
+
+def test_mla_copies_of_an_unquantised_kv_b_are_bf16() -> None:
+    # Kimi-K2.5 quantises only its routed experts (int4): kv_b_proj is bf16, copied as it is
+    # (0.5.6 deepseek_v2.py:3542, :3653-3657); 64 heads.
+    kimi = _model("moonshotai--Kimi-K2.5")
+    d = _sglang("0.5.8", tp=8)
+    assert budget.mla_up_proj_copies(kimi, d) == 512 * 64 * (128 + 128) * 61 * 2 // 8
+
+
+# DeepSeek-V3.2's indexer per layer: wq_b 1536 x 64 x 128, wk 7168 x 128 (fp8), weights_proj 7168 x 64.
+V32_INDEXER = 1536 * 64 * 128 + 7168 * 128
+V32_GATE = 7168 * 64
+
+
+@pytest.mark.parametrize(
+    ("version", "dp", "expected"),
+    [
+        # TP 8 without DP attention: the count splits the indexer by 8, nsa_indexer.py:133-156 keeps it
+        # whole; weights_proj in bf16 up to 0.5.5, fp32 from 0.5.6 (:148-155).
+        ("0.5.4", 1, (V32_INDEXER * 7 / 8 + V32_GATE * (2 - 1 / 8)) * 61),
+        ("0.5.6", 1, (V32_INDEXER * 7 / 8 + V32_GATE * (4 - 1 / 8)) * 61),
+        # DP attention (attention TP 1): the count already holds it whole, only the gate's width is off.
+        ("0.5.6", 8, V32_GATE * (4 - 1) * 61),
+    ],
+)
+def test_dsa_indexer_is_replicated(version: str, dp: int, expected: float) -> None:
+    v32 = _model("deepseek-ai--DeepSeek-V3.2")
+    d = _sglang(version, "B200-180GB", tp=8, dp=dp, dp_attention=dp > 1)
+    assert budget.dsa_indexer_replicas(v32, d) == int(expected)
+    assert budget.dsa_indexer_replicas(_model("deepseek-ai--DeepSeek-V3"), d) == 0
+
+
+def test_moe_routers_are_replicated() -> None:
+    # MoEGate's weight is a plain Parameter on every rank (0.5.6 deepseek_v2.py:523-525), bf16.
+    v3 = _model("deepseek-ai--DeepSeek-V3")
+    router = 58 * 256 * 7168 * 2
+    assert v3.params["router"] == 58 * 256 * 7168
+    assert budget.router_replicas(v3, _sglang("0.5.6", tp=8)) == int(router * 7 / 8)
+    assert budget.router_replicas(v3, _sglang("0.5.6", tp=1)) == 0
+    assert budget.router_replicas(_model("meta-llama--Meta-Llama-3.1-70B"), _sglang("0.5.6", tp=8)) == 0
+
+
+def test_predicted_weights_carry_what_sglang_holds_beyond_the_checkpoint() -> None:
+    # DeepSeek-V3.2 on 8 x B200, DP attention (PR#11309's deployment): the weights SGLang's budget
+    # subtracts are the even split plus the unsplit embedding and attention, the routers, the
+    # indexer and the w_kc / w_vc copies -- each its own rule above.
+    v32 = _model("deepseek-ai--DeepSeek-V3.2")
+    d = _sglang("0.5.4", "B200-180GB", B200_MIB, tp=8, dp=8, dp_attention=True)
+    p = predict(v32, d)
+    split = weights_per_rank(v32, 8, 1).per_rank_bytes
+    extras = (
+        budget.dp_attention_weights_extra(v32, d)
+        + budget.router_replicas(v32, d)
+        + budget.dsa_indexer_replicas(v32, d)
+        + budget.mla_up_proj_copies(v32, d)
+    )
+    assert budget.mla_up_proj_copies(v32, d) == 512 * 128 * 256 * 61 * 2
+    assert p.weights_bytes == split + extras
+    assert any("w_kc" in a for a in p.assumptions)
 
 
 def _hybrid(full: LayerSpec, sliding: LayerSpec, n: int) -> ModelGeometry:

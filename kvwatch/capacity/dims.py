@@ -60,6 +60,14 @@ class ModelDims:
     # The vision tower's depth and width (0 without one): SGLang's default static fraction reads them.
     vision_layers: int = 0
     vision_hidden: int = 0
+    # MLA only: the parameters of one layer's latent up-projection (kv_b_proj: kv_lora_rank x heads x
+    # (qk_nope_head_dim + v_head_dim)), which an engine may keep a second copy of, split per head.
+    mla_kv_up_params: int = 0
+    # DeepSeek sparse attention only: one layer's indexer projections, wq_b + wk (q_lora_rank x
+    # index_n_heads x index_head_dim + hidden x index_head_dim), and its weights_proj (hidden x
+    # index_n_heads); the param count puts both inside the attention.
+    dsa_indexer_linear_params: int = 0
+    dsa_indexer_gate_params: int = 0
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -259,4 +267,13 @@ def dims_from_config(
         vision_hidden=vision_shape[1],
         rope_positions=_rope_positions(cfg, max_position),
         rotary_dim=rotary,
+        mla_kv_up_params=_int(cfg, "kv_lora_rank")
+        * heads
+        * (_int(cfg, "qk_nope_head_dim") + _int(cfg, "v_head_dim")),
+        dsa_indexer_linear_params=(
+            (_int(cfg, "q_lora_rank") * _int(cfg, "index_n_heads") + hidden) * _int(cfg, "index_head_dim")
+            if _int(cfg, "index_head_dim")
+            else 0
+        ),
+        dsa_indexer_gate_params=hidden * _int(cfg, "index_n_heads") if _int(cfg, "index_head_dim") else 0,
     )

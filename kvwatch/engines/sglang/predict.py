@@ -40,7 +40,7 @@ class BandTerms:
     fraction: float
 
 
-BAND = BandTerms(weights=0.059, pre_load=0.035, fraction=0.0)
+BAND = BandTerms(weights=0.054, pre_load=0.035, fraction=0.0)
 _band = [BAND]
 
 
@@ -92,6 +92,28 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 f"DP attention: attention TP {budget.attention_tp(d)}; the embedding"
                 + (" and the attention" if budget.attention_over_attn_tp(model) else "")
                 + f" are not split over all {d.tp} ranks (+{format_bytes(extra)} per rank)"
+            )
+    if weights_rank is not None and d.weights_bytes is None:
+        routers = budget.router_replicas(model, d)
+        if routers:
+            weights_rank = basis.weights_bytes = weights_rank + routers
+            assumptions.append(
+                f"MoE routers are replicated on every rank, not split over tp={d.tp} "
+                f"(+{format_bytes(routers)} per rank)"
+            )
+        indexer = budget.dsa_indexer_replicas(model, d)
+        if indexer:
+            weights_rank = basis.weights_bytes = weights_rank + indexer
+            assumptions.append(
+                "sparse-attention indexer: wq_b and wk whole on every rank, weights_proj in fp32 "
+                f"(+{format_bytes(indexer)} per rank)"
+            )
+        copies = budget.mla_up_proj_copies(model, d)
+        if copies:
+            weights_rank = basis.weights_bytes = weights_rank + copies
+            assumptions.append(
+                f"MLA: SGLang keeps per-head copies of kv_b_proj (w_kc, w_vc) beside it "
+                f"(+{format_bytes(copies)} per rank)"
             )
     if d.available_kv_bytes is not None:
         available = d.available_kv_bytes

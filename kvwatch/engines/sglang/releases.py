@@ -144,6 +144,22 @@ SWA_SPLIT: Rule[SwaSplit] = Rule(
     Side("0.5.11", "configurator", "0.5.11 pool_configurator.py:184; 0.5.23 :656-920"),
 )
 
+# --- weights beyond the checkpoint's (budget.py) ---------------------------------------------------
+
+MLA_FP8_UP_PROJ_DEQUANT: Rule[bool] = Rule(
+    "mla_fp8_up_proj_dequant",
+    "on CUDA an MLA model's fp8 (128 x 128 block) kv_b_proj is dequantised to the model dtype for its "
+    "per-head w_kc / w_vc copies (before: kept fp8, block_quant_to_tensor_quant)",
+    Side(None, False, "0.4.6 models/deepseek_v2.py:1553-1566, :1594-1595"),
+    Side("0.4.7", True, "0.4.7 models/deepseek_v2.py:1842-1862, :1903-1906; 0.5.6 :3584-3602, :3653-3657"),
+)
+DSA_INDEXER_GATE_FP32: Rule[bool] = Rule(
+    "dsa_indexer_gate_fp32",
+    "a DSA indexer's weights_proj is kept in fp32 (before: unquantised, in the model dtype)",
+    Side(None, False, "0.5.3 layers/attention/nsa/nsa_indexer.py:148-154; 0.5.5 :141-147"),
+    Side("0.5.6", True, "0.5.6 layers/attention/nsa/nsa_indexer.py:148-155"),
+)
+
 # --- request states of hybrid Mamba / linear-attention models (states.py) -------------------------
 
 FIXED_STATE_SLOTS: Rule[bool] = Rule(
@@ -199,6 +215,8 @@ RULES: tuple[Rule[Any], ...] = (
     DSA_INDEXER_CELL,
     DSA_INDEXER_BUFFER,
     SWA_SPLIT,
+    MLA_FP8_UP_PROJ_DEQUANT,
+    DSA_INDEXER_GATE_FP32,
     FIXED_STATE_SLOTS,
     MAMBA2_FIXED_STATE_SLOTS,
     STATE_SLOTS_DP_DIVIDED,
