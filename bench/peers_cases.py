@@ -336,9 +336,11 @@ def load_all(public: Path) -> list[Case]:
     """The three sets; a case no tool can be given (no config, no card, no TP) says why in ``skip``."""
     dirs = (*CONFIG_DIRS, public / "configs")
     cases = [_record(c, "main", dirs) for c in json.loads(MAIN.read_text(encoding="utf-8"))]
-    for engine in ("vllm", "sglang"):
-        path = public / engine / "cases.json"
-        if path.is_file():
-            for c in json.loads(path.read_text(encoding="utf-8")):
-                cases.append(_record({**c, "engine": engine}, f"public-{engine}", dirs))
+    named = [public / e / "cases.json" for e in ("vllm", "sglang")]
+    others = sorted(p for p in public.glob("*/cases.json") if p not in named)
+    for path in [p for p in named if p.is_file()] + others:
+        for c in json.loads(path.read_text(encoding="utf-8")):
+            # sglang-repos/ and other non-engine folders name the engine in each case.
+            engine = path.parent.name if path in named else str(c["engine"])
+            cases.append(_record({**c, "engine": engine}, f"public-{path.parent.name}", dirs))
     return cases

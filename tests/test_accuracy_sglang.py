@@ -28,12 +28,14 @@ LOSO = acc.leave_one_source_out(SCORED)
 # then again once the weights counted SGLang's MLA w_kc / w_vc copies, its replicated MoE routers and
 # sparse-attention indexer: median 3.63 %, mean 5.44 %, 7 of 12 within 5 %, 11 of 12 inside the
 # printed band (the tighter refitted envelope leaves sglang#12419 out, KNOWN_OUTSIDE); weights
-# median 1.42 % over 8 cases.
-MEDIAN_PCT = 3.7
-MEAN_PCT = 5.5
+# median 1.42 % over 8 cases. The sglang-repos folder's DeepSeek-V3.2 B200 failed start (predicted to
+# fail, weights -0.61 %) then refitted the context before weights (1.95 -> 2.15 GiB): median 3.39 %,
+# mean 5.53 % (new data), weights median 1.02 % over 9 cases.
+MEDIAN_PCT = 3.4
+MEAN_PCT = 5.6
 WITHIN_5_PCT = 58.0
 INSIDE_BAND_PCT = 91.0
-WEIGHTS_MEDIAN_PCT = 1.5
+WEIGHTS_MEDIAN_PCT = 1.1
 
 # Cases whose token count falls outside the band their prediction prints, and why. The others
 # outside the band terms alone (PR#39713, sglang#10407, Kimi-K2.5; the README of
@@ -59,8 +61,9 @@ KNOWN_FAILED_MISSES = {
 
 
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
-    raw = json.loads(CASES.read_text(encoding="utf-8"))
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 35
+    raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
+    assert CASES in acc.case_files()
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 37
     assert all(why for _, why in EXCLUDED)
     assert len(SCORED) >= 14
     assert len({c.source for c in SCORED}) >= 12
