@@ -28,26 +28,23 @@ LOSO = acc.leave_one_source_out(SCORED)
 # then again once the weights counted SGLang's MLA w_kc / w_vc copies, its replicated MoE routers and
 # sparse-attention indexer: median 3.63 %, mean 5.44 %, 7 of 12 within 5 %, 11 of 12 inside the
 # printed band (the tighter refitted envelope leaves sglang#12419 out, KNOWN_OUTSIDE); weights
-# median 1.42 % over 8 cases. The sglang-repos folder's DeepSeek-V3.2 B200 failed start (predicted to
-# fail, weights -0.61 %) then refitted the context before weights (1.95 -> 2.15 GiB): median 3.39 %,
-# mean 5.53 % (new data), weights median 1.02 % over 9 cases.
-MEDIAN_PCT = 3.4
-MEAN_PCT = 5.6
-WITHIN_5_PCT = 58.0
-INSIDE_BAND_PCT = 91.0
-WEIGHTS_MEDIAN_PCT = 1.1
+# median 1.42 % over 8 cases. The sglang-repos folder (committed logs) then added a DeepSeek-V3.2
+# B200 failed start (predicted to fail, weights -0.61 %) and a Qwen2.5-3B A100 startup (-2.06 %):
+# median 3.48 %, mean 5.16 %, 8 of 13 within 5 %, 13 of 13 inside the printed band (the refitted
+# envelope's wider widening takes sglang#12419 in), weights median 1.42 % over 10 cases.
+MEDIAN_PCT = 3.5
+MEAN_PCT = 5.2
+WITHIN_5_PCT = 61.0
+INSIDE_BAND_PCT = 100.0
+WEIGHTS_MEDIAN_PCT = 1.5
 
 # Cases whose token count falls outside the band their prediction prints, and why. The others
-# outside the band terms alone (PR#39713, sglang#10407, Kimi-K2.5; the README of
+# outside the band terms alone (PR#39713, sglang#10407, sglang#12419, Kimi-K2.5; the README of
 # tests/apriori/public/sglang gives each reason) are inside once the band is widened for the
-# conditions no calibration case covers.
-KNOWN_OUTSIDE: dict[str, str] = {
-    "sgl-12419-qwen3next-rocm-tp4-mamba": (
-        "the excerpt's mamba and KV pools (52.44 + 58.26 GiB) imply mem_fraction_static 0.778 against "
-        "the 0.865 default, and 0.5.4's aiter x 0.85 (model_runner.py:646-648) would give 0.735: "
-        "the command line is not in the excerpt"
-    ),
-}
+# conditions no calibration case covers. sglang#12419 (+14.57 %: the excerpt's mamba and KV pools
+# imply mem_fraction_static 0.778 against the 0.865 default; its command line is not in the
+# excerpt) came inside when the sglang-repos cases widened the envelope (15.89 %).
+KNOWN_OUTSIDE: dict[str, str] = {}
 # Failed starts (for want of memory) predicted to start, and why.
 KNOWN_FAILED_MISSES = {
     "sgl-7691-dsr1-rocm-tp8-dp8-dpattn-mfs095-negative-profile": (
@@ -63,7 +60,7 @@ KNOWN_FAILED_MISSES = {
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
     raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
     assert CASES in acc.case_files()
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 37
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 38
     assert all(why for _, why in EXCLUDED)
     assert len(SCORED) >= 14
     assert len({c.source for c in SCORED}) >= 12
@@ -79,7 +76,7 @@ def test_shipped_band_terms_are_the_fitted_ones() -> None:
 
 def test_leave_one_source_out_holds_the_measured_figures() -> None:
     s = acc.summary(LOSO)
-    assert s["tokens_n"] == 12
+    assert s["tokens_n"] == 13
     assert s["tokens_median"] <= MEDIAN_PCT
     assert s["tokens_mean"] <= MEAN_PCT
     assert s["tokens_within5"] >= WITHIN_5_PCT
