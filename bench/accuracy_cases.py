@@ -195,6 +195,20 @@ def other_failure(error: object) -> str | None:
     return text[:100]
 
 
+def _failure_not_sizing(c: dict[str, Any]) -> str | None:
+    """Why a failed start is not a sizing failure kvwatch must call, or None when it is one.
+
+    A recorded exception other than a memory failure is one reason; the SGLang scoring's
+    ``failed_unknown`` is the other: the source shows no error at all, so nothing says the start
+    failed for memory (sglang#3416: the maintainer calls it environmental and the same deployment
+    started from the docker image; sglang#14700: the error after weight loading is not in the
+    excerpt). Both reports then judge one set of failures."""
+    scoring = c.get("scoring") or {}
+    if scoring.get("outcome") == "failed_unknown":
+        return f"cause not recorded: {str(scoring.get('outcome_note') or 'the error is not in the source')[:100]}"
+    return other_failure(c.get("error"))
+
+
 def _int(value: object, default: int = 1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
@@ -287,7 +301,7 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
             k: float(v) for k, v in observed.items() if isinstance(v, int | float) and not isinstance(v, bool)
         },
         started=_started(str(c.get("outcome") or "")),
-        other_failure=None if _started(str(c.get("outcome") or "")) else other_failure(c.get("error")),
+        other_failure=None if _started(str(c.get("outcome") or "")) else _failure_not_sizing(c),
         kv_connector=str(transfer) if transfer else None,
         skip=skip,
     )

@@ -158,7 +158,7 @@ def print_report(report: Report, models: Models, cases: Sequence[Case]) -> None:
     print()
     for r in report.in_sample:
         if not r.case.started and r.case.other_failure:
-            print(f"failed for a reason other than memory (not counted): {r.case.id}: {r.case.other_failure}")
+            print(f"failed, not a sizing failure (not counted): {r.case.id}: {r.case.other_failure}")
     refused = [r for r in report.in_sample if r.refused]
     for r in refused:
         print(f"refused by name: {r.case.id}: {r.refused}")
