@@ -100,6 +100,41 @@ def test_float32_dtype_keeps_a_4_byte_kv_cache() -> None:
     assert predict(m, d.with_(dtype="float32", kv_cache_dtype="fp8")).bytes_per_token == 32 * 2 * 8 * 128
 
 
+# GLM-4.7-FP8 (vllm#32105): 92 layers, 8 KV heads of 128, a bf16 cache: 92 x 2 x 8 x 128 x 2 B a token.
+GLM47 = PUBLIC_CONFIGS / "zai-org--GLM-4.7-FP8.json"
+GLM47_TOKEN = 92 * 2 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize(
+    ("version", "fails"),
+    [("0.14.0", True), ("0.15.1", True), ("0.16.0", True), ("0.17.0", False), (None, False)],
+)
+def test_0_14_to_0_16_check_against_every_stage(version: str | None, fails: bool) -> None:
+    """0.16.0 v1/core/kv_cache_utils.py:1514-1527 checks max_model_len against the groups of every
+    stage's layers merged, against min(available); 0.18.0 :1570-1579 checks each worker's own.
+    vllm#32105 (a 0.14-0.16 nightly, PP 8, 202,752 tokens) printed '71.16 GiB KV cache is needed'
+    against 28.57 GiB: 202,752 tokens x the 92 layers; one stage's 11-12 layers need 9.3 GiB."""
+    m = load_model(GLM47)
+    d = Deployment(
+        engine="vllm",
+        engine_version=version,
+        pp=8,
+        max_model_len=202752,
+        available_kv_bytes=int(28.57 * GiB),
+    )
+    p = predict(m, d)
+    assert p.fits is not fails
+    if fails:
+        assert p.needed_kv_bytes == 202752 * GLM47_TOKEN
+        assert p.failure is not None and "71.16 GiB KV cache is needed" in p.failure
+        assert "all 8 pipeline stages at once" in p.failure
+        # The log's estimate is 81,392: 5,087 blocks of 16 tokens in the printed 28.57 GiB.
+        assert p.estimated_max_model_len is not None and abs(p.estimated_max_model_len - 81392) <= 16
+    else:
+        assert p.failure is None
+        assert p.needed_kv_bytes < 10 * GiB
+
+
 @pytest.mark.parametrize(
     ("text", "name", "total_gib"),
     [
@@ -111,6 +146,8 @@ def test_float32_dtype_keeps_a_4_byte_kv_cache() -> None:
         ("AMD Instinct MI355X x8", "MI355X-288GB", 288 - 480 / 1024),
         # rocminfo's GPU pool of 16,695,296 KB.
         ("AMD Radeon RX 9070 XT (16GB, gfx1201) x1", "RX-9070-XT-16GB", 16695296 / 1024**2),
+        # vLLM 0.10.2's 'Free memory on device (14.66/15.99 GiB)' (mrpid12org/imageworks nohup.out).
+        ("RTX 4080 (16GB) x1", "RTX-4080-16GB", 15.99),
     ],
 )
 def test_cards_of_the_public_cases_are_catalogued(text: str, name: str, total_gib: float) -> None:

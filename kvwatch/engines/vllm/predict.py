@@ -250,6 +250,12 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 else ""
             )
         )
+        if d.pp > 1 and releases.GLOBAL_GROUPS_CHECK.at(d.engine_version):
+            # 0.16.0 v1/core/kv_cache_utils.py:1514-1527: the check sums every stage's layers.
+            failure += (
+                f" (vLLM {d.engine_version} checks one request against the layers of all {d.pp} "
+                "pipeline stages at once, against the smallest stage's memory)"
+            )
     else:
         fits = True
     pool_bytes = plan.num_blocks * plan.page_bytes * plan.tensors
