@@ -155,3 +155,88 @@ def test_cards_of_the_public_cases_are_catalogued(text: str, name: str, total_gi
     assert (got, why) == (name, None)
     assert total is not None and abs(total / GiB - total_gib) < 0.005
     assert card_family(got) == name.rsplit("-", 1)[0].upper()
+
+
+LLAMA31_8B = CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"
+
+
+@pytest.mark.parametrize(
+    ("version", "counted"),
+    [
+        ("0.3.0", True),
+        ("0.3.1", False),
+        ("0.6.3.post1", False),
+        ("0.6.4", True),
+        ("0.6.4.post1", True),
+        ("0.6.5", False),
+        ("0.8.5", True),
+        ("0.9.0", True),
+        ("0.9.1", False),
+        ("0.10.2", False),
+    ],
+)
+def test_memory_other_processes_hold_counts_as_non_torch_where_the_release_counts_it(
+    version: str, counted: bool
+) -> None:
+    """V0 0.6.4.x takes non-torch = total - free - torch (0.6.4.post1 worker/worker.py:207-213), so
+    memory other processes hold at launch comes off the KV budget; 0.6.3.post1 (:231, peak = init
+    free - free) and 0.6.5 (:198-200, a baseline snapshot) leave it out. V1 did the same up to 0.9.0
+    (0.8.5 v1/worker/gpu_worker.py:195-210) and from 0.9.1 subtracts a snapshot (gpu_worker.py:135-148)."""
+    m = load_model(LLAMA31_8B)
+    d = Deployment(
+        engine="vllm",
+        engine_version=version,
+        gpu_name="RTX-4090-24GB",
+        gpu_memory_bytes=int(23.55 * GiB),
+        max_model_len=4096,
+        gpu_memory_utilization=0.9,
+    )
+    alone, shared = predict(m, d), predict(m, d.with_(memory_in_use_bytes=GiB))
+    assert alone.non_torch_bytes is not None and shared.non_torch_bytes is not None
+    assert shared.non_torch_bytes - alone.non_torch_bytes == (GiB if counted else 0)
+    assert alone.available_kv_bytes - shared.available_kv_bytes == (GiB if counted else 0)
+    assert shared.failure is None
+
+
+def test_v1_refuses_to_start_below_utilisation_of_free_memory() -> None:
+    """From 0.9.1 V1 checks free >= utilisation x total at start (0.10.2 v1/worker/gpu_worker.py:
+    175-188). mrpid12org/imageworks' 0.10.2 RTX 4080 log: 'Free memory on device (13.58/15.99 GiB) on
+    startup is less than desired GPU memory utilization (0.85, 13.59 GiB)': 2.41 GiB in use; its next
+    start, with 14.66 GiB free, started ('Model loading took 4.2530 GiB': the AWQ weights)."""
+    m = load_model(PUBLIC_CONFIGS / "llava-hf--llava-1.5-7b-hf.json")
+    d = Deployment(
+        engine="vllm",
+        engine_version="0.10.2",
+        gpu_name="RTX-4080-16GB",
+        gpu_memory_bytes=int(15.99 * GiB),
+        max_model_len=4096,
+        gpu_memory_utilization=0.85,
+        weights_bytes=int(4.253 * GiB),
+    )
+    failed = predict(m, d.with_(memory_in_use_bytes=int(2.41 * GiB)))
+    assert failed.fits is False and failed.failure is not None
+    assert failed.failure.startswith(
+        "Free memory on device (13.58/15.99 GiB) on startup is less than desired GPU memory utilization "
+        "(0.85, 13.59 GiB)."
+    )
+    started = predict(m, d.with_(memory_in_use_bytes=int((15.99 - 14.66) * GiB)))
+    assert started.failure is None and started.fits
+    # 0.9.0 has no such check: the same memory comes off its budget instead.
+    assert predict(m, d.with_(engine_version="0.9.0", memory_in_use_bytes=int(2.41 * GiB))).failure is None
+
+
+def test_a_baseline_release_runs_out_of_memory_allocating_the_cache() -> None:
+    """V0 0.6.5 subtracts memory in use at launch as baseline (worker/worker.py:198-200) and sizes the
+    cache for utilisation x total less its own usage; allocating it needs that much free."""
+    m = load_model(LLAMA31_8B)
+    d = Deployment(
+        engine="vllm",
+        engine_version="0.6.5",
+        gpu_name="RTX-4090-24GB",
+        gpu_memory_bytes=int(23.55 * GiB),
+        max_model_len=4096,
+        gpu_memory_utilization=0.9,
+    )
+    assert predict(m, d.with_(memory_in_use_bytes=GiB)).failure is None
+    p = predict(m, d.with_(memory_in_use_bytes=8 * GiB))
+    assert p.fits is False and p.failure is not None and p.failure.startswith("CUDA out of memory")
