@@ -204,7 +204,7 @@ V1_OTHERS_MEMORY: Rule[OthersMemory] = Rule(
     Side(
         "0.9.1",
         "checked",
-        "0.9.1 v1/worker/gpu_worker.py:135-148; 0.10.2 :175-188; 0.16.0 v1/worker/utils.py:92-112 (free >= util x total)",
+        "0.9.1 v1/worker/gpu_worker.py:135-148; 0.10.2 :175-188; 0.16.0 v1/worker/utils.py:92-112; 0.33.0 :716-771 (free >= util x total)",
     ),
 )
 NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
