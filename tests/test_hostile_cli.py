@@ -202,6 +202,7 @@ _FLAGS = [
     "--weights-memory",
     "--activation-memory",
     "--available-kv-memory",
+    "--gpu-memory-in-use",
     "--engine-version",
     "--kv-cache-dtype",
     "--weights-dtype",

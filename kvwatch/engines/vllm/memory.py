@@ -254,6 +254,15 @@ def activation(
     return out
 
 
+def others_memory(d: Deployment) -> releases.OthersMemory:
+    """What the release does with memory other processes hold on the card at launch: 'counted' as its
+    own non-torch memory (V0 up to 0.3.0 and at 0.6.4.x, V1 up to 0.9.0: non-torch = total - free -
+    torch), left in the 'baseline' the profile subtracts (V0 0.3.1-0.6.3, from 0.6.5), or 'checked'
+    at start: free >= utilisation x total, then left in the baseline (V1 from 0.9.1)."""
+    rule = releases.V0_OTHERS_MEMORY if runs_v0(d) else releases.V1_OTHERS_MEMORY
+    return rule.at(d.engine_version)
+
+
 def non_torch(d: Deployment) -> Term:
     """The non-torch increase since the worker's init snapshot (mem_utils.py:288-291).
 

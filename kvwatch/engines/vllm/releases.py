@@ -17,6 +17,9 @@ from kvwatch.core.versions import Rule, Side
 
 SamplerPath = Literal["v0", "flashinfer", "sort", "triton"]
 NeededRule = Literal["layers", "first_group", "groups"]
+# Memory other processes hold on the card at launch: counted as the engine's own non-torch memory,
+# left in the baseline the profile subtracts, or left in the baseline after a startup check.
+OthersMemory = Literal["counted", "baseline", "checked"]
 
 # --- engine defaults (memory.py) -----------------------------------------------------------------
 
@@ -170,6 +173,40 @@ GLOBAL_GROUPS_CHECK: Rule[bool] = Rule(
     Side("0.14", True, "0.16.0 v1/core/kv_cache_utils.py:1514-1527"),
     Side("0.17", False, "0.18.0 v1/core/kv_cache_utils.py:1570-1579"),
 )
+V0_OTHERS_MEMORY: Rule[OthersMemory] = Rule(
+    "v0_others_memory",
+    "whether V0's profile counts memory other processes hold at launch as its own, or subtracts it as baseline",
+    Side(None, "counted", "0.2.7 worker/worker.py:101-102, 0.3.0 :122 (peak = total - free)"),
+    Side(
+        "0.3.1",
+        "baseline",
+        "0.3.1 worker/worker.py:89, :134 (peak = init free - free); 0.6.3.post1 :171, :231",
+    ),
+    Side(
+        "0.6.4",
+        "counted",
+        "0.6.4 worker/worker.py:207-213, 0.6.4.post1 :207-213 (non-torch = total - free - torch)",
+    ),
+    Side(
+        "0.6.5",
+        "baseline",
+        "0.6.5 worker/worker.py:198-200 (baseline = total - init free); 0.8.5 :181, :246-255",
+    ),
+)
+V1_OTHERS_MEMORY: Rule[OthersMemory] = Rule(
+    "v1_others_memory",
+    "whether V1 counts memory other processes hold at launch as its own non-torch memory, or checks it at start",
+    Side(
+        None,
+        "counted",
+        "0.8.5 v1/worker/gpu_worker.py:195-210, 0.9.0 :200-209 (non-torch = total - free - torch)",
+    ),
+    Side(
+        "0.9.1",
+        "checked",
+        "0.9.1 v1/worker/gpu_worker.py:135-148; 0.10.2 :175-188; 0.16.0 v1/worker/utils.py:92-112; 0.33.0 :716-771 (free >= util x total)",
+    ),
+)
 NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
     "null_block_held_back",
     "the fit check and its estimate plan against the budget less the pool's null block",
@@ -204,5 +241,7 @@ RULES: tuple[Rule[Any], ...] = (
     MAMBA_BLOCKS_PER_REQUEST,
     NEEDED_RULE,
     GLOBAL_GROUPS_CHECK,
+    V0_OTHERS_MEMORY,
+    V1_OTHERS_MEMORY,
     NULL_BLOCK_HELD_BACK,
 )
