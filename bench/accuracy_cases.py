@@ -22,6 +22,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dtypes import KV_DTYPE_BYTES
 from kvwatch.capacity.geometry import geometry_from_config
 from kvwatch.capacity.model import ModelGeometry
+from kvwatch.commands.predict import gpu_memory_size
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.units import GiB
 
@@ -253,6 +254,14 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
         alt = _card(str(c["card_class"]).replace("-class", " "), None)
         if alt[0] is not None:
             gpu_name, total, why = alt
+    scoring = c.get("scoring") or {}
+    if gpu_name is None and total is None and not scoring.get("excluded"):
+        # The card the SGLang scoring block gives the user (a catalogue name, or the size the log
+        # printed, with its source): both reports predict one card for the case.
+        if scoring.get("gpu") and (spec := gpus.find(str(scoring["gpu"]))) is not None:
+            gpu_name, total, why = spec.name, spec.total_bytes, None
+        elif scoring.get("gpu_memory"):
+            gpu_name, total, why = None, gpu_memory_size(str(scoring["gpu_memory"])), None
     skip = skip or why
     tp = c.get("tp")
     if not isinstance(tp, int):
@@ -270,7 +279,8 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
             else (o.get("kv_cache_tokens") or o.get("kv_capacity_tokens_in_error")),
         }
     else:
-        tokens = o.get("kv_tokens") or o.get("max_total_num_tokens")
+        # The full-attention pool of a hybrid SWA model is the one kvwatch sizes in tokens.
+        tokens = o.get("swa_full_layer_tokens") or o.get("kv_tokens") or o.get("max_total_num_tokens")
         observed = {
             "weights": o.get("weight_mem_usage_gib"),
             "kv_tokens": tokens,

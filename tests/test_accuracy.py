@@ -39,21 +39,24 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # 0.6.4 at 131K, an H100 0.10.2 MoE at +34 %), and the band floor, the out-of-sample error one
 # condition away from the calibrated cells, doubled with them. The terms' scale is gone (the floor
 # covers what the term bands miss): the LOSO median band went from 12.57 % to 7.78 % of the KV.
+# Then: SGLang's weights rules took the LOSO mean from 5.93 % to 5.80 % (the model); vllm#32105's
+# failed start predicted and the RTX 4080's started case judged (4 failed starts of 11 predicted); the
+# sglang-data cases (20 SGLang judged, 104 in all) moved the median band from 7.78 % to 7.91 % (new data).
 MEASURED = {
     "h100_in_median": 0.022,
     "h100_in_mean": 0.07,
     "h100_in_band": 1.0,
-    "loso_cases": 91,
-    "loso_median": 0.74,
-    "loso_mean": 5.75,
+    "loso_cases": 104,
+    "loso_median": 0.58,
+    "loso_mean": 5.08,
     "loso_within_5": 0.84,
-    "loso_band": 0.95,
+    "loso_band": 0.96,
     "loso_failed_predicted": 4,
     "loso_off_band": 0.9,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 5.42,
-    "loso_median_band": 7.79,
+    "loso_median_band": 7.91,
 }
 
 
@@ -68,8 +71,8 @@ def test_every_case_is_read_and_each_unpredicted_one_says_why() -> None:
     )
     assert len(CASES) == len(cases) + len(list((APRIORI / "version-sweep").glob("*.json"))) + public
     usable = [c for c in CASES if predictable(c)]
-    assert len(usable) >= 72
-    assert sum(c.engine == "sglang" for c in usable) >= 7
+    assert len(usable) >= 122
+    assert sum(c.engine == "sglang" for c in usable) >= 25
     for c in CASES:
         assert predictable(c) or c.skip or any(r.refused for r in REPORT.in_sample if r.case.id == c.id), c.id
 

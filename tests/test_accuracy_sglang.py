@@ -22,28 +22,32 @@ SCORED, EXCLUDED = acc.load_cases()
 IN_SAMPLE, FITTED = acc.in_sample(SCORED)
 LOSO = acc.leave_one_source_out(SCORED)
 
-# Measured 2026-12-02 after the refit on the issue-20 data with a calibrated condition needing three
-# independent sources (leave-one-source-out refits the band terms without the held-out source; the
-# envelope's widening per uncovered condition is the shipped one, fitted by bench/bench_accuracy.py),
-# then again once the weights counted SGLang's MLA w_kc / w_vc copies, its replicated MoE routers and
-# sparse-attention indexer: median 3.63 %, mean 5.44 %, 7 of 12 within 5 %, 11 of 12 inside the
-# printed band (the tighter refitted envelope leaves sglang#12419 out, KNOWN_OUTSIDE); weights
-# median 1.42 % over 8 cases.
-MEDIAN_PCT = 3.7
-MEAN_PCT = 5.5
-WITHIN_5_PCT = 58.0
-INSIDE_BAND_PCT = 91.0
+# Measured 2026-12-02 after the refit on the issue-20 data plus the sglang-data cases (Qwen3-235B and
+# Llama-4-Scout scored, nine docs-CI startups; leave-one-source-out refits the band terms without the
+# held-out source; the envelope's widening per uncovered condition is the shipped one, fitted by
+# bench/bench_accuracy.py), with sglang-fails' weights rules (MLA w_kc / w_vc copies, replicated routers,
+# the DSA indexer): median 0.93 %, mean 3.60 %, 16 of 22 within 5 %, 20 of 22 inside the printed band;
+# pool bytes median 2.19 % over 18; weights median 1.42 % over 8 cases.
+MEDIAN_PCT = 1.0
+MEAN_PCT = 3.7
+WITHIN_5_PCT = 72.0
+INSIDE_BAND_PCT = 90.0
+# The pool bytes are printed by 18 of the 22 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
+POOL_MEDIAN_PCT = 2.2
 WEIGHTS_MEDIAN_PCT = 1.5
 
-# Cases whose token count falls outside the band their prediction prints, and why. The others
-# outside the band terms alone (PR#39713, sglang#10407, Kimi-K2.5; the README of
-# tests/apriori/public/sglang gives each reason) are inside once the band is widened for the
-# conditions no calibration case covers.
+# Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
+# startups (clean 80 GB cards, free memory before weights within 0.3 % of kvwatch's estimate) took
+# the pre-load band term from 0.035 to 0.015, and these two no longer fit inside it (the README of
+# tests/apriori/public/sglang gives each reason):
 KNOWN_OUTSIDE: dict[str, str] = {
     "sgl-12419-qwen3next-rocm-tp4-mamba": (
-        "the excerpt's mamba and KV pools (52.44 + 58.26 GiB) imply mem_fraction_static 0.778 against "
-        "the 0.865 default, and 0.5.4's aiter x 0.85 (model_runner.py:646-648) would give 0.735: "
-        "the command line is not in the excerpt"
+        "mem_fraction_static is not in the excerpt; the printed figures imply 0.778 against the 0.865 "
+        "default -- most likely the user's own setting"
+    ),
+    "sgl-pr39713-qwen3-0.6b-h100-mfs083-prefill-graph-oom": (
+        "4.7 GiB go between 'Load weight begin' and the profile for a 1.1 GiB model (0.5.23 dev); "
+        "nothing in 0.5.23's sizing code accounts for it"
     ),
 }
 # Failed starts (for want of memory) predicted to start, and why.
@@ -55,15 +59,20 @@ KNOWN_FAILED_MISSES = {
         ":1055-1063) and aiter's x 0.85 (model_runner.py:436-438) would explain both, but kvwatch is "
         "given neither --attention-backend nor the environment"
     ),
+    "sgl-5755-llama4-scout-tp8-cuda-oom-kv-alloc": (
+        "the failed allocation is 80.04 GiB = 2049 requests x 10485760 positions (Scout's default "
+        "context) x 4 B, SGLang's req_to_token table; kvwatch does not size that table against the "
+        "card and predicts a start"
+    ),
 }
 
 
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
     raw = json.loads(CASES.read_text(encoding="utf-8"))
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 35
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 44
     assert all(why for _, why in EXCLUDED)
-    assert len(SCORED) >= 14
-    assert len({c.source for c in SCORED}) >= 12
+    assert len(SCORED) >= 26
+    assert len({c.source for c in SCORED}) >= 17
 
 
 def test_every_scored_case_is_predicted() -> None:
@@ -76,14 +85,14 @@ def test_shipped_band_terms_are_the_fitted_ones() -> None:
 
 def test_leave_one_source_out_holds_the_measured_figures() -> None:
     s = acc.summary(LOSO)
-    assert s["tokens_n"] == 12
+    assert s["tokens_n"] == 22
     assert s["tokens_median"] <= MEDIAN_PCT
     assert s["tokens_mean"] <= MEAN_PCT
     assert s["tokens_within5"] >= WITHIN_5_PCT
     assert s["inside_band"] >= INSIDE_BAND_PCT
     assert s["weights_median"] <= WEIGHTS_MEDIAN_PCT
     # The printed pool bytes follow the tokens (the buffers' own bytes per token).
-    assert s["pool_median"] <= MEDIAN_PCT
+    assert s["pool_median"] <= POOL_MEDIAN_PCT
 
 
 @pytest.mark.parametrize("row", [r for r in LOSO if r.tokens_pct is not None], ids=lambda r: r.case.id)
