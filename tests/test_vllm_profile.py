@@ -72,3 +72,17 @@ def test_qwen3_moe_profile_peak_on_010_matches_its_log() -> None:
     assert abs(_peak(_qwen3_moe("0.10.2")) / GiB - 5.58) < 0.02
     # With FlashInfer installed the sampler holds far less: the forward decides.
     assert _peak(_qwen3_moe("0.10.2", None)) / GiB < 3.0
+
+
+def test_v0_forward_holds_three_hidden_rows_per_token() -> None:
+    """vllm#10517's 0.6.4 startup (Llama-3.1-8B, RTX 3090, 20,000 tokens): 'peak_torch_memory=17.06GiB'
+    with 14.99 GiB of weights is a 2.07 GiB profile peak: 3 x H + 3 x I per token (the model loop
+    still holds each layer's input), not 2 x H + 3 x I (1.92 GiB)."""
+    dims = load_model(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json").dims
+    assert dims is not None
+    d = Deployment(engine="vllm", engine_version="0.6.4", gpu_name="RTX-3090-24GB", max_model_len=20000)
+    seqs, tokens = memory.batch_limits(d, 20000)
+    assert (seqs, tokens) == (256, 20000)
+    peak = memory.activation(dims, d, gpus.lookup("rtx3090"), seqs, tokens)[0]
+    assert peak.note == "forward"
+    assert abs(peak.bytes / GiB - (17.06 - 14.99)) < 0.02

@@ -31,7 +31,7 @@ ENVELOPE = Envelope(
         "architecture": 0.0646,
         "modality": 0.0646,
         "quantization": 0.0646,
-        "parallelism": 0.3664,
+        "parallelism": 0.366,
         "connector": 0.0,
     },
     cases={

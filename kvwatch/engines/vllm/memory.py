@@ -151,9 +151,12 @@ CUBLAS_WORKSPACE = 8 * MiB + 128 * 1024
 # V1 forward transient per token, in elements of the activation dtype: forward_h x hidden +
 # 3 x intermediate / tp. Residual, normed input, gate_up (2I) and act (I) are 2H + 3I counted; q/k/v,
 # attention output and torch.compile buffers make the rest, FITTED (calibration.forward_h). V0 runs no
-# compile: 2H + 3I, counted. Multimodal models add the encoder cache left alive by the encoder
-# profile (gpu_model_runner.py:5721-5780), a FITTED lump (calibration.vision_encoder_gib).
-FORWARD_H_V0 = 2.0
+# compile: 3H + 3I, counted -- the model loop still holds the layer's input while the layer runs
+# (0.6.4 models/llama.py:339-342), beside the residual and the attention output the MLP reads (the
+# norms work in place, layernorm.py:78-85; llama.py:259-267, 92-96). Multimodal models add the
+# encoder cache left alive by the encoder profile (gpu_model_runner.py:5721-5780), a FITTED lump
+# (calibration.vision_encoder_gib).
+FORWARD_H_V0 = 3.0
 
 
 def sampler_path(version: str | None, flashinfer: bool | None = None) -> str:
