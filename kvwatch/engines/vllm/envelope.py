@@ -24,7 +24,7 @@ ENVELOPE = Envelope(
         "parallelism": frozenset({"tp 1", "tp >= 2"}),
         "connector": frozenset({"none"}),
     },
-    term_bands={"weights": 0.0039, "activation": 0.0058, "non_torch": 0.3394, "cuda_graphs": 1.2304},
+    term_bands={"weights": 0.0039, "activation": 0.0058, "non_torch": 0.4615, "cuda_graphs": 1.2304},
     widening={
         "card": 0.0646,
         "release": 0.0,
