@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvwatch.analysis.predict import predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import load_model
@@ -86,3 +87,14 @@ def test_v0_forward_holds_three_hidden_rows_per_token() -> None:
     peak = memory.activation(dims, d, gpus.lookup("rtx3090"), seqs, tokens)[0]
     assert peak.note == "forward"
     assert abs(peak.bytes / GiB - (17.06 - 14.99)) < 0.02
+
+
+@pytest.mark.parametrize(
+    ("version", "flashinfer", "noted"),
+    [("0.11.0", None, True), ("0.11.0", False, False), ("0.11.2", None, False), ("0.19.0", None, False)],
+)
+def test_the_prediction_says_when_it_assumes_flashinfer(
+    version: str, flashinfer: bool | None, noted: bool
+) -> None:
+    p = predict(load_model(QWEN3_MOE), _qwen3_moe(version, flashinfer))
+    assert any(a.startswith("sampler: FlashInfer taken as installed") for a in p.assumptions) is noted
