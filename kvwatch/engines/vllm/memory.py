@@ -136,11 +136,12 @@ class Term:
 # bf16 logits held by _dummy_sampler_run (gpu_model_runner.py:5571) 2, their fp32 copy
 # (sample/sampler.py:90) 4, softmax probs (topk_topp_sampler.py:112) 4, q = empty_like(probs) (:240) 4.
 SAMPLER_NATIVE_BYTES = 12
-# 0.15/0.16 sort the whole [rows, vocab] (0.15.0 topk_topp_sampler.py:262): sorted fp32 4 + int64
+# 0.11.1-0.16, and 0.8-0.11.0 without FlashInfer, sort the whole [rows, vocab] (0.15.0
+# topk_topp_sampler.py:262; the same apply_top_k_top_p in 0.10.2 :126, 0.11.0 :164): sorted fp32 4 + int64
 # indices 8 + top-k mask 1 + probs_sort 4 + top-p mask 1 + CUB radix double buffers 12, on top of the
 # bf16 (2) and fp32 (4) logits = 36 counted, and calibration.sampler_sort_extra FITTED.
 SAMPLER_SORT_COUNTED = 36
-# FlashInfer (default in 0.11 when installed): the 2 + 4 logits, the top-k masked logits 4, probs 4.
+# FlashInfer (0.8-0.11.0 when installed): the 2 + 4 logits, the top-k masked logits 4, probs 4.
 SAMPLER_FLASHINFER_BYTES = 12
 # V0 (< 0.8): fp32 logits, probs and logprobs over the last token of each scheduled sequence.
 SAMPLER_V0_BYTES = 12
