@@ -404,6 +404,8 @@ def deployment(case: Case) -> Deployment:
         # --quantization fp8 on a 16-bit checkpoint (online); a checkpoint's own scheme is in its config.
         quantization="fp8" if quantization.startswith("fp8") and "checkpoint" not in quantization else None,
         block_size=_user(s, "block_size"),
+        # The log's 'FlashInfer is not available' (vLLM 0.8-0.11.0): the profile's sampler sorts.
+        flashinfer_sampler=False if s.get("flashinfer_sampler") is False else None,
         **common,
     )
 

@@ -128,6 +128,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disable-hybrid-kv-cache-manager", action="store_true", help="vLLM: treat sliding layers as full"
     )
+    parser.add_argument(
+        "--no-flashinfer",
+        action="store_true",
+        help="vLLM 0.8-0.11.0 without FlashInfer (the log's 'FlashInfer is not available'): the sampler sorts",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     # Everything after `--` (cli.main splits it off): the engine's own flags as users type them.
     parser.set_defaults(engine_flags=[], own_parser=parser)
@@ -210,6 +215,7 @@ def read_request(args: argparse.Namespace) -> Request:
             else None
         ),
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
+        flashinfer_sampler=False if args.no_flashinfer else None,
     )
     reading = engine_flags(args, engine)
     own = {k: cast(DeploymentValue, v) for k, v in reading.fields.items()}

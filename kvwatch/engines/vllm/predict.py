@@ -97,8 +97,16 @@ def _terms(
         notes.append(
             f"activation peak: the profile run modelled ({stage_act[-1].note} pass; max_num_seqs {seqs}, "
             f"max_num_batched_tokens {tokens}, sampler path "
-            f"{'v0' if memory.runs_v0(d) else memory.sampler_path(d.engine_version)})"
+            f"{'v0' if memory.runs_v0(d) else memory.sampler_path(d.engine_version, d.flashinfer_sampler)})"
         )
+        if (
+            not memory.runs_v0(d)
+            and memory.sampler_path(d.engine_version, d.flashinfer_sampler) == "flashinfer"
+        ):
+            notes.append(
+                "sampler: FlashInfer taken as installed (the vllm/vllm-openai image); a pip install "
+                "without it logs 'FlashInfer is not available' and sorts (--no-flashinfer)"
+            )
     if d.non_torch_bytes is not None:
         nt = memory.Term(d.non_torch_bytes)
     else:

@@ -103,8 +103,18 @@ SAMPLER_PATH: Rule[SamplerPath] = Rule(
     "the top-k/top-p implementation the profile's dummy sampler run takes on CUDA",
     Side(None, "v0", "V0 model_executor/layers/sampler.py (before the V1 engine)"),
     Side("0.8", "flashinfer", "0.11.0 v1/sample/ops/topk_topp_sampler.py:39-50"),
-    Side("0.12", "sort", "0.15.0 v1/sample/ops/topk_topp_sampler.py:262"),
+    Side(
+        "0.11.1",
+        "sort",
+        "0.11.1 v1/sample/ops/topk_topp_sampler.py:34-46 (FlashInfer opt-in); 0.15.0 :262",
+    ),
     Side("0.17", "triton", "0.19.0 v1/sample/ops/topk_topp_sampler.py:251, topk_topp_triton.py:1018"),
+)
+MOE_WORKSPACE_PERSISTENT: Rule[bool] = Rule(
+    "moe_workspace_persistent",
+    "the fused-MoE scratch outlives the forward (modular kernel + workspace manager), alive at the sampler",
+    Side(None, False, "0.10.2 fused_moe/fused_moe.py:1580-1590; 0.13.0 :1838-1850 (torch.empty per call)"),
+    Side("0.14", True, "0.14.0 fused_moe/unquantized_fused_moe_method.py:258-324, v1/worker/workspace.py"),
 )
 CUBLAS_IN_BASELINE: Rule[bool] = Rule(
     "cublas_in_baseline",
@@ -231,6 +241,7 @@ RULES: tuple[Rule[Any], ...] = (
     ESTIMATES_CUDA_GRAPHS,
     SUBTRACTS_CUDA_GRAPHS,
     SAMPLER_PATH,
+    MOE_WORKSPACE_PERSISTENT,
     CUBLAS_IN_BASELINE,
     NON_TORCH_WITH_GRAPH_PROFILE,
     HYBRID_ALLOCATOR,
