@@ -39,21 +39,26 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # 0.6.4 at 131K, an H100 0.10.2 MoE at +34 %), and the band floor, the out-of-sample error one
 # condition away from the calibrated cells, doubled with them. The terms' scale is gone (the floor
 # covers what the term bands miss): the LOSO median band went from 12.57 % to 7.78 % of the KV.
+# Re-measured 2026-12-02 when the set grew from 90 to 104 judged startups (vllm-data: 14 new, 13 of
+# them off H100 -- LAMBO's 4x RTX 3090 TP4 logs at -12 to -40 %, club-3090 #642 at -25 %, the T4
+# Qwen3-VL embedding runs at -12/-15 %, club-3090 #46's DFlash drafter at -16 %): new, harder data, not
+# a model change; the H100 in-sample figures did not move. The envelope widened with them (the RTX 3090
+# and hybrid linear-attention cells are calibrated now): LOSO median band 7.79 % -> 11.30 %.
 MEASURED = {
     "h100_in_median": 0.022,
     "h100_in_mean": 0.07,
     "h100_in_band": 1.0,
-    "loso_cases": 90,
-    "loso_median": 0.61,
-    "loso_mean": 5.93,
-    "loso_within_5": 0.83,
-    "loso_band": 0.95,
+    "loso_cases": 104,
+    "loso_median": 1.17,
+    "loso_mean": 7.07,
+    "loso_within_5": 0.76,
+    "loso_band": 0.87,
     "loso_failed_predicted": 3,
-    "loso_off_band": 0.9,
+    "loso_off_band": 0.75,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 5.42,
-    "loso_median_band": 7.79,
+    "loso_median_band": 11.31,
 }
 
 
@@ -68,7 +73,7 @@ def test_every_case_is_read_and_each_unpredicted_one_says_why() -> None:
     )
     assert len(CASES) == len(cases) + len(list((APRIORI / "version-sweep").glob("*.json"))) + public
     usable = [c for c in CASES if predictable(c)]
-    assert len(usable) >= 72
+    assert len(usable) >= 123
     assert sum(c.engine == "sglang" for c in usable) >= 7
     for c in CASES:
         assert predictable(c) or c.skip or any(r.refused for r in REPORT.in_sample if r.case.id == c.id), c.id
