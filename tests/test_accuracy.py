@@ -48,21 +48,28 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # 85 % once LukeJYK's card was read from its own log (an A100-SXM4-80GB, not an unnamed card);
 # V0's forward holds 3 hidden rows a token, not 2 (LOSO median 0.40 %, mean 5.09 %). All merged, over
 # 104 startups: median 0.42 %, mean 4.35 %, within 5 % 86.5 %, band 97 % (median 7.43 %).
+# Then vllm-data grew the set (measured on its own: from 90 to 104 judged startups, 14 new, 13 of
+# them off H100 -- LAMBO's 4x RTX 3090 TP4 logs at -12 to -40 %, club-3090 #642 at -25 %, the T4
+# Qwen3-VL embedding runs at -12/-15 %, club-3090 #46's DFlash drafter at -16 %): new, harder data, not
+# a model change; the H100 in-sample figures did not move. The envelope widened with them (the RTX 3090
+# and hybrid linear-attention cells are calibrated now): LOSO median band 7.79 % -> 11.30 %. Merged
+# with the model changes above, over 118 startups: median 0.70 %, mean 5.54 %, within 5 % 80.5 %, band
+# 89.8 % (median 11.30 %), failed starts 4 of 11.
 MEASURED = {
     "h100_in_median": 0.022,
     "h100_in_mean": 0.07,
     "h100_in_band": 1.0,
-    "loso_cases": 104,
-    "loso_median": 0.43,
-    "loso_mean": 4.35,
-    "loso_within_5": 0.86,
-    "loso_band": 0.97,
+    "loso_cases": 118,
+    "loso_median": 0.70,
+    "loso_mean": 5.55,
+    "loso_within_5": 0.80,
+    "loso_band": 0.89,
     "loso_failed_predicted": 4,
-    "loso_off_band": 0.94,
+    "loso_off_band": 0.82,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
-    "h100_in_median_band": 3.19,
-    "loso_median_band": 7.43,
+    "h100_in_median_band": 2.89,
+    "loso_median_band": 11.31,
 }
 
 
@@ -77,7 +84,7 @@ def test_every_case_is_read_and_each_unpredicted_one_says_why() -> None:
     )
     assert len(CASES) == len(cases) + len(list((APRIORI / "version-sweep").glob("*.json"))) + public
     usable = [c for c in CASES if predictable(c)]
-    assert len(usable) >= 122
+    assert len(usable) >= 137
     assert sum(c.engine == "sglang" for c in usable) >= 25
     for c in CASES:
         assert predictable(c) or c.skip or any(r.refused for r in REPORT.in_sample if r.case.id == c.id), c.id

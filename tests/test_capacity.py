@@ -985,7 +985,8 @@ def test_sglang_keeps_whole_request_states_for_a_hybrid_model(version: str, padd
 
 def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_embedding_whole() -> None:
     """--enable-dp-attention --dp 8 at TP 8: attention over attn_tp = 1 and a whole embedding on
-    every rank (VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())), experts still 1/8."""
+    every rank (VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())), experts still 1/8;
+    the MLA up-projection's per-head copies (w_kc, w_vc) follow the attention split too."""
     m = model("deepseek-ai--DeepSeek-V3")
     d = Deployment(
         engine="sglang", engine_version="0.5.9", tp=8, gpu_memory_bytes=143771 * MiB, max_model_len=8192
@@ -994,7 +995,9 @@ def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_e
     dp = predict(m, d.with_(dp=8, dp_attention=True))
     attention, embed = weight_bytes_of(m, ATTENTION), weight_bytes_of(m, EMBED)
     extra = int(attention - attention / 8) + int(embed - embed / 8)
-    assert dp.weights_bytes - plain.weights_bytes == extra  # type: ignore[operator]
+    copies = budget.mla_up_proj_copies(m, d.with_(dp=8, dp_attention=True)) - budget.mla_up_proj_copies(m, d)
+    assert copies == 7 * budget.mla_up_proj_copies(m, d)  # attn_tp 8 -> 1
+    assert dp.weights_bytes - plain.weights_bytes == extra + copies  # type: ignore[operator]
     assert dp.bytes_per_token == plain.bytes_per_token  # an MLA latent is not split by heads
 
 
