@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
-from kvwatch.capacity.dims import ATTENTION, EMBED
+from kvwatch.capacity.dims import ATTENTION, EMBED, LM_HEAD
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
@@ -514,6 +514,21 @@ def test_a_nested_text_config_takes_its_class_defaults(
     m = load_model(Path(__file__).parent / "apriori" / "public" / "configs" / f"{stem}.json")
     assert (m.num_layers, m.count("full")) == (layers, full)
     assert m.bytes_per_token() == expected
+
+
+def test_a_nested_mistral_text_config_has_its_own_head() -> None:
+    """MistralConfig unties the head (transformers 5.24 configuration_mistral.py:77): Mistral-Small
+    3.1's text_config leaves tie_word_embeddings out, so its 131,072 x 5,120 lm_head is counted --
+    the llm-d logs load 44.76 GiB, not the 43.45 GiB of a tied head."""
+    m = load_model(
+        Path(__file__).parent
+        / "apriori"
+        / "public"
+        / "configs"
+        / "mistralai--Mistral-Small-3.1-24B-Instruct-2503.json"
+    )
+    assert m.params[LM_HEAD] == 131072 * 5120
+    assert m.params[EMBED] == 131072 * 5120
 
 
 def test_a_top_level_config_is_not_filled_with_class_defaults() -> None:
