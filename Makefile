@@ -44,7 +44,7 @@ lint: $(STAMP)
 # (pytest-xdist), about a minute on two cores. `make test` (what CI runs) is lint and every
 # test, one at a time.
 unit: $(STAMP)
-	$(BIN)/pytest -q -n 2 -m "not integration"
+	$(BIN)/pytest -q -n 2 --dist loadgroup -m "not integration"
 
 test: $(STAMP) tools lint
 	$(BIN)/pytest -q
