@@ -261,9 +261,12 @@ class Sidecar:
         self._stop.set()
         for scrape in self._scrapes:
             scrape.scraper.abort()  # a scrape in progress ends now, whatever it is waiting for
-        saved = threading.Event()
-        self._queue.put(msg.FinalSave(saved))
-        saved.wait(timeout=5)
+        # Only a running consumer saves: before start (or after a start that failed, or a stop
+        # already done) there is no one to answer, and nothing read that a save would keep.
+        if any(t.name == "kvwatch-consumer" and t.is_alive() for t in self._threads):
+            saved = threading.Event()
+            self._queue.put(msg.FinalSave(saved))
+            saved.wait(timeout=5)
         for src in self._logs.configured:
             if src.tailer is not None:
                 src.tailer.stop()
