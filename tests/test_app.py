@@ -430,6 +430,7 @@ def test_engine_metrics_scraped_and_counter_reset_is_a_restart(
         engine.close()
 
 
+@pytest.mark.integration
 def test_stdin_source(tmp_path: Path) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}/metrics"
