@@ -255,14 +255,12 @@ class Sidecar:
     def stop(self) -> None:
         """Save the state while the tailers still hold their files, stop sources, close the server.
 
-        Lines read after that last save are processed but not saved: their positions are not saved
-        either, so the next start reads them again -- once.
+        Lines read after that last save are processed, not saved (nor their positions: the next start
+        reads them again, once). With no consumer running (before start) nothing is saved or awaited.
         """
         self._stop.set()
         for scrape in self._scrapes:
             scrape.scraper.abort()  # a scrape in progress ends now, whatever it is waiting for
-        # Only a running consumer saves: before start (or after a start that failed, or a stop
-        # already done) there is no one to answer, and nothing read that a save would keep.
         if any(t.name == "kvwatch-consumer" and t.is_alive() for t in self._threads):
             saved = threading.Event()
             self._queue.put(msg.FinalSave(saved))
