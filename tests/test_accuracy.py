@@ -30,10 +30,6 @@ from kvwatch.sources.pipeline import replay
 APRIORI = Path(__file__).parent / "apriori"
 CASES = load_cases()
 REPORT_MODELS = Models()
-# The report's tests share one worker under `make unit` (pytest -n 2 --dist loadgroup), so the
-# leave-one-source-out run (seconds) is computed once, when a test first asks for it, never while
-# collecting.
-ON_THE_REPORT = pytest.mark.xdist_group("accuracy-report")
 CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark", "release-sweep")
 # What `make accuracy` measured when these cases were added (rounded the safe way): a regression in
 # any modelled term, rule or fit moves one of them. Raised when the model improves, never lowered
@@ -60,9 +56,11 @@ MEASURED = {
 }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def report() -> Report:
-    """The in-sample and leave-one-source-out report `make accuracy` prints, on every case."""
+    """The in-sample and leave-one-source-out report `make accuracy` prints, on every case: run
+    (seconds) when a test first asks for it, never while collecting, and once per `make unit`,
+    which sends a module's tests to one worker (pytest -n 2 --dist loadfile)."""
     return run(CASES)
 
 
@@ -70,7 +68,6 @@ def _h100(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.case.source in CALIBRATION_SOURCES]
 
 
-@ON_THE_REPORT
 def test_every_case_is_read_and_each_unpredicted_one_says_why(report: Report) -> None:
     cases = json.loads((APRIORI / "cases.json").read_text(encoding="utf-8"))
     public = sum(
@@ -96,7 +93,6 @@ def test_the_shipped_coefficients_are_the_fit_on_every_case() -> None:
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-@ON_THE_REPORT
 def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str, report: Report) -> None:
     shipped = {"vllm": vllm_envelope.ENVELOPE, "sglang": sglang_envelope.ENVELOPE}[engine]
     fitted = report.envelopes[engine]
@@ -108,7 +104,6 @@ def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str, report: Repo
         assert f"widening {axis}" in shipped.cases
 
 
-@ON_THE_REPORT
 def test_in_sample_on_the_h100_calibration_set(report: Report) -> None:
     s = acc.stats(_h100(report.in_sample))
     assert s["cases"] >= 44
@@ -122,7 +117,6 @@ def test_in_sample_on_the_h100_calibration_set(report: Report) -> None:
     ]
 
 
-@ON_THE_REPORT
 def test_leave_one_source_out_overall_and_off_h100(report: Report) -> None:
     """The figures `make accuracy` reports, held where they were measured (never loosened)."""
     s = acc.stats(report.loso)
@@ -137,7 +131,6 @@ def test_leave_one_source_out_overall_and_off_h100(report: Report) -> None:
     assert off["inside_band"] >= MEASURED["loso_off_band"]
 
 
-@ON_THE_REPORT
 def test_failed_starts_of_the_calibration_set_are_predicted_to_fail(report: Report) -> None:
     failed = [r for r in _h100(report.in_sample) if not r.case.started]
     assert failed
@@ -148,7 +141,6 @@ def test_failed_starts_of_the_calibration_set_are_predicted_to_fail(report: Repo
 
 
 @pytest.mark.parametrize("term", ["weights", "activation", "non_torch"])
-@ON_THE_REPORT
 def test_each_term_is_reported_and_close(term: str, report: Report) -> None:
     s = acc.term_stats(_h100(report.in_sample), term)
     assert s["cases"] >= 40
