@@ -74,8 +74,15 @@ class Case:
     other_failure: str | None = None
 
     def geometry(self) -> ModelGeometry:
-        assert self.config is not None
-        return geometry_from_config(self.config, name=self.model)
+        """The model's geometry, read from the config once per case (every fold of the
+        leave-one-source-out run asks again; the case and the geometry are frozen)."""
+        known = self.__dict__.get("_geometry")
+        if known is None:
+            assert self.config is not None
+            known = geometry_from_config(self.config, name=self.model)
+            self.__dict__["_geometry"] = known  # not a field: equality, repr and fields() skip it
+        assert isinstance(known, ModelGeometry)
+        return known
 
 
 def checkpoint_quant(model: str, setting: str) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ import pytest
 from bench import accuracy_fit
 from bench import bench_accuracy as acc
 from bench.accuracy_cases import load_cases, load_config, predictable
-from bench.accuracy_loso import Models, Row, run
+from bench.accuracy_loso import Models, Report, Row, run
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.units import GiB
 from kvwatch.engines.sglang import calibration as sglang_calibration
@@ -29,7 +29,6 @@ from kvwatch.sources.pipeline import replay
 
 APRIORI = Path(__file__).parent / "apriori"
 CASES = load_cases()
-REPORT = run(CASES)
 REPORT_MODELS = Models()
 CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark", "release-sweep")
 # What `make accuracy` measured when these cases were added (rounded the safe way): a regression in
@@ -75,11 +74,19 @@ MEASURED = {
 }
 
 
+@pytest.fixture(scope="module")
+def report() -> Report:
+    """The in-sample and leave-one-source-out report `make accuracy` prints, on every case: run
+    (seconds) when a test first asks for it, never while collecting, and once per `make unit`,
+    which sends a module's tests to one worker (pytest -n 2 --dist loadfile)."""
+    return run(CASES)
+
+
 def _h100(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.case.source in CALIBRATION_SOURCES]
 
 
-def test_every_case_is_read_and_each_unpredicted_one_says_why() -> None:
+def test_every_case_is_read_and_each_unpredicted_one_says_why(report: Report) -> None:
     cases = json.loads((APRIORI / "cases.json").read_text(encoding="utf-8"))
     public = sum(
         len(json.loads(p.read_text(encoding="utf-8"))) for p in (APRIORI / "public").glob("*/cases.json")
@@ -89,7 +96,7 @@ def test_every_case_is_read_and_each_unpredicted_one_says_why() -> None:
     assert len(usable) >= 137
     assert sum(c.engine == "sglang" for c in usable) >= 25
     for c in CASES:
-        assert predictable(c) or c.skip or any(r.refused for r in REPORT.in_sample if r.case.id == c.id), c.id
+        assert predictable(c) or c.skip or any(r.refused for r in report.in_sample if r.case.id == c.id), c.id
 
 
 def test_the_shipped_coefficients_are_the_fit_on_every_case() -> None:
@@ -104,9 +111,9 @@ def test_the_shipped_coefficients_are_the_fit_on_every_case() -> None:
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str) -> None:
+def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str, report: Report) -> None:
     shipped = {"vllm": vllm_envelope.ENVELOPE, "sglang": sglang_envelope.ENVELOPE}[engine]
-    fitted = REPORT.envelopes[engine]
+    fitted = report.envelopes[engine]
     assert shipped.covered == fitted.covered
     assert shipped.term_bands == fitted.term_bands
     assert shipped.widening == fitted.widening
@@ -115,22 +122,22 @@ def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str) -> None:
         assert f"widening {axis}" in shipped.cases
 
 
-def test_in_sample_on_the_h100_calibration_set() -> None:
-    s = acc.stats(_h100(REPORT.in_sample))
+def test_in_sample_on_the_h100_calibration_set(report: Report) -> None:
+    s = acc.stats(_h100(report.in_sample))
     assert s["cases"] >= 44
     assert s["median_pct"] <= MEASURED["h100_in_median"]
     assert s["mean_pct"] <= MEASURED["h100_in_mean"]
     assert s["inside_band"] >= MEASURED["h100_in_band"]
     assert s["median_band_pct"] <= MEASURED["h100_in_median_band"]
     # Only cases whose recorded settings contradict their own logged terms are left out.
-    assert [r.case.id for r in REPORT.in_sample if not r.consistent] == [
+    assert [r.case.id for r in report.in_sample if not r.consistent] == [
         "llmdbench-emp-gpt-oss-120b-tp1-mml16000"
     ]
 
 
-def test_leave_one_source_out_overall_and_off_h100() -> None:
+def test_leave_one_source_out_overall_and_off_h100(report: Report) -> None:
     """The figures `make accuracy` reports, held where they were measured (never loosened)."""
-    s = acc.stats(REPORT.loso)
+    s = acc.stats(report.loso)
     assert s["cases"] >= MEASURED["loso_cases"]
     assert s["median_pct"] <= MEASURED["loso_median"]
     assert s["mean_pct"] <= MEASURED["loso_mean"]
@@ -138,12 +145,12 @@ def test_leave_one_source_out_overall_and_off_h100() -> None:
     assert s["inside_band"] >= MEASURED["loso_band"]
     assert s["median_band_pct"] <= MEASURED["loso_median_band"]
     assert s["failed_predicted"] >= MEASURED["loso_failed_predicted"]
-    off = acc.stats([r for r in REPORT.loso if r.case.source not in CALIBRATION_SOURCES])
+    off = acc.stats([r for r in report.loso if r.case.source not in CALIBRATION_SOURCES])
     assert off["inside_band"] >= MEASURED["loso_off_band"]
 
 
-def test_failed_starts_of_the_calibration_set_are_predicted_to_fail() -> None:
-    failed = [r for r in _h100(REPORT.in_sample) if not r.case.started]
+def test_failed_starts_of_the_calibration_set_are_predicted_to_fail(report: Report) -> None:
+    failed = [r for r in _h100(report.in_sample) if not r.case.started]
     assert failed
     for r in failed:
         assert r.predicted_fail, r.case.id
@@ -152,8 +159,8 @@ def test_failed_starts_of_the_calibration_set_are_predicted_to_fail() -> None:
 
 
 @pytest.mark.parametrize("term", ["weights", "activation", "non_torch"])
-def test_each_term_is_reported_and_close(term: str) -> None:
-    s = acc.term_stats(_h100(REPORT.in_sample), term)
+def test_each_term_is_reported_and_close(term: str, report: Report) -> None:
+    s = acc.term_stats(_h100(report.in_sample), term)
     assert s["cases"] >= 40
     assert s["mean_gib"] <= 0.05
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 from same_events import identical_events
 
 from kvwatch.core.events import Event, Preemption, UsageSample, event_to_json
@@ -31,7 +32,7 @@ SAMPLE_FILES = sorted(SAMPLES.rglob("*.log"))
 SAMPLE_LINES = [
     line for path in SAMPLE_FILES for line in path.read_text(encoding="utf-8", errors="replace").split("\n")
 ]
-PROPS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _fast(line: str) -> tuple[Event, ...] | None:

@@ -255,15 +255,16 @@ class Sidecar:
     def stop(self) -> None:
         """Save the state while the tailers still hold their files, stop sources, close the server.
 
-        Lines read after that last save are processed but not saved: their positions are not saved
-        either, so the next start reads them again -- once.
+        Lines read after that last save are processed, not saved (nor their positions: the next start
+        reads them again, once). With no consumer running (before start) nothing is saved or awaited.
         """
         self._stop.set()
         for scrape in self._scrapes:
             scrape.scraper.abort()  # a scrape in progress ends now, whatever it is waiting for
-        saved = threading.Event()
-        self._queue.put(msg.FinalSave(saved))
-        saved.wait(timeout=5)
+        if any(t.name == "kvwatch-consumer" and t.is_alive() for t in self._threads):
+            saved = threading.Event()
+            self._queue.put(msg.FinalSave(saved))
+            saved.wait(timeout=5)
         for src in self._logs.configured:
             if src.tailer is not None:
                 src.tailer.stop()
