@@ -16,7 +16,7 @@ from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.sglang import budget, states
+from kvwatch.engines.sglang import budget, requests, states
 
 CONFIGS = Path(__file__).parent / "model_configs"
 H100_MIB, H20_MIB, B200_MIB = 81559, 97871, 183359
@@ -292,3 +292,63 @@ def test_multimodal_reservation_from_0_5_18() -> None:
     assert budget.multimodal_reservation(kimi, _sglang("0.5.18")) == 100 * MiB
     assert budget.multimodal_reservation(kimi, _sglang("0.5.17")) == 0
     assert budget.multimodal_reservation(_model("deepseek-ai--DeepSeek-V3"), _sglang("0.5.23")) == 0
+
+
+@pytest.mark.parametrize(
+    ("version", "tokens", "context_len", "printed"),
+    [
+        # max_running_requests as the real startups print it: min(tokens // 2, the table's
+        # ReqToTokenPool.size) (0.4.5 managers/tp_worker.py:109-117), its rows before 0.4.7.
+        ("0.3.4.post2", 442913, 131072, 2049),  # sgl-docsci-llama31-8b-h100-20241102
+        ("0.4.0", 2193171, 131072, 4097),  # sgl-docsci-llama32-1b-h100-20241206
+        ("0.4.2", 444372, 131072, 2049),  # sgl-docsci-llama31-8b-h100-20250128
+        ("0.4.2", 87056, 4096, 4097),  # sgl-docsci-llama2-7b-eagle-h100-mfs07-20250128
+        ("0.4.3.post4", 46611, 131072, 2049),  # sgl-llmsinclouds-qwq32b-4xL4-tp4
+        ("0.5.7", 25169, 35000, 2048),  # sgl-udbhav-llama32-3b-l40s-v057-mfs02-hicache
+    ],
+)
+def test_request_table_rows_are_the_printed_max_running_requests(
+    version: str, tokens: int, context_len: int, printed: int
+) -> None:
+    """clamp(tokens / context_len x 512, 2048, 4096) requests (0.4.5 model_runner.py:699-708), one
+    more row before 0.4.7 (size=max_num_reqs + 1, :758-760), none in 0.4.7-0.5.10 (0.4.7 :933-935)."""
+    table = requests.request_table(_sglang(version), tokens, context_len)
+    assert table.rows == printed
+    assert table.positions == context_len + 4
+
+
+@pytest.mark.parametrize(
+    ("version", "given", "slots", "rows"),
+    [
+        ("0.5.9", None, 2048, 2048),  # the estimate's floor, no cap (0.5.9 mixin :340-352)
+        ("0.5.10", None, 1500, 1500),  # min(estimate, tokens // 2) (0.5.10 mixin :844-851)
+        ("0.5.11", None, 1500, 1501),  # + the padding row 0 (0.5.11 mem_cache/memory_pool.py:140-152)
+        ("0.4.5", 8192, 8192, 8193),  # a given one as it is
+        ("0.5.12", 8192, 2048, 2049),  # a given one capped at the estimate (0.5.12 mixin :824-828)
+        ("0.5.14", 8192, 1500, 1501),  # ... at tokens // 2 from 0.5.14 (mixin :988-991)
+        ("0.5.23", 8192, 1500, 1501),  # kv_cache_configurator.py:3123-3132, memory_pool.py:399-407
+    ],
+)
+def test_request_table_per_release(version: str, given: int | None, slots: int, rows: int) -> None:
+    # 3,000 tokens at a 1,000-token context: an estimate of 1,536, clamped up to 2,048.
+    table = requests.request_table(_sglang(version, max_num_seqs=given), 3000, 1000)
+    assert (table.requests, table.rows) == (slots, rows)
+    assert table.bytes == rows * 1004 * 4
+
+
+def test_a_request_table_larger_than_the_reserve_fails_the_start() -> None:
+    """Llama-4-Scout's 10,485,760-token default context: 2,049 rows x 10,485,764 x int32 = 80.04 GiB,
+    allocated after the pool is sized (0.4.5 model_runner.py:697-770), beside it; at a 131,072-token
+    context its 1,761,248-token pool gives 4,096 requests (the clamp's ceiling), a 2.00 GiB table, which
+    fits the 14.96 GiB mem_fraction_static leaves."""
+    m = load_model(
+        Path(__file__).parent / "apriori/public/configs/meta-llama--Llama-4-Scout-17B-16E-Instruct.json"
+    )
+    d = Deployment(engine="sglang", engine_version="0.4.5", tp=8, gpu_memory_bytes=int(79.10 * GiB))
+    p = predict(m, d)
+    assert p.kv_pool_tokens > 0
+    assert p.failure is not None and "req_to_token" in p.failure and "80.04 GiB" in p.failure
+    assert not any("starts anyway" in a for a in p.assumptions)
+    short = predict(m, d.with_(max_model_len=131072))
+    assert short.failure is None
+    assert any("4,097 rows x 131,076 positions x int32 = 2.00 GiB" in a for a in short.assumptions)
