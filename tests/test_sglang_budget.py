@@ -6,7 +6,9 @@ startups that exercise them are tests/test_accuracy_sglang.py's.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -352,3 +354,35 @@ def test_a_request_table_larger_than_the_reserve_fails_the_start() -> None:
     short = predict(m, d.with_(max_model_len=131072))
     assert short.failure is None
     assert any("4,097 rows x 131,076 positions x int32 = 2.00 GiB" in a for a in short.assumptions)
+
+
+def _pool_end_cases() -> list[dict[str, object]]:
+    """The real startups that print the free memory after the weights, the pool's K and V sizes, the
+    free memory at 'Memory pool end', the pool's tokens and context_len (tests/apriori/public/sglang)."""
+    cases = json.loads(
+        (Path(__file__).parent / "apriori/public/sglang/cases.json").read_text(encoding="utf-8")
+    )
+    keys = ("load_weight_end_avail_gib", "k_size_gib", "v_size_gib", "memory_pool_end_avail_gib")
+    return [
+        c
+        for c in cases
+        if not c["scoring"].get("excluded")
+        and all(
+            isinstance(c["observed"].get(k), float | int)
+            for k in (*keys, "max_total_num_tokens", "context_len")
+        )
+    ]
+
+
+@pytest.mark.parametrize("case", _pool_end_cases(), ids=lambda c: str(c["id"]))
+def test_the_request_table_is_what_goes_between_the_weights_and_memory_pool_end(case: dict[str, Any]) -> None:
+    """'Load weight end' avail - the pool's K + V - 'Memory pool end' avail is the req_to_token table
+    (1.00 GiB for 2,049 rows at 131,072 positions, 2.00 GiB for 4,097): it is allocated beside the pool,
+    after the profile, from what mem_fraction_static leaves. The printed figures round to 0.01 GiB; what
+    else the model runner allocates there (the allocator's free list, EAGLE's draft) stays under 0.3 GiB."""
+    o = case["observed"]
+    drop = o["load_weight_end_avail_gib"] - o["k_size_gib"] - o["v_size_gib"] - o["memory_pool_end_avail_gib"]
+    d = _sglang(case["scoring"]["engine_version"])
+    table = requests.request_table(d, o["max_total_num_tokens"], o["context_len"]).bytes / GiB
+    assert table <= drop + 0.03
+    assert drop - table < 0.3
