@@ -15,7 +15,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import card_family
 from kvwatch.capacity.geometry import load_model
 from kvwatch.core.units import GiB
-from kvwatch.engines.sglang import requests as sglang_requests
+from kvwatch.engines.sglang import request_table as sglang_request_table
 from kvwatch.engines.vllm import memory
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -258,7 +258,7 @@ def test_sglang_request_table_beyond_the_reserve_is_scouts_failed_start() -> Non
     )
     case = next(c for c in acc_sglang.load_cases()[0] if c.id == raw["id"])
     p = acc_sglang.predict_case(case)
-    table = sglang_requests.request_table(
+    table = sglang_request_table.request_table(
         Deployment(engine="sglang", engine_version=case.engine_version), p.kv_pool_tokens, p.max_model_len
     )
     assert round(table.bytes / GiB, 2) == raw["observed"]["oom_tried_to_allocate_gib"]

@@ -18,7 +18,7 @@ from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.sglang import budget, requests, states
+from kvwatch.engines.sglang import budget, request_table, states
 
 CONFIGS = Path(__file__).parent / "model_configs"
 H100_MIB, H20_MIB, B200_MIB = 81559, 97871, 183359
@@ -314,7 +314,7 @@ def test_request_table_rows_are_the_printed_max_running_requests(
 ) -> None:
     """clamp(tokens / context_len x 512, 2048, 4096) requests (0.4.5 model_runner.py:699-708), one
     more row before 0.4.7 (size=max_num_reqs + 1, :758-760), none in 0.4.7-0.5.10 (0.4.7 :933-935)."""
-    table = requests.request_table(_sglang(version), tokens, context_len)
+    table = request_table.request_table(_sglang(version), tokens, context_len)
     assert table.rows == printed
     assert table.positions == context_len + 4
 
@@ -333,7 +333,7 @@ def test_request_table_rows_are_the_printed_max_running_requests(
 )
 def test_request_table_per_release(version: str, given: int | None, slots: int, rows: int) -> None:
     # 3,000 tokens at a 1,000-token context: an estimate of 1,536, clamped up to 2,048.
-    table = requests.request_table(_sglang(version, max_num_seqs=given), 3000, 1000)
+    table = request_table.request_table(_sglang(version, max_num_seqs=given), 3000, 1000)
     assert (table.requests, table.rows) == (slots, rows)
     assert table.bytes == rows * 1004 * 4
 
@@ -383,6 +383,6 @@ def test_the_request_table_is_what_goes_between_the_weights_and_memory_pool_end(
     o = case["observed"]
     drop = o["load_weight_end_avail_gib"] - o["k_size_gib"] - o["v_size_gib"] - o["memory_pool_end_avail_gib"]
     d = _sglang(case["scoring"]["engine_version"])
-    table = requests.request_table(d, o["max_total_num_tokens"], o["context_len"]).bytes / GiB
+    table = request_table.request_table(d, o["max_total_num_tokens"], o["context_len"]).bytes / GiB
     assert table <= drop + 0.03
     assert drop - table < 0.3

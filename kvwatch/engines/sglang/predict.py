@@ -17,7 +17,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.core.units import format_bytes
 from kvwatch.core.versions import version_tuple
-from kvwatch.engines.sglang import budget, calibration, requests
+from kvwatch.engines.sglang import budget, calibration, request_table
 from kvwatch.engines.sglang.envelope import CURRENT
 
 
@@ -248,7 +248,7 @@ def _request_table_check(
     """The req_to_token table against the memory left beside the pool (budget.RequestTable): the
     startup's CUDA out of memory when the table and the pool together exceed the free memory after
     the weights, None otherwise. Notes the table's size either way."""
-    table = requests.request_table(d, tokens, context_len)
+    table = request_table.request_table(d, tokens, context_len)
     shape = f"{table.rows:,} rows x {table.positions:,} positions x int32 = {format_bytes(table.bytes)}"
     if pre_load is None or weights is None:
         assumptions.append(f"req_to_token table (ReqToTokenPool): {shape}, allocated after the pool is sized")

@@ -4,10 +4,10 @@ Every row is a ``Rule`` (core/versions.py) of sides oldest first: ``Side(since, 
 ``since`` the first release with that value (None: every release before the next side) and
 ``source`` the engine file:line it was read from (``pip download sglang==X --no-deps``; paths under
 python/sglang/srt/). ``RULE.at(version)`` is the value for a release; None -- no release given or
-printed -- and any release newer than the last side take the newest. budget.py, requests.py,
-states.py and calibration.py read these rows instead of comparing versions themselves; tests/test_releases.py
-checks every row cites its source and that its sides run in release order inside the releases
-kvwatch knows.
+printed -- and any release newer than the last side take the newest. budget.py, request_table.py,
+states.py and calibration.py read these rows instead of comparing versions themselves;
+tests/test_releases.py checks every row cites its source and that its sides run in release order
+inside the releases kvwatch knows.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ SWA_SPLIT: Rule[SwaSplit] = Rule(
     Side("0.5.11", "configurator", "0.5.11 pool_configurator.py:184; 0.5.23 :656-920"),
 )
 
-# --- the per-request token table, ReqToTokenPool (budget.py) --------------------------------------
+# --- the per-request token table, ReqToTokenPool (request_table.py) ------------------------------
 
 REQUEST_SLOTS: Rule[RequestSlots] = Rule(
     "request_slots",
