@@ -18,7 +18,7 @@ from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.sglang import budget, request_table, states
+from kvwatch.engines.sglang import budget, request_table, states, weight_extras
 
 CONFIGS = Path(__file__).parent / "model_configs"
 H100_MIB, H20_MIB, B200_MIB = 81559, 97871, 183359
@@ -138,20 +138,22 @@ def test_dp_attention_weights_not_split() -> None:
     d = _sglang("0.5.6", mib=288 * 1024, tp=8, dp=8, dp_attention=True)
     embed = v3.params["embeddings"] * 2  # bf16
     attention = v3.params["attention"] * 1  # fp8
-    assert budget.dp_attention_weights_extra(v3, d) == pytest.approx(
+    assert weight_extras.dp_attention_weights_extra(v3, d) == pytest.approx(
         embed * 7 / 8 + attention * 7 / 8, rel=1e-6
     )
-    assert budget.dp_attention_weights_extra(v3, _sglang("0.5.6", tp=8)) == 0
+    assert weight_extras.dp_attention_weights_extra(v3, _sglang("0.5.6", tp=8)) == 0
     # Llama keeps its QKV over the full TP group (layers/linear.py:809-812): the embedding only;
     # Qwen3's attention is built over attn_tp (models/qwen3.py:102-111).
     llama = _model("meta-llama--Meta-Llama-3.1-70B")
     qwen = _model("Qwen--Qwen3-32B")
     dp = _sglang("0.5.6", tp=8, dp=8, dp_attention=True)
-    assert budget.dp_attention_weights_extra(llama, dp) == pytest.approx(
+    assert weight_extras.dp_attention_weights_extra(llama, dp) == pytest.approx(
         llama.params["embeddings"] * 2 * 7 / 8, rel=1e-6
     )
     q_embed, q_attn = qwen.params["embeddings"] * 2, qwen.params["attention"] * 2
-    assert budget.dp_attention_weights_extra(qwen, dp) == pytest.approx((q_embed + q_attn) * 7 / 8, rel=1e-6)
+    assert weight_extras.dp_attention_weights_extra(qwen, dp) == pytest.approx(
+        (q_embed + q_attn) * 7 / 8, rel=1e-6
+    )
 
 
 # DeepSeek-V3's kv_b_proj: kv_lora_rank 512 x 128 heads x (qk_nope 128 + v_head 128), 61 layers.
@@ -175,9 +177,9 @@ def test_mla_keeps_per_head_copies_of_kv_b_proj(
 ) -> None:
     v3 = _model("deepseek-ai--DeepSeek-V3")
     d = _sglang(version, gpu, tp=tp, dp=dp, dp_attention=dp > 1)
-    assert budget.mla_up_proj_copies(v3, d) == expected
+    assert weight_extras.mla_up_proj_copies(v3, d) == expected
     # No MLA, no copies.
-    assert budget.mla_up_proj_copies(_model("meta-llama--Meta-Llama-3.1-70B"), d) == 0
+    assert weight_extras.mla_up_proj_copies(_model("meta-llama--Meta-Llama-3.1-70B"), d) == 0
 
 
 def test_mla_copies_of_an_unquantised_kv_b_are_bf16() -> None:
@@ -185,7 +187,7 @@ def test_mla_copies_of_an_unquantised_kv_b_are_bf16() -> None:
     # (0.5.6 deepseek_v2.py:3542, :3653-3657); 64 heads.
     kimi = _model("moonshotai--Kimi-K2.5")
     d = _sglang("0.5.8", tp=8)
-    assert budget.mla_up_proj_copies(kimi, d) == 512 * 64 * (128 + 128) * 61 * 2 // 8
+    assert weight_extras.mla_up_proj_copies(kimi, d) == 512 * 64 * (128 + 128) * 61 * 2 // 8
 
 
 # DeepSeek-V3.2's indexer per layer: wq_b 1536 x 64 x 128, wk 7168 x 128 (fp8), weights_proj 7168 x 64.
@@ -207,8 +209,8 @@ V32_GATE = 7168 * 64
 def test_dsa_indexer_is_replicated(version: str, dp: int, expected: float) -> None:
     v32 = _model("deepseek-ai--DeepSeek-V3.2")
     d = _sglang(version, "B200-180GB", tp=8, dp=dp, dp_attention=dp > 1)
-    assert budget.dsa_indexer_replicas(v32, d) == int(expected)
-    assert budget.dsa_indexer_replicas(_model("deepseek-ai--DeepSeek-V3"), d) == 0
+    assert weight_extras.dsa_indexer_replicas(v32, d) == int(expected)
+    assert weight_extras.dsa_indexer_replicas(_model("deepseek-ai--DeepSeek-V3"), d) == 0
 
 
 def test_moe_routers_are_replicated() -> None:
@@ -216,9 +218,11 @@ def test_moe_routers_are_replicated() -> None:
     v3 = _model("deepseek-ai--DeepSeek-V3")
     router = 58 * 256 * 7168 * 2
     assert v3.params["router"] == 58 * 256 * 7168
-    assert budget.router_replicas(v3, _sglang("0.5.6", tp=8)) == int(router * 7 / 8)
-    assert budget.router_replicas(v3, _sglang("0.5.6", tp=1)) == 0
-    assert budget.router_replicas(_model("meta-llama--Meta-Llama-3.1-70B"), _sglang("0.5.6", tp=8)) == 0
+    assert weight_extras.router_replicas(v3, _sglang("0.5.6", tp=8)) == int(router * 7 / 8)
+    assert weight_extras.router_replicas(v3, _sglang("0.5.6", tp=1)) == 0
+    assert (
+        weight_extras.router_replicas(_model("meta-llama--Meta-Llama-3.1-70B"), _sglang("0.5.6", tp=8)) == 0
+    )
 
 
 def test_predicted_weights_carry_what_sglang_holds_beyond_the_checkpoint() -> None:
@@ -230,12 +234,12 @@ def test_predicted_weights_carry_what_sglang_holds_beyond_the_checkpoint() -> No
     p = predict(v32, d)
     split = weights_per_rank(v32, 8, 1).per_rank_bytes
     extras = (
-        budget.dp_attention_weights_extra(v32, d)
-        + budget.router_replicas(v32, d)
-        + budget.dsa_indexer_replicas(v32, d)
-        + budget.mla_up_proj_copies(v32, d)
+        weight_extras.dp_attention_weights_extra(v32, d)
+        + weight_extras.router_replicas(v32, d)
+        + weight_extras.dsa_indexer_replicas(v32, d)
+        + weight_extras.mla_up_proj_copies(v32, d)
     )
-    assert budget.mla_up_proj_copies(v32, d) == 512 * 128 * 256 * 61 * 2
+    assert weight_extras.mla_up_proj_copies(v32, d) == 512 * 128 * 256 * 61 * 2
     assert p.weights_bytes == split + extras
     assert any("w_kc" in a for a in p.assumptions)
 

@@ -17,7 +17,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.core.units import format_bytes
 from kvwatch.core.versions import version_tuple
-from kvwatch.engines.sglang import budget, calibration, request_table
+from kvwatch.engines.sglang import budget, calibration, request_table, weight_extras
 from kvwatch.engines.sglang.envelope import CURRENT
 
 
@@ -85,30 +85,30 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     usable = activation = non_torch = band = pre_load = None
     envelope = CURRENT.get()
     if weights_rank is not None and d.weights_bytes is None and d.dp_attention and d.dp > 1:
-        extra = budget.dp_attention_weights_extra(model, d)
+        extra = weight_extras.dp_attention_weights_extra(model, d)
         if extra:
             weights_rank = basis.weights_bytes = weights_rank + extra
             assumptions.append(
                 f"DP attention: attention TP {budget.attention_tp(d)}; the embedding"
-                + (" and the attention" if budget.attention_over_attn_tp(model) else "")
+                + (" and the attention" if weight_extras.attention_over_attn_tp(model) else "")
                 + f" are not split over all {d.tp} ranks (+{format_bytes(extra)} per rank)"
             )
     if weights_rank is not None and d.weights_bytes is None:
-        routers = budget.router_replicas(model, d)
+        routers = weight_extras.router_replicas(model, d)
         if routers:
             weights_rank = basis.weights_bytes = weights_rank + routers
             assumptions.append(
                 f"MoE routers are replicated on every rank, not split over tp={d.tp} "
                 f"(+{format_bytes(routers)} per rank)"
             )
-        indexer = budget.dsa_indexer_replicas(model, d)
+        indexer = weight_extras.dsa_indexer_replicas(model, d)
         if indexer:
             weights_rank = basis.weights_bytes = weights_rank + indexer
             assumptions.append(
                 "sparse-attention indexer: wq_b and wk whole on every rank, weights_proj in fp32 "
                 f"(+{format_bytes(indexer)} per rank)"
             )
-        copies = budget.mla_up_proj_copies(model, d)
+        copies = weight_extras.mla_up_proj_copies(model, d)
         if copies:
             weights_rank = basis.weights_bytes = weights_rank + copies
             assumptions.append(

@@ -4,10 +4,10 @@ Every row is a ``Rule`` (core/versions.py) of sides oldest first: ``Side(since, 
 ``since`` the first release with that value (None: every release before the next side) and
 ``source`` the engine file:line it was read from (``pip download sglang==X --no-deps``; paths under
 python/sglang/srt/). ``RULE.at(version)`` is the value for a release; None -- no release given or
-printed -- and any release newer than the last side take the newest. budget.py, request_table.py,
-states.py and calibration.py read these rows instead of comparing versions themselves;
-tests/test_releases.py checks every row cites its source and that its sides run in release order
-inside the releases kvwatch knows.
+printed -- and any release newer than the last side take the newest. budget.py, weight_extras.py,
+request_table.py, states.py and calibration.py read these rows instead of comparing versions
+themselves; tests/test_releases.py checks every row cites its source and that its sides run in
+release order inside the releases kvwatch knows.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ REQUEST_TABLE_PADDING_ROW: Rule[int] = Rule(
     Side("0.5.11", 1, "0.5.11 mem_cache/memory_pool.py:140-152 (a padding slot 0); 0.5.23 :399-407"),
 )
 
-# --- weights beyond the checkpoint's (budget.py) ---------------------------------------------------
+# --- weights beyond the checkpoint's (weight_extras.py) ------------------------------------------
 
 MLA_FP8_UP_PROJ_DEQUANT: Rule[bool] = Rule(
     "mla_fp8_up_proj_dequant",
