@@ -130,6 +130,8 @@ def test_vision_tower_scales_the_default_fraction() -> None:
     assert budget.vlm_runtime_factor(kimi, _sglang("0.4.8.post1")) == 0.90
     assert budget.vlm_runtime_factor(kimi, _sglang("0.4.6")) == 0.90
     assert budget.vlm_runtime_factor(kimi, _sglang("0.4.3.post4")) == 0.95
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.4.4")) == 0.95  # 0.4.4 model_runner.py:243
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.4.5")) == 0.90  # 0.4.5 model_runner.py:273-274
     assert budget.vlm_runtime_factor(kimi, _sglang("0.5.2")) == 1.0
 
 

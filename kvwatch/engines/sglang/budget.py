@@ -235,9 +235,9 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
 
 def vlm_runtime_factor(model: ModelGeometry, d: Deployment) -> float:
     """0.4.x reduces any mem_fraction_static, given or not, for a multimodal model in the model
-    runner: x 0.95 (0.4.3.post4 model_executor/model_runner.py:235-236), x 0.90 from 0.4.6
-    (0.4.6 model_runner.py:307-308; 0.4.8.post1 :414-415); from 0.5 the server-args default does it
-    instead."""
+    runner: x 0.95 (0.4.3.post4 model_executor/model_runner.py:235-236; 0.4.4 :243), x 0.90 from
+    0.4.5 (0.4.5 model_runner.py:273-274; 0.4.6 :307-308; 0.4.8.post1 :414-415); from 0.5 the
+    server-args default does it instead."""
     dims = model.dims
     if dims is None or not dims.has_vision_tower:
         return 1.0

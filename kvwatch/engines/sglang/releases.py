@@ -69,7 +69,11 @@ VLM_RUNTIME_FACTOR: Rule[float] = Rule(
     "vlm_runtime_factor",
     "the model runner's factor on any mem_fraction_static of a multimodal model (1: none)",
     Side(None, 0.95, "0.4.3.post4 model_executor/model_runner.py:235-236"),
-    Side("0.4.6", 0.90, "0.4.6 model_executor/model_runner.py:307-308; 0.4.8.post1 :414-415"),
+    Side(
+        "0.4.5",
+        0.90,
+        "0.4.5 model_executor/model_runner.py:273-274 (0.4.4 :243 x 0.95); 0.4.6 :307-308; 0.4.8.post1 :414-415",
+    ),
     Side("0.5", 1.0, "0.5.2 server_args.py:2513-2549 (the server-args default does it instead)"),
 )
 SMALL_CARD_DEFAULTS: Rule[tuple[int, int, int]] = Rule(
