@@ -55,7 +55,8 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # with the model changes above, over 118 startups: median 0.70 %, mean 5.54 %, within 5 % 80.5 %, band
 # 89.8 % (median 11.30 %), failed starts 4 of 11. The four Mistral-Small 3.1/3.2 H100 startups judged
 # once a nested 'mistral' text_config took MistralConfig's untied head (122 startups; the H100
-# in-sample median 0.020 -> 0.026 % over 54 calibration cases: new data).
+# in-sample median 0.020 -> 0.026 % over 54 calibration cases: new data). SGLang's request table sized:
+# Llama-4-Scout's failed start predicted (5 of 11).
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
@@ -65,7 +66,7 @@ MEASURED = {
     "loso_mean": 5.41,
     "loso_within_5": 0.81,
     "loso_band": 0.90,
-    "loso_failed_predicted": 4,
+    "loso_failed_predicted": 5,
     "loso_off_band": 0.82,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.

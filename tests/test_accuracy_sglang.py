@@ -59,11 +59,6 @@ KNOWN_FAILED_MISSES = {
         ":1055-1063) and aiter's x 0.85 (model_runner.py:436-438) would explain both, but kvwatch is "
         "given neither --attention-backend nor the environment"
     ),
-    "sgl-5755-llama4-scout-tp8-cuda-oom-kv-alloc": (
-        "the failed allocation is 80.04 GiB = 2049 requests x 10485760 positions (Scout's default "
-        "context) x 4 B, SGLang's req_to_token table; kvwatch does not size that table against the "
-        "card and predicts a start"
-    ),
 }
 
 

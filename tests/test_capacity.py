@@ -25,7 +25,7 @@ from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
 from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.units import GiB, KiB, MiB, parse_size
-from kvwatch.engines.sglang import budget, states
+from kvwatch.engines.sglang import budget, states, weight_extras
 from kvwatch.engines.sglang import budget as sglang_budget
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
 from kvwatch.state.facts import MemoryFacts, SettingsFacts
@@ -1010,8 +1010,9 @@ def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_e
     dp = predict(m, d.with_(dp=8, dp_attention=True))
     attention, embed = weight_bytes_of(m, ATTENTION), weight_bytes_of(m, EMBED)
     extra = int(attention - attention / 8) + int(embed - embed / 8)
-    copies = budget.mla_up_proj_copies(m, d.with_(dp=8, dp_attention=True)) - budget.mla_up_proj_copies(m, d)
-    assert copies == 7 * budget.mla_up_proj_copies(m, d)  # attn_tp 8 -> 1
+    dp_d = d.with_(dp=8, dp_attention=True)
+    copies = weight_extras.mla_up_proj_copies(m, dp_d) - weight_extras.mla_up_proj_copies(m, d)
+    assert copies == 7 * weight_extras.mla_up_proj_copies(m, d)  # attn_tp 8 -> 1: whole on each rank
     assert dp.weights_bytes - plain.weights_bytes == extra + copies  # type: ignore[operator]
     assert dp.bytes_per_token == plain.bytes_per_token  # an MLA latent is not split by heads
 

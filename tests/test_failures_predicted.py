@@ -3,16 +3,19 @@ engine's own check, read in the release's source (cited per test), and checks kv
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from bench import accuracy_sglang as acc_sglang
 from bench.accuracy_cases import _card
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import card_family
 from kvwatch.capacity.geometry import load_model
 from kvwatch.core.units import GiB
+from kvwatch.engines.sglang import request_table as sglang_request_table
 from kvwatch.engines.vllm import memory
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -132,7 +135,7 @@ def test_0_14_to_0_16_check_against_every_stage(version: str | None, fails: bool
         assert p.estimated_max_model_len is not None and abs(p.estimated_max_model_len - 81392) <= 16
     else:
         assert p.failure is None
-        assert p.needed_kv_bytes < 10 * GiB
+        assert p.needed_kv_bytes is not None and p.needed_kv_bytes < 10 * GiB
 
 
 @pytest.mark.parametrize(
@@ -240,3 +243,26 @@ def test_a_baseline_release_runs_out_of_memory_allocating_the_cache() -> None:
     assert predict(m, d.with_(memory_in_use_bytes=GiB)).failure is None
     p = predict(m, d.with_(memory_in_use_bytes=8 * GiB))
     assert p.fits is False and p.failure is not None and p.failure.startswith("CUDA out of memory")
+
+
+def test_sglang_request_table_beyond_the_reserve_is_scouts_failed_start() -> None:
+    """sgl-project/sglang#5755 (Llama-4-Scout, TP 8, 79.10 GiB cards, ~0.4.5, no --context-length):
+    'Tried to allocate 80.04 GiB'. 0.4.5 sizes its req_to_token table after the profile at
+    (clamp(tokens / context_len x 512, 2048, 4096) + 1) x (context_len + 4) int32
+    (model_executor/model_runner.py:699-708, :758-760; mem_cache/memory_pool.py:64-66): 2,049 x
+    10,485,764 x 4 B at Scout's default context, which no 80 GB card holds beside its KV pool."""
+    raw = next(
+        c
+        for c in json.loads(acc_sglang.CASES.read_text(encoding="utf-8"))
+        if c["id"] == "sgl-5755-llama4-scout-tp8-cuda-oom-kv-alloc"
+    )
+    case = next(c for c in acc_sglang.load_cases()[0] if c.id == raw["id"])
+    p = acc_sglang.predict_case(case)
+    table = sglang_request_table.request_table(
+        Deployment(engine="sglang", engine_version=case.engine_version), p.kv_pool_tokens, p.max_model_len
+    )
+    assert round(table.bytes / GiB, 2) == raw["observed"]["oom_tried_to_allocate_gib"]
+    assert p.failure is not None
+    assert (
+        "req_to_token" in p.failure and f"{raw['observed']['oom_tried_to_allocate_gib']:.2f} GiB" in p.failure
+    )
