@@ -27,7 +27,7 @@ from kvwatch.core.events import (
 from kvwatch.engines.vllm import failures, settings, stats
 from kvwatch.engines.vllm.anchors import ANCHORS as ANCHORS  # (re-exported: the table's words)
 from kvwatch.engines.vllm.anchors import Anchor
-from kvwatch.engines.vllm.common import INT, NUM, gib, ident, to_int
+from kvwatch.engines.vllm.common import INT, NUM, gib, ident, ratio, to_int
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
 # --- pool size ---------------------------------------------------------------------------------
@@ -44,6 +44,15 @@ _KV_SIZE = re.compile(r"^(?:(?P<dev>[A-Za-z]+)(?: \+ host)? )?KV cache size: (?P
 # 'Maximum concurrency for 32768 tokens per request: 13.26x' (V0 raw int, V1 0.8+ '32,768').
 _CONCURRENCY = re.compile(
     r"Maximum concurrency for (?P<len>" + INT + r") tokens per request: (?P<x>" + NUM + r")x"
+)
+
+# V1 0.9.2+ hybrid models (sliding window + full): the KV groups of a layer type filled up to the
+# group size with padding layers, once per padded type (v1/core/kv_cache_utils.py:982-986 in
+# 0.11.0, _get_kv_cache_groups_uniform_page_size): 'Add 1 padding layers, may waste at most 3.45% KV
+# cache memory' (0.11.0 and 0.19.0 Gemma-3-4B), 'Add 3 padding layers, may waste at most 10.00% KV
+# cache memory' (0.25.1). The share is the padding over that type's own layer count.
+_PADDING = re.compile(
+    r"^Add (?P<n>\d+) padding layers, may waste at most (?P<pct>" + NUM + r")% KV cache memory"
 )
 
 # 'Overriding num_gpu_blocks=27153 with num_gpu_blocks_override=512'
@@ -165,6 +174,15 @@ def _available(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     if m is None:
         return None
     return _budget(MemoryBudget(**ident(meta), available_kv_bytes=gib(m.group("v"), m.group("u"))), meta)
+
+
+def _padding(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    m = _PADDING.match(body) if body.startswith("Add ") else None
+    if m is None:
+        return None
+    return (
+        PoolSized(**ident(meta), padding_layers=int(m.group("n")), padding_waste_ratio=ratio(m.group("pct"))),
+    )
 
 
 def _profile_debug(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
@@ -335,6 +353,7 @@ _TABLE: tuple[tuple[Anchor, Handler], ...] = (
     ("KV cache", _auto_fit),
     ("KV cache", _available),
     ("KV cache", _profile_debug),
+    ("KV cache", _padding),
     ("KV cache", _preempted),
     ("KV cache", _failure),
     ("KV Cache", _budget_breakdown),
