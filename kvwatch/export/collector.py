@@ -314,6 +314,7 @@ class KvwatchCollector(Collector):
         gauge(names.KV_POOL_BLOCKS, blocks)
         gauge(names.KV_POOL_BYTES, pool.bytes)
         gauge(names.KV_BLOCK_SIZE, block_size)
+        gauge(names.KV_POOL_PADDING_WASTE_RATIO, pool.padding_waste_ratio)
 
         for state in names.PREDICTION_STATES:
             gauge(names.PREDICTION_AVAILABLE, 1.0 if state == pred.state else 0.0, state)
