@@ -123,6 +123,13 @@ def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str, report: Repo
         assert f"widening {axis}" in shipped.cases
 
 
+def test_the_docs_table_is_the_report(report: Report) -> None:
+    """docs/predict.md's headline table is what `make accuracy` measures (written by --write)."""
+    doc = acc.DOC.read_text(encoding="utf-8")
+    begin, end = doc.index(acc.DOC_BEGIN) + len(acc.DOC_BEGIN) + 1, doc.index(acc.DOC_END)
+    assert doc[begin:end] == acc.doc_table(report)
+
+
 def test_in_sample_on_the_h100_calibration_set(report: Report) -> None:
     s = acc.stats(_h100(report.in_sample))
     assert s["cases"] >= 44
