@@ -41,10 +41,12 @@ lint: $(STAMP)
 
 # Two lanes: `make unit` is the quick one: the tests not marked `integration` (which run kvwatch
 # or Prometheus as a process, a live socket scenario or an external binary), on two workers
-# (pytest-xdist), about a minute on two cores. `make test` (what CI runs) is lint and every
-# test, one at a time.
+# (pytest-xdist; --dist loadfile: a module's tests share one worker and its module-scoped fixtures,
+# such as test_accuracy.py's report), with a quarter of the heavy property tests' examples
+# (KVWATCH_QUICK_TESTS=1, tests/lanes.py), well under a minute on two cores. `make test` (what CI
+# runs) is lint and every test, one at a time, every example drawn.
 unit: $(STAMP)
-	$(BIN)/pytest -q -n 2 -m "not integration"
+	KVWATCH_QUICK_TESTS=1 $(BIN)/pytest -q -n 2 --dist loadfile -m "not integration"
 
 test: $(STAMP) tools lint
 	$(BIN)/pytest -q

@@ -22,6 +22,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dtypes import KV_DTYPE_BYTES
 from kvwatch.capacity.geometry import geometry_from_config
 from kvwatch.capacity.model import ModelGeometry
+from kvwatch.commands.predict import gpu_memory_size
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.units import GiB
 
@@ -73,8 +74,15 @@ class Case:
     other_failure: str | None = None
 
     def geometry(self) -> ModelGeometry:
-        assert self.config is not None
-        return geometry_from_config(self.config, name=self.model)
+        """The model's geometry, read from the config once per case (every fold of the
+        leave-one-source-out run asks again; the case and the geometry are frozen)."""
+        known = self.__dict__.get("_geometry")
+        if known is None:
+            assert self.config is not None
+            known = geometry_from_config(self.config, name=self.model)
+            self.__dict__["_geometry"] = known  # not a field: equality, repr and fields() skip it
+        assert isinstance(known, ModelGeometry)
+        return known
 
 
 def checkpoint_quant(model: str, setting: str) -> dict[str, Any] | None:
@@ -195,6 +203,20 @@ def other_failure(error: object) -> str | None:
     return text[:100]
 
 
+def _failure_not_sizing(c: dict[str, Any]) -> str | None:
+    """Why a failed start is not a sizing failure kvwatch must call, or None when it is one.
+
+    A recorded exception other than a memory failure is one reason; the SGLang scoring's
+    ``failed_unknown`` is the other: the source shows no error at all, so nothing says the start
+    failed for memory (sglang#3416: the maintainer calls it environmental and the same deployment
+    started from the docker image; sglang#14700: the error after weight loading is not in the
+    excerpt). Both reports then judge one set of failures."""
+    scoring = c.get("scoring") or {}
+    if scoring.get("outcome") == "failed_unknown":
+        return f"cause not recorded: {str(scoring.get('outcome_note') or 'the error is not in the source')[:100]}"
+    return other_failure(c.get("error"))
+
+
 def _int(value: object, default: int = 1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
@@ -239,6 +261,14 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
         alt = _card(str(c["card_class"]).replace("-class", " "), None)
         if alt[0] is not None:
             gpu_name, total, why = alt
+    scoring = c.get("scoring") or {}
+    if gpu_name is None and total is None and not scoring.get("excluded"):
+        # The card the SGLang scoring block gives the user (a catalogue name, or the size the log
+        # printed, with its source): both reports predict one card for the case.
+        if scoring.get("gpu") and (spec := gpus.find(str(scoring["gpu"]))) is not None:
+            gpu_name, total, why = spec.name, spec.total_bytes, None
+        elif scoring.get("gpu_memory"):
+            gpu_name, total, why = None, gpu_memory_size(str(scoring["gpu_memory"])), None
     skip = skip or why
     tp = c.get("tp")
     if not isinstance(tp, int):
@@ -256,7 +286,8 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
             else (o.get("kv_cache_tokens") or o.get("kv_capacity_tokens_in_error")),
         }
     else:
-        tokens = o.get("kv_tokens") or o.get("max_total_num_tokens")
+        # The full-attention pool of a hybrid SWA model is the one kvwatch sizes in tokens.
+        tokens = o.get("swa_full_layer_tokens") or o.get("kv_tokens") or o.get("max_total_num_tokens")
         observed = {
             "weights": o.get("weight_mem_usage_gib"),
             "kv_tokens": tokens,
@@ -287,7 +318,7 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
             k: float(v) for k, v in observed.items() if isinstance(v, int | float) and not isinstance(v, bool)
         },
         started=_started(str(c.get("outcome") or "")),
-        other_failure=None if _started(str(c.get("outcome") or "")) else other_failure(c.get("error")),
+        other_failure=None if _started(str(c.get("outcome") or "")) else _failure_not_sizing(c),
         kv_connector=str(transfer) if transfer else None,
         skip=skip,
     )
@@ -392,6 +423,8 @@ def deployment(case: Case) -> Deployment:
         # --quantization fp8 on a 16-bit checkpoint (online); a checkpoint's own scheme is in its config.
         quantization="fp8" if quantization.startswith("fp8") and "checkpoint" not in quantization else None,
         block_size=_user(s, "block_size"),
+        # The log's 'FlashInfer is not available' (vLLM 0.8-0.11.0): the profile's sampler sorts.
+        flashinfer_sampler=False if s.get("flashinfer_sampler") is False else None,
         **common,
     )
 

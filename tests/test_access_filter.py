@@ -56,6 +56,7 @@ def test_helper_process_replays_what_this_process_does(busy_logs: list[Path]) ->
         assert helped[2][0][0] == path.read_bytes().count(b"\n")
 
 
+@pytest.mark.integration
 def test_helper_process_on_every_sample() -> None:
     paths = sorted(str(p) for p in SAMPLES.glob("*/*.log"))
     assert len(paths) > 30

@@ -18,7 +18,7 @@ import pytest
 from bench import accuracy_fit
 from bench import bench_accuracy as acc
 from bench.accuracy_cases import load_cases, load_config, predictable
-from bench.accuracy_loso import Models, Row, run
+from bench.accuracy_loso import Models, Report, Row, run
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.units import GiB
 from kvwatch.engines.sglang import calibration as sglang_calibration
@@ -29,7 +29,6 @@ from kvwatch.sources.pipeline import replay
 
 APRIORI = Path(__file__).parent / "apriori"
 CASES = load_cases()
-REPORT = run(CASES)
 REPORT_MODELS = Models()
 CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark", "release-sweep")
 # What `make accuracy` measured when these cases were added (rounded the safe way): a regression in
@@ -39,47 +38,70 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # 0.6.4 at 131K, an H100 0.10.2 MoE at +34 %), and the band floor, the out-of-sample error one
 # condition away from the calibrated cells, doubled with them. The terms' scale is gone (the floor
 # covers what the term bands miss): the LOSO median band went from 12.57 % to 7.78 % of the KV.
-# SGLang's weights rules (MLA w_kc / w_vc copies, replicated routers and DSA indexer) then took the
-# LOSO mean from 5.93 % to 5.80 % and the share within 5 % from 83 % to 84 %. The sglang-repos
-# folder (committed logs: a DeepSeek-V3.2 B200 failed start, predicted; a Qwen2.5-3B A100 startup,
-# -2.06 %; a Llama-3-8B MI300X 0.3.x pool, -0.07 %; an R1-Distill-Qwen-7B RTX 3090 WSL2 startup,
-# +12.31 %; the last two refit SGLang's context before weights before 0.5 from 0.35 to 0.27 GiB)
-# then made 93 judged startups: LOSO mean 5.80 -> 5.42 %, failed starts called 3 -> 4; the median
-# went 0.60 -> 0.74 % and the share within 5 % 84.4 -> 83.9 % (new data: the WSL2 card is shared
-# with Windows).
+# Then: SGLang's weights rules took the LOSO mean from 5.93 % to 5.80 % (the model); vllm#32105's
+# failed start predicted and the RTX 4080's started case judged (4 failed starts of 11 predicted); the
+# sglang-data cases (20 SGLang judged, 104 in all) moved the median band from 7.78 % to 7.91 % (new data).
+# Re-measured when the profile's sampler followed the release and the install (FlashInfer opt-in
+# from 0.11.1; 'FlashInfer is not available' sorts before) and the fused-MoE scratch is freed with
+# its layer before 0.14: LOSO median 0.61 -> 0.42 %, within 5 % 83 -> 84 %, and the floor with it;
+# 85 % once LukeJYK's card was read from its own log (an A100-SXM4-80GB, not an unnamed card);
+# V0's forward holds 3 hidden rows a token, not 2 (LOSO median 0.40 %, mean 5.09 %). All merged, over
+# 104 startups: median 0.42 %, mean 4.35 %, within 5 % 86.5 %, band 97 % (median 7.43 %).
+# Then vllm-data grew the set (measured on its own: from 90 to 104 judged startups, 14 new, 13 of
+# them off H100 -- LAMBO's 4x RTX 3090 TP4 logs at -12 to -40 %, club-3090 #642 at -25 %, the T4
+# Qwen3-VL embedding runs at -12/-15 %, club-3090 #46's DFlash drafter at -16 %): new, harder data, not
+# a model change; the H100 in-sample figures did not move. The envelope widened with them (the RTX 3090
+# and hybrid linear-attention cells are calibrated now): LOSO median band 7.79 % -> 11.30 %. Merged
+# with the model changes above, over 118 startups: median 0.70 %, mean 5.54 %, within 5 % 80.5 %, band
+# 89.8 % (median 11.30 %), failed starts 4 of 11. The four Mistral-Small 3.1/3.2 H100 startups judged
+# once a nested 'mistral' text_config took MistralConfig's untied head (122 startups; the H100
+# in-sample median 0.020 -> 0.026 % over 54 calibration cases: new data). SGLang's request table sized:
+# Llama-4-Scout's failed start predicted (5 of 11).
+# The sglang-repos folder (SGLang startups from committed repo files) adds three started cases and a
+# DeepSeek-V3.2 B200 failed start predicted to fail (new data): 125 startups, median 0.666 -> 0.674 %,
+# within 5 % 80.8 %, band 89.6 % (the R1-Distill-Qwen-7B RTX 3090 WSL2 start, +10.55 %, is outside),
+# off the calibration set 81.7 %, failed starts 6 of 12.
 MEASURED = {
-    "h100_in_median": 0.022,
-    "h100_in_mean": 0.07,
+    "h100_in_median": 0.027,
+    "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
-    "loso_cases": 93,
-    "loso_median": 0.74,
-    "loso_mean": 5.45,
-    "loso_within_5": 0.83,
-    "loso_band": 0.95,
-    "loso_failed_predicted": 4,
-    "loso_off_band": 0.9,
+    "loso_cases": 125,
+    "loso_median": 0.68,
+    "loso_mean": 5.41,
+    "loso_within_5": 0.80,
+    "loso_band": 0.89,
+    "loso_failed_predicted": 6,
+    "loso_off_band": 0.81,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
-    "h100_in_median_band": 5.42,
-    "loso_median_band": 7.79,
+    "h100_in_median_band": 2.89,
+    "loso_median_band": 11.31,
 }
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    """The in-sample and leave-one-source-out report `make accuracy` prints, on every case: run
+    (seconds) when a test first asks for it, never while collecting, and once per `make unit`,
+    which sends a module's tests to one worker (pytest -n 2 --dist loadfile)."""
+    return run(CASES)
 
 
 def _h100(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.case.source in CALIBRATION_SOURCES]
 
 
-def test_every_case_is_read_and_each_unpredicted_one_says_why() -> None:
+def test_every_case_is_read_and_each_unpredicted_one_says_why(report: Report) -> None:
     cases = json.loads((APRIORI / "cases.json").read_text(encoding="utf-8"))
     public = sum(
         len(json.loads(p.read_text(encoding="utf-8"))) for p in (APRIORI / "public").glob("*/cases.json")
     )
     assert len(CASES) == len(cases) + len(list((APRIORI / "version-sweep").glob("*.json"))) + public
     usable = [c for c in CASES if predictable(c)]
-    assert len(usable) >= 72
-    assert sum(c.engine == "sglang" for c in usable) >= 7
+    assert len(usable) >= 137
+    assert sum(c.engine == "sglang" for c in usable) >= 25
     for c in CASES:
-        assert predictable(c) or c.skip or any(r.refused for r in REPORT.in_sample if r.case.id == c.id), c.id
+        assert predictable(c) or c.skip or any(r.refused for r in report.in_sample if r.case.id == c.id), c.id
 
 
 def test_the_shipped_coefficients_are_the_fit_on_every_case() -> None:
@@ -94,9 +116,9 @@ def test_the_shipped_coefficients_are_the_fit_on_every_case() -> None:
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str) -> None:
+def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str, report: Report) -> None:
     shipped = {"vllm": vllm_envelope.ENVELOPE, "sglang": sglang_envelope.ENVELOPE}[engine]
-    fitted = REPORT.envelopes[engine]
+    fitted = report.envelopes[engine]
     assert shipped.covered == fitted.covered
     assert shipped.term_bands == fitted.term_bands
     assert shipped.widening == fitted.widening
@@ -105,22 +127,29 @@ def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str) -> None:
         assert f"widening {axis}" in shipped.cases
 
 
-def test_in_sample_on_the_h100_calibration_set() -> None:
-    s = acc.stats(_h100(REPORT.in_sample))
+def test_the_docs_table_is_the_report(report: Report) -> None:
+    """docs/predict.md's headline table is what `make accuracy` measures (written by --write)."""
+    doc = acc.DOC.read_text(encoding="utf-8")
+    begin, end = doc.index(acc.DOC_BEGIN) + len(acc.DOC_BEGIN) + 1, doc.index(acc.DOC_END)
+    assert doc[begin:end] == acc.doc_table(report)
+
+
+def test_in_sample_on_the_h100_calibration_set(report: Report) -> None:
+    s = acc.stats(_h100(report.in_sample))
     assert s["cases"] >= 44
     assert s["median_pct"] <= MEASURED["h100_in_median"]
     assert s["mean_pct"] <= MEASURED["h100_in_mean"]
     assert s["inside_band"] >= MEASURED["h100_in_band"]
     assert s["median_band_pct"] <= MEASURED["h100_in_median_band"]
     # Only cases whose recorded settings contradict their own logged terms are left out.
-    assert [r.case.id for r in REPORT.in_sample if not r.consistent] == [
+    assert [r.case.id for r in report.in_sample if not r.consistent] == [
         "llmdbench-emp-gpt-oss-120b-tp1-mml16000"
     ]
 
 
-def test_leave_one_source_out_overall_and_off_h100() -> None:
+def test_leave_one_source_out_overall_and_off_h100(report: Report) -> None:
     """The figures `make accuracy` reports, held where they were measured (never loosened)."""
-    s = acc.stats(REPORT.loso)
+    s = acc.stats(report.loso)
     assert s["cases"] >= MEASURED["loso_cases"]
     assert s["median_pct"] <= MEASURED["loso_median"]
     assert s["mean_pct"] <= MEASURED["loso_mean"]
@@ -128,12 +157,12 @@ def test_leave_one_source_out_overall_and_off_h100() -> None:
     assert s["inside_band"] >= MEASURED["loso_band"]
     assert s["median_band_pct"] <= MEASURED["loso_median_band"]
     assert s["failed_predicted"] >= MEASURED["loso_failed_predicted"]
-    off = acc.stats([r for r in REPORT.loso if r.case.source not in CALIBRATION_SOURCES])
+    off = acc.stats([r for r in report.loso if r.case.source not in CALIBRATION_SOURCES])
     assert off["inside_band"] >= MEASURED["loso_off_band"]
 
 
-def test_failed_starts_of_the_calibration_set_are_predicted_to_fail() -> None:
-    failed = [r for r in _h100(REPORT.in_sample) if not r.case.started]
+def test_failed_starts_of_the_calibration_set_are_predicted_to_fail(report: Report) -> None:
+    failed = [r for r in _h100(report.in_sample) if not r.case.started]
     assert failed
     for r in failed:
         assert r.predicted_fail, r.case.id
@@ -142,8 +171,8 @@ def test_failed_starts_of_the_calibration_set_are_predicted_to_fail() -> None:
 
 
 @pytest.mark.parametrize("term", ["weights", "activation", "non_torch"])
-def test_each_term_is_reported_and_close(term: str) -> None:
-    s = acc.term_stats(_h100(REPORT.in_sample), term)
+def test_each_term_is_reported_and_close(term: str, report: Report) -> None:
+    s = acc.term_stats(_h100(report.in_sample), term)
     assert s["cases"] >= 40
     assert s["mean_gib"] <= 0.05
 

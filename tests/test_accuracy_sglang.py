@@ -22,31 +22,39 @@ SCORED, EXCLUDED = acc.load_cases()
 IN_SAMPLE, FITTED = acc.in_sample(SCORED)
 LOSO = acc.leave_one_source_out(SCORED)
 
-# Measured 2026-12-02 after the refit on the issue-20 data with a calibrated condition needing three
-# independent sources (leave-one-source-out refits the band terms without the held-out source; the
-# envelope's widening per uncovered condition is the shipped one, fitted by bench/bench_accuracy.py),
-# then again once the weights counted SGLang's MLA w_kc / w_vc copies, its replicated MoE routers and
-# sparse-attention indexer: median 3.63 %, mean 5.44 %, 7 of 12 within 5 %, 11 of 12 inside the
-# printed band (the tighter refitted envelope leaves sglang#12419 out, KNOWN_OUTSIDE); weights
-# median 1.42 % over 8 cases. The sglang-repos folder (committed logs) then added a DeepSeek-V3.2
-# B200 failed start (predicted to fail, weights -0.61 %), a Qwen2.5-3B A100 startup (-2.06 %), a
-# Llama-3-8B MI300X 0.3.x bench_latency pool (-0.07 %) and an R1-Distill-Qwen-7B RTX 3090 WSL2
-# startup (+12.31 %: the Windows desktop shares the card): tokens median 3.48 %, mean 5.21 %, 9 of
-# 15 within 5 %, 15 of 15 inside the printed band (the refitted envelope's wider widening takes
-# sglang#12419 in), pool median 3.63 %, weights median 1.42 % over 10 cases.
-MEDIAN_PCT = 3.7
-MEAN_PCT = 5.3
-WITHIN_5_PCT = 60.0
-INSIDE_BAND_PCT = 100.0
+# Measured 2026-12-02 after the refit on the issue-20 data plus the sglang-data cases (Qwen3-235B and
+# Llama-4-Scout scored, nine docs-CI startups; leave-one-source-out refits the band terms without the
+# held-out source; the envelope's widening per uncovered condition is the shipped one, fitted by
+# bench/bench_accuracy.py), with sglang-fails' weights rules (MLA w_kc / w_vc copies, replicated routers,
+# the DSA indexer): median 0.93 %, mean 3.60 %, 16 of 22 within 5 %, 20 of 22 inside the printed band;
+# pool bytes median 2.19 % over 18; weights median 1.42 % over 8 cases.
+# The sglang-repos folder (committed logs) then added a DeepSeek-V3.2 B200 failed start (predicted to
+# fail, weights -0.61 %), a Qwen2.5-3B A100 startup (-2.06 %), a Llama-3-8B MI300X 0.3.x bench_latency
+# pool (-0.09 %) and an R1-Distill-Qwen-7B RTX 3090 WSL2 startup (+10.55 %: the Windows desktop shares
+# the card): median 1.21 %, mean 3.67 %, 18 of 25 within 5 %, 23 of 25 inside the printed band; pool
+# bytes median 2.34 % over 20; weights median 1.42 % over 10 (new data, not a model change).
+MEDIAN_PCT = 1.3
+MEAN_PCT = 3.7
+WITHIN_5_PCT = 72.0
+INSIDE_BAND_PCT = 90.0
+# The pool bytes are printed by 20 of the 25 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
+POOL_MEDIAN_PCT = 2.4
 WEIGHTS_MEDIAN_PCT = 1.5
 
-# Cases whose token count falls outside the band their prediction prints, and why. The others
-# outside the band terms alone (PR#39713, sglang#10407, sglang#12419, Kimi-K2.5; the README of
-# tests/apriori/public/sglang gives each reason) are inside once the band is widened for the
-# conditions no calibration case covers. sglang#12419 (+14.57 %: the excerpt's mamba and KV pools
-# imply mem_fraction_static 0.778 against the 0.865 default; its command line is not in the
-# excerpt) came inside when the sglang-repos cases widened the envelope (15.89 %).
-KNOWN_OUTSIDE: dict[str, str] = {}
+# Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
+# startups (clean 80 GB cards, free memory before weights within 0.3 % of kvwatch's estimate) took
+# the pre-load band term from 0.035 to 0.015, and these two no longer fit inside it (the README of
+# tests/apriori/public/sglang gives each reason):
+KNOWN_OUTSIDE: dict[str, str] = {
+    "sgl-12419-qwen3next-rocm-tp4-mamba": (
+        "mem_fraction_static is not in the excerpt; the printed figures imply 0.778 against the 0.865 "
+        "default -- most likely the user's own setting"
+    ),
+    "sgl-pr39713-qwen3-0.6b-h100-mfs083-prefill-graph-oom": (
+        "4.7 GiB go between 'Load weight begin' and the profile for a 1.1 GiB model (0.5.23 dev); "
+        "nothing in 0.5.23's sizing code accounts for it"
+    ),
+}
 # Failed starts (for want of memory) predicted to start, and why.
 KNOWN_FAILED_MISSES = {
     "sgl-7691-dsr1-rocm-tp8-dp8-dpattn-mfs095-negative-profile": (
@@ -62,10 +70,10 @@ KNOWN_FAILED_MISSES = {
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
     raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
     assert CASES in acc.case_files()
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 40
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 49
     assert all(why for _, why in EXCLUDED)
-    assert len(SCORED) >= 14
-    assert len({c.source for c in SCORED}) >= 12
+    assert len(SCORED) >= 26
+    assert len({c.source for c in SCORED}) >= 17
 
 
 def test_every_scored_case_is_predicted() -> None:
@@ -78,14 +86,14 @@ def test_shipped_band_terms_are_the_fitted_ones() -> None:
 
 def test_leave_one_source_out_holds_the_measured_figures() -> None:
     s = acc.summary(LOSO)
-    assert s["tokens_n"] == 15
+    assert s["tokens_n"] == 25
     assert s["tokens_median"] <= MEDIAN_PCT
     assert s["tokens_mean"] <= MEAN_PCT
     assert s["tokens_within5"] >= WITHIN_5_PCT
     assert s["inside_band"] >= INSIDE_BAND_PCT
     assert s["weights_median"] <= WEIGHTS_MEDIAN_PCT
     # The printed pool bytes follow the tokens (the buffers' own bytes per token).
-    assert s["pool_median"] <= MEDIAN_PCT
+    assert s["pool_median"] <= POOL_MEDIAN_PCT
 
 
 @pytest.mark.parametrize("row", [r for r in LOSO if r.tokens_pct is not None], ids=lambda r: r.case.id)

@@ -430,6 +430,7 @@ def test_engine_metrics_scraped_and_counter_reset_is_a_restart(
         engine.close()
 
 
+@pytest.mark.integration
 def test_stdin_source(tmp_path: Path) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}/metrics"
@@ -755,3 +756,35 @@ def test_five_thousand_restored_instances_obey_max_instances(
     log.touch()
     car = sidecar_factory(log=[f"v={log}"], state_dir=str(tmp_path / "state"), max_instances=256)
     assert _value(_scrape(car.url), "kvwatch_instances") == 256
+
+
+def test_stop_before_start_returns_at_once_and_saves_nothing(tmp_path: Path) -> None:
+    """No consumer runs before start to answer the final save: stop once waited 5 s for it. A
+    stop before start (or a second stop) must return at once and leave the state file as it was."""
+    from kvwatch.core.events import PoolSized
+    from kvwatch.state.fleet import Fleet
+    from kvwatch.state.persist import StateStore
+
+    old = Fleet()
+    old.apply("v", PoolSized(engine="vllm", tokens=2000))
+    state = tmp_path / "state"
+    StateStore(state).save(old, {})
+    saved = (state / "kvwatch-state.json").read_bytes()
+    log = tmp_path / "v.log"
+    log.touch()
+    settings = load_settings(
+        {"log": [f"v={log}"], "listen": "127.0.0.1:0", "state_dir": str(state)}, environ={}
+    )
+    car = Sidecar(settings, environ={})
+    began = time.monotonic()
+    car.stop()
+    assert time.monotonic() - began < 1.0
+    assert (state / "kvwatch-state.json").read_bytes() == saved
+    # A started sidecar stopped twice: the second stop has no consumer left either.
+    car = Sidecar(settings, environ={})
+    car.start()
+    assert _value(_scrape(car.url), "kvwatch_kv_pool_tokens", source="v") == 2000
+    car.stop()
+    began = time.monotonic()
+    car.stop()
+    assert time.monotonic() - began < 1.0

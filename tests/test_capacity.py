@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
-from kvwatch.capacity.dims import ATTENTION, EMBED
+from kvwatch.capacity.dims import ATTENTION, EMBED, LM_HEAD
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
 from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.units import GiB, KiB, MiB, parse_size
-from kvwatch.engines.sglang import budget, states
+from kvwatch.engines.sglang import budget, states, weight_extras
 from kvwatch.engines.sglang import budget as sglang_budget
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
 from kvwatch.state.facts import MemoryFacts, SettingsFacts
@@ -516,6 +516,21 @@ def test_a_nested_text_config_takes_its_class_defaults(
     assert m.bytes_per_token() == expected
 
 
+def test_a_nested_mistral_text_config_has_its_own_head() -> None:
+    """MistralConfig unties the head (transformers 5.24 configuration_mistral.py:77): Mistral-Small
+    3.1's text_config leaves tie_word_embeddings out, so its 131,072 x 5,120 lm_head is counted --
+    the llm-d logs load 44.76 GiB, not the 43.45 GiB of a tied head."""
+    m = load_model(
+        Path(__file__).parent
+        / "apriori"
+        / "public"
+        / "configs"
+        / "mistralai--Mistral-Small-3.1-24B-Instruct-2503.json"
+    )
+    assert m.params[LM_HEAD] == 131072 * 5120
+    assert m.params[EMBED] == 131072 * 5120
+
+
 def test_a_top_level_config_is_not_filled_with_class_defaults() -> None:
     """A top-level config.json keeps every model field: one without its heads is refused, not guessed."""
     cfg = {k: v for k, v in raw("meta-llama--Meta-Llama-3.1-8B").items() if k != "num_attention_heads"}
@@ -985,7 +1000,8 @@ def test_sglang_keeps_whole_request_states_for_a_hybrid_model(version: str, padd
 
 def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_embedding_whole() -> None:
     """--enable-dp-attention --dp 8 at TP 8: attention over attn_tp = 1 and a whole embedding on
-    every rank (VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())), experts still 1/8."""
+    every rank (VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())), experts still 1/8;
+    the MLA up-projection's per-head copies (w_kc, w_vc) follow the attention split too."""
     m = model("deepseek-ai--DeepSeek-V3")
     d = Deployment(
         engine="sglang", engine_version="0.5.9", tp=8, gpu_memory_bytes=143771 * MiB, max_model_len=8192
@@ -994,7 +1010,10 @@ def test_sglang_dp_attention_weights_split_attention_over_attn_tp_and_keep_the_e
     dp = predict(m, d.with_(dp=8, dp_attention=True))
     attention, embed = weight_bytes_of(m, ATTENTION), weight_bytes_of(m, EMBED)
     extra = int(attention - attention / 8) + int(embed - embed / 8)
-    assert dp.weights_bytes - plain.weights_bytes == extra  # type: ignore[operator]
+    dp_d = d.with_(dp=8, dp_attention=True)
+    copies = weight_extras.mla_up_proj_copies(m, dp_d) - weight_extras.mla_up_proj_copies(m, d)
+    assert copies == 7 * weight_extras.mla_up_proj_copies(m, d)  # attn_tp 8 -> 1: whole on each rank
+    assert dp.weights_bytes - plain.weights_bytes == extra + copies  # type: ignore[operator]
     assert dp.bytes_per_token == plain.bytes_per_token  # an MLA latent is not split by heads
 
 

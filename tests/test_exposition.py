@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -32,7 +33,7 @@ value = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(names.METRICS), st.data()), max_size=12), st.data())
 def test_text_equals_generate_latest(
     picks: list[tuple[names.Metric, st.DataObject]], data: st.DataObject

@@ -3,16 +3,19 @@ engine's own check, read in the release's source (cited per test), and checks kv
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from bench import accuracy_sglang as acc_sglang
 from bench.accuracy_cases import _card
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import card_family
 from kvwatch.capacity.geometry import load_model
 from kvwatch.core.units import GiB
+from kvwatch.engines.sglang import request_table as sglang_request_table
 from kvwatch.engines.vllm import memory
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -100,6 +103,41 @@ def test_float32_dtype_keeps_a_4_byte_kv_cache() -> None:
     assert predict(m, d.with_(dtype="float32", kv_cache_dtype="fp8")).bytes_per_token == 32 * 2 * 8 * 128
 
 
+# GLM-4.7-FP8 (vllm#32105): 92 layers, 8 KV heads of 128, a bf16 cache: 92 x 2 x 8 x 128 x 2 B a token.
+GLM47 = PUBLIC_CONFIGS / "zai-org--GLM-4.7-FP8.json"
+GLM47_TOKEN = 92 * 2 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize(
+    ("version", "fails"),
+    [("0.14.0", True), ("0.15.1", True), ("0.16.0", True), ("0.17.0", False), (None, False)],
+)
+def test_0_14_to_0_16_check_against_every_stage(version: str | None, fails: bool) -> None:
+    """0.16.0 v1/core/kv_cache_utils.py:1514-1527 checks max_model_len against the groups of every
+    stage's layers merged, against min(available); 0.18.0 :1570-1579 checks each worker's own.
+    vllm#32105 (a 0.14-0.16 nightly, PP 8, 202,752 tokens) printed '71.16 GiB KV cache is needed'
+    against 28.57 GiB: 202,752 tokens x the 92 layers; one stage's 11-12 layers need 9.3 GiB."""
+    m = load_model(GLM47)
+    d = Deployment(
+        engine="vllm",
+        engine_version=version,
+        pp=8,
+        max_model_len=202752,
+        available_kv_bytes=int(28.57 * GiB),
+    )
+    p = predict(m, d)
+    assert p.fits is not fails
+    if fails:
+        assert p.needed_kv_bytes == 202752 * GLM47_TOKEN
+        assert p.failure is not None and "71.16 GiB KV cache is needed" in p.failure
+        assert "all 8 pipeline stages at once" in p.failure
+        # The log's estimate is 81,392: 5,087 blocks of 16 tokens in the printed 28.57 GiB.
+        assert p.estimated_max_model_len is not None and abs(p.estimated_max_model_len - 81392) <= 16
+    else:
+        assert p.failure is None
+        assert p.needed_kv_bytes is not None and p.needed_kv_bytes < 10 * GiB
+
+
 @pytest.mark.parametrize(
     ("text", "name", "total_gib"),
     [
@@ -111,6 +149,8 @@ def test_float32_dtype_keeps_a_4_byte_kv_cache() -> None:
         ("AMD Instinct MI355X x8", "MI355X-288GB", 288 - 480 / 1024),
         # rocminfo's GPU pool of 16,695,296 KB.
         ("AMD Radeon RX 9070 XT (16GB, gfx1201) x1", "RX-9070-XT-16GB", 16695296 / 1024**2),
+        # vLLM 0.10.2's 'Free memory on device (14.66/15.99 GiB)' (mrpid12org/imageworks nohup.out).
+        ("RTX 4080 (16GB) x1", "RTX-4080-16GB", 15.99),
     ],
 )
 def test_cards_of_the_public_cases_are_catalogued(text: str, name: str, total_gib: float) -> None:
@@ -118,3 +158,111 @@ def test_cards_of_the_public_cases_are_catalogued(text: str, name: str, total_gi
     assert (got, why) == (name, None)
     assert total is not None and abs(total / GiB - total_gib) < 0.005
     assert card_family(got) == name.rsplit("-", 1)[0].upper()
+
+
+LLAMA31_8B = CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"
+
+
+@pytest.mark.parametrize(
+    ("version", "counted"),
+    [
+        ("0.3.0", True),
+        ("0.3.1", False),
+        ("0.6.3.post1", False),
+        ("0.6.4", True),
+        ("0.6.4.post1", True),
+        ("0.6.5", False),
+        ("0.8.5", True),
+        ("0.9.0", True),
+        ("0.9.1", False),
+        ("0.10.2", False),
+    ],
+)
+def test_memory_other_processes_hold_counts_as_non_torch_where_the_release_counts_it(
+    version: str, counted: bool
+) -> None:
+    """V0 0.6.4.x takes non-torch = total - free - torch (0.6.4.post1 worker/worker.py:207-213), so
+    memory other processes hold at launch comes off the KV budget; 0.6.3.post1 (:231, peak = init
+    free - free) and 0.6.5 (:198-200, a baseline snapshot) leave it out. V1 did the same up to 0.9.0
+    (0.8.5 v1/worker/gpu_worker.py:195-210) and from 0.9.1 subtracts a snapshot (gpu_worker.py:135-148)."""
+    m = load_model(LLAMA31_8B)
+    d = Deployment(
+        engine="vllm",
+        engine_version=version,
+        gpu_name="RTX-4090-24GB",
+        gpu_memory_bytes=int(23.55 * GiB),
+        max_model_len=4096,
+        gpu_memory_utilization=0.9,
+    )
+    alone, shared = predict(m, d), predict(m, d.with_(memory_in_use_bytes=GiB))
+    assert alone.non_torch_bytes is not None and shared.non_torch_bytes is not None
+    assert shared.non_torch_bytes - alone.non_torch_bytes == (GiB if counted else 0)
+    assert alone.available_kv_bytes - shared.available_kv_bytes == (GiB if counted else 0)
+    assert shared.failure is None
+
+
+def test_v1_refuses_to_start_below_utilisation_of_free_memory() -> None:
+    """From 0.9.1 V1 checks free >= utilisation x total at start (0.10.2 v1/worker/gpu_worker.py:
+    175-188). mrpid12org/imageworks' 0.10.2 RTX 4080 log: 'Free memory on device (13.58/15.99 GiB) on
+    startup is less than desired GPU memory utilization (0.85, 13.59 GiB)': 2.41 GiB in use; its next
+    start, with 14.66 GiB free, started ('Model loading took 4.2530 GiB': the AWQ weights)."""
+    m = load_model(PUBLIC_CONFIGS / "llava-hf--llava-1.5-7b-hf.json")
+    d = Deployment(
+        engine="vllm",
+        engine_version="0.10.2",
+        gpu_name="RTX-4080-16GB",
+        gpu_memory_bytes=int(15.99 * GiB),
+        max_model_len=4096,
+        gpu_memory_utilization=0.85,
+        weights_bytes=int(4.253 * GiB),
+    )
+    failed = predict(m, d.with_(memory_in_use_bytes=int(2.41 * GiB)))
+    assert failed.fits is False and failed.failure is not None
+    assert failed.failure.startswith(
+        "Free memory on device (13.58/15.99 GiB) on startup is less than desired GPU memory utilization "
+        "(0.85, 13.59 GiB)."
+    )
+    started = predict(m, d.with_(memory_in_use_bytes=int((15.99 - 14.66) * GiB)))
+    assert started.failure is None and started.fits
+    # 0.9.0 has no such check: the same memory comes off its budget instead.
+    assert predict(m, d.with_(engine_version="0.9.0", memory_in_use_bytes=int(2.41 * GiB))).failure is None
+
+
+def test_a_baseline_release_runs_out_of_memory_allocating_the_cache() -> None:
+    """V0 0.6.5 subtracts memory in use at launch as baseline (worker/worker.py:198-200) and sizes the
+    cache for utilisation x total less its own usage; allocating it needs that much free."""
+    m = load_model(LLAMA31_8B)
+    d = Deployment(
+        engine="vllm",
+        engine_version="0.6.5",
+        gpu_name="RTX-4090-24GB",
+        gpu_memory_bytes=int(23.55 * GiB),
+        max_model_len=4096,
+        gpu_memory_utilization=0.9,
+    )
+    assert predict(m, d.with_(memory_in_use_bytes=GiB)).failure is None
+    p = predict(m, d.with_(memory_in_use_bytes=8 * GiB))
+    assert p.fits is False and p.failure is not None and p.failure.startswith("CUDA out of memory")
+
+
+def test_sglang_request_table_beyond_the_reserve_is_scouts_failed_start() -> None:
+    """sgl-project/sglang#5755 (Llama-4-Scout, TP 8, 79.10 GiB cards, ~0.4.5, no --context-length):
+    'Tried to allocate 80.04 GiB'. 0.4.5 sizes its req_to_token table after the profile at
+    (clamp(tokens / context_len x 512, 2048, 4096) + 1) x (context_len + 4) int32
+    (model_executor/model_runner.py:699-708, :758-760; mem_cache/memory_pool.py:64-66): 2,049 x
+    10,485,764 x 4 B at Scout's default context, which no 80 GB card holds beside its KV pool."""
+    raw = next(
+        c
+        for c in json.loads(acc_sglang.CASES.read_text(encoding="utf-8"))
+        if c["id"] == "sgl-5755-llama4-scout-tp8-cuda-oom-kv-alloc"
+    )
+    case = next(c for c in acc_sglang.load_cases()[0] if c.id == raw["id"])
+    p = acc_sglang.predict_case(case)
+    table = sglang_request_table.request_table(
+        Deployment(engine="sglang", engine_version=case.engine_version), p.kv_pool_tokens, p.max_model_len
+    )
+    assert round(table.bytes / GiB, 2) == raw["observed"]["oom_tried_to_allocate_gib"]
+    assert p.failure is not None
+    assert (
+        "req_to_token" in p.failure and f"{raw['observed']['oom_tried_to_allocate_gib']:.2f} GiB" in p.failure
+    )

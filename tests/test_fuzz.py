@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from kvwatch.engines import registry
 from kvwatch.parsers.base import LineMeta, ParseError
@@ -25,7 +26,7 @@ REAL_LINES: list[str] = [
     if line.strip()
 ]
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Text that looks like log lines: real lines, cut and spliced, with noise and prefixes around them.
 real_line = st.sampled_from(REAL_LINES)

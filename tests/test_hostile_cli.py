@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from kvwatch.cli import main
 from kvwatch.engines import registry
@@ -202,6 +203,7 @@ _FLAGS = [
     "--weights-memory",
     "--activation-memory",
     "--available-kv-memory",
+    "--gpu-memory-in-use",
     "--engine-version",
     "--kv-cache-dtype",
     "--weights-dtype",
@@ -219,7 +221,9 @@ def _config_and_flags(draw: st.DrawFn) -> tuple[dict[str, object], list[str]]:
     return base, flags
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(_config_and_flags(), st.sampled_from(["predict", "plan", "explain"]))
 def test_any_config_and_flags_exit_0_or_2(
     tmp_path: Path,

@@ -196,6 +196,7 @@ def test_a_prometheus_scrape_is_rendered_from_the_cached_rows(tmp_path: Path) ->
         car.stop()
 
 
+@pytest.mark.integration
 def test_one_address_with_1100_reconnecting_idle_sockets_takes_nothing_from_the_others(
     slow_car: Callable[[], _Car],
 ) -> None:
@@ -245,6 +246,7 @@ def test_stop_is_prompt_with_1000_abandoned_scrapes_queued(slow_car: Callable[[]
     assert car.stop() < STOP_BOUND
 
 
+@pytest.mark.integration
 def test_200_keep_alive_scrapers_share_renders_and_do_not_delay_healthz(slow_car: Callable[[], _Car]) -> None:
     car = slow_car()
     attacker = _attack("keepalive", 200, car.port, _sources(8))

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,9 +85,15 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle() -> None:
+@functools.cache
+def _package_graph() -> dict[str, frozenset[str]]:
+    """kvwatch's import graph, read once for the checks on it (parsing every module takes a while)."""
     modules = _modules()
-    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    return {name: frozenset(_imports(name, path, set(modules))) for name, path in modules.items()}
+
+
+def test_no_import_cycle() -> None:
+    graph = {name: set(targets) for name, targets in _package_graph().items()}
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
@@ -152,8 +159,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_imports_run_down_the_layer_table() -> None:
-    modules = _modules()
-    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    graph = {name: set(targets) for name, targets in _package_graph().items()}
     assert upward_imports(graph) == []
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from kvwatch.core.events import Event, event_to_json
 from kvwatch.engines.vllm import fastpath, log
@@ -42,7 +43,7 @@ PROCESSES = [
     "(VllmWorker rank=2 pid=4)",
     "(Worker_DP1_TP3 pid=5)",
 ]
-PROPS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _fast(line: str) -> tuple[Event, ...] | None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.events import (
@@ -581,7 +582,7 @@ _LINE = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(_LINE, max_size=8).map("\n".join), min_size=1, max_size=3))
 def test_anything_is_events_or_parse_error(texts: list[str]) -> None:
     """Arbitrary text, several scrapes in a row: a tuple of valid events or ParseError, nothing else."""

@@ -6,7 +6,9 @@ startups that exercise them are tests/test_accuracy_sglang.py's.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,7 @@ from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.sglang import budget, states
+from kvwatch.engines.sglang import budget, request_table, states, weight_extras
 
 CONFIGS = Path(__file__).parent / "model_configs"
 H100_MIB, H20_MIB, B200_MIB = 81559, 97871, 183359
@@ -128,6 +130,8 @@ def test_vision_tower_scales_the_default_fraction() -> None:
     assert budget.vlm_runtime_factor(kimi, _sglang("0.4.8.post1")) == 0.90
     assert budget.vlm_runtime_factor(kimi, _sglang("0.4.6")) == 0.90
     assert budget.vlm_runtime_factor(kimi, _sglang("0.4.3.post4")) == 0.95
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.4.4")) == 0.95  # 0.4.4 model_runner.py:243
+    assert budget.vlm_runtime_factor(kimi, _sglang("0.4.5")) == 0.90  # 0.4.5 model_runner.py:273-274
     assert budget.vlm_runtime_factor(kimi, _sglang("0.5.2")) == 1.0
 
 
@@ -136,20 +140,22 @@ def test_dp_attention_weights_not_split() -> None:
     d = _sglang("0.5.6", mib=288 * 1024, tp=8, dp=8, dp_attention=True)
     embed = v3.params["embeddings"] * 2  # bf16
     attention = v3.params["attention"] * 1  # fp8
-    assert budget.dp_attention_weights_extra(v3, d) == pytest.approx(
+    assert weight_extras.dp_attention_weights_extra(v3, d) == pytest.approx(
         embed * 7 / 8 + attention * 7 / 8, rel=1e-6
     )
-    assert budget.dp_attention_weights_extra(v3, _sglang("0.5.6", tp=8)) == 0
+    assert weight_extras.dp_attention_weights_extra(v3, _sglang("0.5.6", tp=8)) == 0
     # Llama keeps its QKV over the full TP group (layers/linear.py:809-812): the embedding only;
     # Qwen3's attention is built over attn_tp (models/qwen3.py:102-111).
     llama = _model("meta-llama--Meta-Llama-3.1-70B")
     qwen = _model("Qwen--Qwen3-32B")
     dp = _sglang("0.5.6", tp=8, dp=8, dp_attention=True)
-    assert budget.dp_attention_weights_extra(llama, dp) == pytest.approx(
+    assert weight_extras.dp_attention_weights_extra(llama, dp) == pytest.approx(
         llama.params["embeddings"] * 2 * 7 / 8, rel=1e-6
     )
     q_embed, q_attn = qwen.params["embeddings"] * 2, qwen.params["attention"] * 2
-    assert budget.dp_attention_weights_extra(qwen, dp) == pytest.approx((q_embed + q_attn) * 7 / 8, rel=1e-6)
+    assert weight_extras.dp_attention_weights_extra(qwen, dp) == pytest.approx(
+        (q_embed + q_attn) * 7 / 8, rel=1e-6
+    )
 
 
 # DeepSeek-V3's kv_b_proj: kv_lora_rank 512 x 128 heads x (qk_nope 128 + v_head 128), 61 layers.
@@ -173,9 +179,9 @@ def test_mla_keeps_per_head_copies_of_kv_b_proj(
 ) -> None:
     v3 = _model("deepseek-ai--DeepSeek-V3")
     d = _sglang(version, gpu, tp=tp, dp=dp, dp_attention=dp > 1)
-    assert budget.mla_up_proj_copies(v3, d) == expected
+    assert weight_extras.mla_up_proj_copies(v3, d) == expected
     # No MLA, no copies.
-    assert budget.mla_up_proj_copies(_model("meta-llama--Meta-Llama-3.1-70B"), d) == 0
+    assert weight_extras.mla_up_proj_copies(_model("meta-llama--Meta-Llama-3.1-70B"), d) == 0
 
 
 def test_mla_copies_of_an_unquantised_kv_b_are_bf16() -> None:
@@ -183,7 +189,7 @@ def test_mla_copies_of_an_unquantised_kv_b_are_bf16() -> None:
     # (0.5.6 deepseek_v2.py:3542, :3653-3657); 64 heads.
     kimi = _model("moonshotai--Kimi-K2.5")
     d = _sglang("0.5.8", tp=8)
-    assert budget.mla_up_proj_copies(kimi, d) == 512 * 64 * (128 + 128) * 61 * 2 // 8
+    assert weight_extras.mla_up_proj_copies(kimi, d) == 512 * 64 * (128 + 128) * 61 * 2 // 8
 
 
 # DeepSeek-V3.2's indexer per layer: wq_b 1536 x 64 x 128, wk 7168 x 128 (fp8), weights_proj 7168 x 64.
@@ -205,8 +211,8 @@ V32_GATE = 7168 * 64
 def test_dsa_indexer_is_replicated(version: str, dp: int, expected: float) -> None:
     v32 = _model("deepseek-ai--DeepSeek-V3.2")
     d = _sglang(version, "B200-180GB", tp=8, dp=dp, dp_attention=dp > 1)
-    assert budget.dsa_indexer_replicas(v32, d) == int(expected)
-    assert budget.dsa_indexer_replicas(_model("deepseek-ai--DeepSeek-V3"), d) == 0
+    assert weight_extras.dsa_indexer_replicas(v32, d) == int(expected)
+    assert weight_extras.dsa_indexer_replicas(_model("deepseek-ai--DeepSeek-V3"), d) == 0
 
 
 def test_moe_routers_are_replicated() -> None:
@@ -214,9 +220,11 @@ def test_moe_routers_are_replicated() -> None:
     v3 = _model("deepseek-ai--DeepSeek-V3")
     router = 58 * 256 * 7168 * 2
     assert v3.params["router"] == 58 * 256 * 7168
-    assert budget.router_replicas(v3, _sglang("0.5.6", tp=8)) == int(router * 7 / 8)
-    assert budget.router_replicas(v3, _sglang("0.5.6", tp=1)) == 0
-    assert budget.router_replicas(_model("meta-llama--Meta-Llama-3.1-70B"), _sglang("0.5.6", tp=8)) == 0
+    assert weight_extras.router_replicas(v3, _sglang("0.5.6", tp=8)) == int(router * 7 / 8)
+    assert weight_extras.router_replicas(v3, _sglang("0.5.6", tp=1)) == 0
+    assert (
+        weight_extras.router_replicas(_model("meta-llama--Meta-Llama-3.1-70B"), _sglang("0.5.6", tp=8)) == 0
+    )
 
 
 def test_predicted_weights_carry_what_sglang_holds_beyond_the_checkpoint() -> None:
@@ -228,12 +236,12 @@ def test_predicted_weights_carry_what_sglang_holds_beyond_the_checkpoint() -> No
     p = predict(v32, d)
     split = weights_per_rank(v32, 8, 1).per_rank_bytes
     extras = (
-        budget.dp_attention_weights_extra(v32, d)
-        + budget.router_replicas(v32, d)
-        + budget.dsa_indexer_replicas(v32, d)
-        + budget.mla_up_proj_copies(v32, d)
+        weight_extras.dp_attention_weights_extra(v32, d)
+        + weight_extras.router_replicas(v32, d)
+        + weight_extras.dsa_indexer_replicas(v32, d)
+        + weight_extras.mla_up_proj_copies(v32, d)
     )
-    assert budget.mla_up_proj_copies(v32, d) == 512 * 128 * 256 * 61 * 2
+    assert weight_extras.mla_up_proj_copies(v32, d) == 512 * 128 * 256 * 61 * 2
     assert p.weights_bytes == split + extras
     assert any("w_kc" in a for a in p.assumptions)
 
@@ -292,3 +300,95 @@ def test_multimodal_reservation_from_0_5_18() -> None:
     assert budget.multimodal_reservation(kimi, _sglang("0.5.18")) == 100 * MiB
     assert budget.multimodal_reservation(kimi, _sglang("0.5.17")) == 0
     assert budget.multimodal_reservation(_model("deepseek-ai--DeepSeek-V3"), _sglang("0.5.23")) == 0
+
+
+@pytest.mark.parametrize(
+    ("version", "tokens", "context_len", "printed"),
+    [
+        # max_running_requests as the real startups print it: min(tokens // 2, the table's
+        # ReqToTokenPool.size) (0.4.5 managers/tp_worker.py:109-117), its rows before 0.4.7.
+        ("0.3.4.post2", 442913, 131072, 2049),  # sgl-docsci-llama31-8b-h100-20241102
+        ("0.4.0", 2193171, 131072, 4097),  # sgl-docsci-llama32-1b-h100-20241206
+        ("0.4.2", 444372, 131072, 2049),  # sgl-docsci-llama31-8b-h100-20250128
+        ("0.4.2", 87056, 4096, 4097),  # sgl-docsci-llama2-7b-eagle-h100-mfs07-20250128
+        ("0.4.3.post4", 46611, 131072, 2049),  # sgl-llmsinclouds-qwq32b-4xL4-tp4
+        ("0.5.7", 25169, 35000, 2048),  # sgl-udbhav-llama32-3b-l40s-v057-mfs02-hicache
+    ],
+)
+def test_request_table_rows_are_the_printed_max_running_requests(
+    version: str, tokens: int, context_len: int, printed: int
+) -> None:
+    """clamp(tokens / context_len x 512, 2048, 4096) requests (0.4.5 model_runner.py:699-708), one
+    more row before 0.4.7 (size=max_num_reqs + 1, :758-760), none in 0.4.7-0.5.10 (0.4.7 :933-935)."""
+    table = request_table.request_table(_sglang(version), tokens, context_len)
+    assert table.rows == printed
+    assert table.positions == context_len + 4
+
+
+@pytest.mark.parametrize(
+    ("version", "given", "slots", "rows"),
+    [
+        ("0.5.9", None, 2048, 2048),  # the estimate's floor, no cap (0.5.9 mixin :340-352)
+        ("0.5.10", None, 1500, 1500),  # min(estimate, tokens // 2) (0.5.10 mixin :844-851)
+        ("0.5.11", None, 1500, 1501),  # + the padding row 0 (0.5.11 mem_cache/memory_pool.py:140-152)
+        ("0.4.5", 8192, 8192, 8193),  # a given one as it is
+        ("0.5.12", 8192, 2048, 2049),  # a given one capped at the estimate (0.5.12 mixin :824-828)
+        ("0.5.14", 8192, 1500, 1501),  # ... at tokens // 2 from 0.5.14 (mixin :988-991)
+        ("0.5.23", 8192, 1500, 1501),  # kv_cache_configurator.py:3123-3132, memory_pool.py:399-407
+    ],
+)
+def test_request_table_per_release(version: str, given: int | None, slots: int, rows: int) -> None:
+    # 3,000 tokens at a 1,000-token context: an estimate of 1,536, clamped up to 2,048.
+    table = request_table.request_table(_sglang(version, max_num_seqs=given), 3000, 1000)
+    assert (table.requests, table.rows) == (slots, rows)
+    assert table.bytes == rows * 1004 * 4
+
+
+def test_a_request_table_larger_than_the_reserve_fails_the_start() -> None:
+    """Llama-4-Scout's 10,485,760-token default context: 2,049 rows x 10,485,764 x int32 = 80.04 GiB,
+    allocated after the pool is sized (0.4.5 model_runner.py:697-770), beside it; at a 131,072-token
+    context its 1,761,248-token pool gives 4,096 requests (the clamp's ceiling), a 2.00 GiB table, which
+    fits the 14.96 GiB mem_fraction_static leaves."""
+    m = load_model(
+        Path(__file__).parent / "apriori/public/configs/meta-llama--Llama-4-Scout-17B-16E-Instruct.json"
+    )
+    d = Deployment(engine="sglang", engine_version="0.4.5", tp=8, gpu_memory_bytes=int(79.10 * GiB))
+    p = predict(m, d)
+    assert p.kv_pool_tokens > 0
+    assert p.failure is not None and "req_to_token" in p.failure and "80.04 GiB" in p.failure
+    assert not any("starts anyway" in a for a in p.assumptions)
+    short = predict(m, d.with_(max_model_len=131072))
+    assert short.failure is None
+    assert any("4,097 rows x 131,076 positions x int32 = 2.00 GiB" in a for a in short.assumptions)
+
+
+def _pool_end_cases() -> list[dict[str, object]]:
+    """The real startups that print the free memory after the weights, the pool's K and V sizes, the
+    free memory at 'Memory pool end', the pool's tokens and context_len (tests/apriori/public/sglang)."""
+    cases = json.loads(
+        (Path(__file__).parent / "apriori/public/sglang/cases.json").read_text(encoding="utf-8")
+    )
+    keys = ("load_weight_end_avail_gib", "k_size_gib", "v_size_gib", "memory_pool_end_avail_gib")
+    return [
+        c
+        for c in cases
+        if not c["scoring"].get("excluded")
+        and all(
+            isinstance(c["observed"].get(k), float | int)
+            for k in (*keys, "max_total_num_tokens", "context_len")
+        )
+    ]
+
+
+@pytest.mark.parametrize("case", _pool_end_cases(), ids=lambda c: str(c["id"]))
+def test_the_request_table_is_what_goes_between_the_weights_and_memory_pool_end(case: dict[str, Any]) -> None:
+    """'Load weight end' avail - the pool's K + V - 'Memory pool end' avail is the req_to_token table
+    (1.00 GiB for 2,049 rows at 131,072 positions, 2.00 GiB for 4,097): it is allocated beside the pool,
+    after the profile, from what mem_fraction_static leaves. The printed figures round to 0.01 GiB; what
+    else the model runner allocates there (the allocator's free list, EAGLE's draft) stays under 0.3 GiB."""
+    o = case["observed"]
+    drop = o["load_weight_end_avail_gib"] - o["k_size_gib"] - o["v_size_gib"] - o["memory_pool_end_avail_gib"]
+    d = _sglang(case["scoring"]["engine_version"])
+    table = request_table.request_table(d, o["max_total_num_tokens"], o["context_len"]).bytes / GiB
+    assert table <= drop + 0.03
+    assert drop - table < 0.3

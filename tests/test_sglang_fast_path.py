@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lanes import examples
 from same_events import identical_events
 
 from kvwatch.core.events import Event, event_to_json
@@ -40,7 +41,7 @@ SGLANG_LINES = [
     for line in path.read_text(encoding="utf-8", errors="replace").split("\n")
     if line
 ]
-PROPS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(600), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _fast(line: str) -> tuple[Event, ...] | None:

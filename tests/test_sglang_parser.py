@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from kvwatch.core.events import (
     EngineSettings,
@@ -869,7 +870,7 @@ def test_truncated_real_lines_keep_the_contract(body: str, start: int, end: int)
     _contract_holds(body[start : start + end])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.sampled_from(REAL_BODIES), st.randoms(use_true_random=False))
 def test_shuffled_real_lines_keep_the_contract(body: str, rnd: random.Random) -> None:
     parts = body.split(", ")

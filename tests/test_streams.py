@@ -76,6 +76,7 @@ def _run(command: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 def test_cat_into_parse_and_explain_through_a_shell_pipe() -> None:
     log = DEMO / "vllm.log"
     kv = " ".join(shlex.quote(a) for a in KVWATCH)
@@ -90,6 +91,7 @@ def test_cat_into_parse_and_explain_through_a_shell_pipe() -> None:
     assert "KV pool tokens: observed 476,000" in explained.stdout
 
 
+@pytest.mark.integration
 def test_a_fifo_named_as_the_log(tmp_path: Path) -> None:
     log = DEMO / "sglang.log"
     fifo = tmp_path / "engine.fifo"

@@ -6,6 +6,7 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes import examples
 
 from kvwatch.state.usage_values import BAD_VALUE_FACTS, fold_columns, refused_facts
 
@@ -40,7 +41,7 @@ def _same(a: object, b: object) -> bool:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.fixed_dictionaries({f: _VALUE for f in FACTS}), min_size=1, max_size=12))
 def test_fold_columns_equals_one_by_one(samples: list[dict[str, object]]) -> None:
     columns = [tuple(s[f] for s in samples) for f in FACTS]

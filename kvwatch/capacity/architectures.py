@@ -209,6 +209,20 @@ NESTED_DEFAULTS: dict[str, Mapping[str, JsonValue]] = {
         "max_position_embeddings": 2048,
         "tie_word_embeddings": False,
     },
+    # MistralConfig (transformers 5.24 models/mistral/configuration_mistral.py:62-79): Mistral-Small
+    # 3.1's text_config (Mistral3ForConditionalGeneration) leaves out tie_word_embeddings, so its
+    # 1.25 GiB lm_head is its own (the llm-d and llm-d-benchmark logs load 44.76 GiB, not 43.45).
+    "mistral": {
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
+        "sliding_window": 4096,
+    },
 }
 
 

@@ -53,6 +53,7 @@ _SIZE_FIELDS = (
     "cuda_graph_bytes",
     "available_kv_bytes",
     "free_after_weights_bytes",
+    "memory_in_use_bytes",
 )
 
 # A value of one Deployment field, for changes by field name (command-line overrides).
@@ -86,6 +87,9 @@ class Deployment:
     # SGLang: free memory right after loading weights ('Load weight end. avail mem='); with the
     # weights it gives the free memory before them, which mem_fraction_static is a fraction of.
     free_after_weights_bytes: int | None = None
+    # Memory other processes already hold on each card when the engine starts (nvidia-smi's
+    # Memory-Usage before launch): some releases count it as their own, some refuse to start on it.
+    memory_in_use_bytes: int | None = None
     chunked_prefill_size: int | None = None
     cuda_graph_max_bs: int | None = None
     max_num_batched_tokens: int | None = None
@@ -96,6 +100,9 @@ class Deployment:
     enforce_eager: bool | None = None
     dtype: str | None = None
     quantization: str | None = None
+    # vLLM 0.8-0.11.0: whether FlashInfer is installed, which picks the profile's sampler
+    # (engines/vllm/memory.sampler_path); None = installed, as in the vllm/vllm-openai image.
+    flashinfer_sampler: bool | None = None
     # Data-parallel ranks, and whether attention is data-parallel inside the TP group (SGLang
     # --enable-dp-attention); a KV-transfer connector (vLLM --kv-transfer-config, SGLang disaggregation).
     # Neither is modelled yet: each is a condition the calibration envelope names (capacity/envelope.py).
@@ -152,7 +159,7 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
         value = getattr(d, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{name.replace('_bytes', '')} memory must be positive, got {value} bytes")
-    for name in ("activation_bytes", "non_torch_bytes", "cuda_graph_bytes"):
+    for name in ("activation_bytes", "non_torch_bytes", "cuda_graph_bytes", "memory_in_use_bytes"):
         value = getattr(d, name)
         if value is not None and value < 0:
             raise ConfigError(f"{name.replace('_bytes', '')} memory cannot be negative, got {value} bytes")
@@ -167,6 +174,11 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
                 f"{name.replace('_bytes', '')} memory {value:.4g} bytes is over the plausible maximum "
                 f"of {MAX_GPU_MEMORY_BYTES // 2**40} TiB per GPU"
             )
+    if d.memory_in_use_bytes and d.gpu_memory_bytes and d.memory_in_use_bytes >= d.gpu_memory_bytes:
+        raise ConfigError(
+            f"memory in use ({d.memory_in_use_bytes / 2**30:.2f} GiB) must be less than the card's "
+            f"{d.gpu_memory_bytes / 2**30:.2f} GiB"
+        )
     if d.gpu_memory_utilization is not None and not 0 < d.gpu_memory_utilization <= 1:
         raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {d.gpu_memory_utilization}")
     if d.mem_fraction_static is not None and not 0 < d.mem_fraction_static < 1:

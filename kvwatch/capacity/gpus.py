@@ -211,6 +211,16 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         total_source="vLLM log 'total_gpu_memory (23.55GiB)' on an RTX 4090",
         sm_count=128,
     ),
+    # AD103, 76 SMs; nvidia-smi prints 16,376 MiB. The total is the one a vLLM 0.10.2 log prints on
+    # one (mrpid12org/imageworks nohup.out, 'Free memory on device (14.66/15.99 GiB)').
+    GpuSpec(
+        "RTX-4080-16GB",
+        _mib(16376),
+        ("4080", "rtx4080"),
+        measured_total_bytes=_gib(15.99),
+        total_source="vLLM log 'Free memory on device (14.66/15.99 GiB)' on an RTX 4080",
+        sm_count=76,
+    ),
     GpuSpec(
         "RTX-3090-24GB",
         _mib(24576),

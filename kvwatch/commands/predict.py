@@ -121,7 +121,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the engine's own KV budget per GPU ('Available KV cache memory'); skips the subtraction",
     )
     parser.add_argument(
+        "--gpu-memory-in-use",
+        metavar="SIZE",
+        help="vLLM: memory other processes hold on each GPU before launch (nvidia-smi's Memory-Usage)",
+    )
+    parser.add_argument(
         "--disable-hybrid-kv-cache-manager", action="store_true", help="vLLM: treat sliding layers as full"
+    )
+    parser.add_argument(
+        "--no-flashinfer",
+        action="store_true",
+        help="vLLM 0.8-0.11.0 without FlashInfer (the log's 'FlashInfer is not available'): the sampler sorts",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     # Everything after `--` (cli.main splits it off): the engine's own flags as users type them.
@@ -199,7 +209,13 @@ def read_request(args: argparse.Namespace) -> Request:
             term_size("--available-kv-memory", args.available_kv_memory) if args.available_kv_memory else None
         ),
         max_num_batched_tokens=args.max_num_batched_tokens,
+        memory_in_use_bytes=(
+            term_size("--gpu-memory-in-use", args.gpu_memory_in_use, allow_zero=True)
+            if args.gpu_memory_in_use
+            else None
+        ),
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
+        flashinfer_sampler=False if args.no_flashinfer else None,
     )
     reading = engine_flags(args, engine)
     own = {k: cast(DeploymentValue, v) for k, v in reading.fields.items()}

@@ -17,7 +17,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.core.units import format_bytes
 from kvwatch.core.versions import version_tuple
-from kvwatch.engines.sglang import budget, calibration
+from kvwatch.engines.sglang import budget, calibration, request_table, weight_extras
 from kvwatch.engines.sglang.envelope import CURRENT
 
 
@@ -40,7 +40,7 @@ class BandTerms:
     fraction: float
 
 
-BAND = BandTerms(weights=0.024, pre_load=0.035, fraction=0.0)
+BAND = BandTerms(weights=0.024, pre_load=0.018, fraction=0.0)
 _band = [BAND]
 
 
@@ -82,33 +82,33 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         )
     total = d.gpu_memory_bytes
     mfs = d.mem_fraction_static
-    usable = activation = non_torch = band = None
+    usable = activation = non_torch = band = pre_load = None
     envelope = CURRENT.get()
     if weights_rank is not None and d.weights_bytes is None and d.dp_attention and d.dp > 1:
-        extra = budget.dp_attention_weights_extra(model, d)
+        extra = weight_extras.dp_attention_weights_extra(model, d)
         if extra:
             weights_rank = basis.weights_bytes = weights_rank + extra
             assumptions.append(
                 f"DP attention: attention TP {budget.attention_tp(d)}; the embedding"
-                + (" and the attention" if budget.attention_over_attn_tp(model) else "")
+                + (" and the attention" if weight_extras.attention_over_attn_tp(model) else "")
                 + f" are not split over all {d.tp} ranks (+{format_bytes(extra)} per rank)"
             )
     if weights_rank is not None and d.weights_bytes is None:
-        routers = budget.router_replicas(model, d)
+        routers = weight_extras.router_replicas(model, d)
         if routers:
             weights_rank = basis.weights_bytes = weights_rank + routers
             assumptions.append(
                 f"MoE routers are replicated on every rank, not split over tp={d.tp} "
                 f"(+{format_bytes(routers)} per rank)"
             )
-        indexer = budget.dsa_indexer_replicas(model, d)
+        indexer = weight_extras.dsa_indexer_replicas(model, d)
         if indexer:
             weights_rank = basis.weights_bytes = weights_rank + indexer
             assumptions.append(
                 "sparse-attention indexer: wq_b and wk whole on every rank, weights_proj in fp32 "
                 f"(+{format_bytes(indexer)} per rank)"
             )
-        copies = budget.mla_up_proj_copies(model, d)
+        copies = weight_extras.mla_up_proj_copies(model, d)
         if copies:
             weights_rank = basis.weights_bytes = weights_rank + copies
             assumptions.append(
@@ -192,12 +192,19 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     if d.page_size is None and d.block_size is None:
         inputs["page_size"] = "engine_default"
     tokens = sg.tokens
+    pool_bytes = max(tokens, 0) * (
+        sg.cell_bytes + budget.buffer_cell_size(model, d, elem) - budget.cell_size(model, d, elem)
+    )
     failure = None
     if tokens <= 0:
         failure = "Not enough memory. Please try to increase --mem-fraction-static."
+    else:
+        failure = _request_table_check(
+            model, d, tokens, max_model_len, pre_load, weights_rank, pool_bytes, assumptions
+        )
     fits = tokens >= max_model_len
     estimated = None if fits else max(tokens, 0)
-    if tokens > 0 and not fits:
+    if tokens > 0 and not fits and failure is None:
         assumptions.append("SGLang starts anyway; a request longer than the pool cannot be admitted")
     return Prediction(
         **basis.identity(model, d),
@@ -210,8 +217,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         kv_pool_tokens=max(tokens, 0),
         kv_pool_blocks=None,
         # What SGLang prints as the pool's size: its buffers, which for DSA differ from the cell.
-        kv_pool_bytes=max(tokens, 0)
-        * (sg.cell_bytes + budget.buffer_cell_size(model, d, elem) - budget.cell_size(model, d, elem)),
+        kv_pool_bytes=pool_bytes,
         block_size=sg.page_size,
         page_bytes=None,
         kv_groups=None,
@@ -226,4 +232,38 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         failure=failure,
         available_kv_band_bytes=band,
         not_calibrated=tuple(label(axis, value) for axis, value in uncovered) if band is not None else (),
+    )
+
+
+def _request_table_check(
+    model: ModelGeometry,
+    d: Deployment,
+    tokens: int,
+    context_len: int,
+    pre_load: int | None,
+    weights: int | None,
+    pool_bytes: int,
+    assumptions: list[str],
+) -> str | None:
+    """The req_to_token table against the memory left beside the pool (budget.RequestTable): the
+    startup's CUDA out of memory when the table and the pool together exceed the free memory after
+    the weights, None otherwise. Notes the table's size either way."""
+    table = request_table.request_table(d, tokens, context_len)
+    shape = f"{table.rows:,} rows x {table.positions:,} positions x int32 = {format_bytes(table.bytes)}"
+    if pre_load is None or weights is None:
+        assumptions.append(f"req_to_token table (ReqToTokenPool): {shape}, allocated after the pool is sized")
+        return None
+    left = pre_load - weights - pool_bytes
+    hybrid = model.count("linear", "mamba") > 0
+    assumptions.append(
+        f"req_to_token table (ReqToTokenPool): {shape}, allocated after the pool is sized, "
+        f"from the {format_bytes(left)} left beside it"
+        + (" (at most: a hybrid model's state slots cap its requests, not modelled)" if hybrid else "")
+    )
+    if table.bytes <= left or hybrid:
+        return None
+    return (
+        f"CUDA out of memory: SGLang's req_to_token table ({shape}, max_running_requests "
+        f"{table.requests:,} at context_len {context_len:,}) does not fit the {format_bytes(left)} "
+        "left beside the KV pool"
     )

@@ -4,10 +4,10 @@ Every row is a ``Rule`` (core/versions.py) of sides oldest first: ``Side(since, 
 ``since`` the first release with that value (None: every release before the next side) and
 ``source`` the engine file:line it was read from (``pip download sglang==X --no-deps``; paths under
 python/sglang/srt/). ``RULE.at(version)`` is the value for a release; None -- no release given or
-printed -- and any release newer than the last side take the newest. budget.py, states.py and
-calibration.py read these rows instead of comparing versions themselves; tests/test_releases.py
-checks every row cites its source and that its sides run in release order inside the releases
-kvwatch knows.
+printed -- and any release newer than the last side take the newest. budget.py, weight_extras.py,
+request_table.py, states.py and calibration.py read these rows instead of comparing versions
+themselves; tests/test_releases.py checks every row cites its source and that its sides run in
+release order inside the releases kvwatch knows.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from kvwatch.core.versions import Rule, Side
 FractionFormula = Literal["table", "reserve_by_card", "activation_reserve"]
 LargeCardFraction = Literal["table", "minus_13_gib", "share_48_gib"]
 SwaSplit = Literal["layer_counts", "byte_shares", "configurator"]
+RequestSlots = Literal["given_or_estimate", "estimate_half_pool", "half_pool"]
 
 # --- the default mem_fraction_static (budget.py) -------------------------------------------------
 
@@ -68,7 +69,11 @@ VLM_RUNTIME_FACTOR: Rule[float] = Rule(
     "vlm_runtime_factor",
     "the model runner's factor on any mem_fraction_static of a multimodal model (1: none)",
     Side(None, 0.95, "0.4.3.post4 model_executor/model_runner.py:235-236"),
-    Side("0.4.6", 0.90, "0.4.6 model_executor/model_runner.py:307-308; 0.4.8.post1 :414-415"),
+    Side(
+        "0.4.5",
+        0.90,
+        "0.4.5 model_executor/model_runner.py:273-274 (0.4.4 :243 x 0.95); 0.4.6 :307-308; 0.4.8.post1 :414-415",
+    ),
     Side("0.5", 1.0, "0.5.2 server_args.py:2513-2549 (the server-args default does it instead)"),
 )
 SMALL_CARD_DEFAULTS: Rule[tuple[int, int, int]] = Rule(
@@ -144,7 +149,34 @@ SWA_SPLIT: Rule[SwaSplit] = Rule(
     Side("0.5.11", "configurator", "0.5.11 pool_configurator.py:184; 0.5.23 :656-920"),
 )
 
-# --- weights beyond the checkpoint's (budget.py) ---------------------------------------------------
+# --- the per-request token table, ReqToTokenPool (request_table.py) ------------------------------
+
+REQUEST_SLOTS: Rule[RequestSlots] = Rule(
+    "request_slots",
+    "max_running_requests the req_to_token table is sized for: the given one, else the estimate "
+    "clamp(tokens / context_len x 512, 2048, 4096); from 0.5.10 the estimate is capped at tokens // 2 "
+    "and a given one at the estimate, over the DP-attention ranks; from 0.5.14 a given one at tokens // 2",
+    Side(
+        None,
+        "given_or_estimate",
+        "0.4.5 model_executor/model_runner.py:699-708; 0.5.9 model_runner_kv_cache_mixin.py:340-352",
+    ),
+    Side("0.5.10", "estimate_half_pool", "0.5.10 model_executor/model_runner_kv_cache_mixin.py:844-851"),
+    Side(
+        "0.5.14",
+        "half_pool",
+        "0.5.14 model_executor/model_runner_kv_cache_mixin.py:988-991; 0.5.23 mem_cache/kv_cache_configurator.py:3123-3132",
+    ),
+)
+REQUEST_TABLE_PADDING_ROW: Rule[int] = Rule(
+    "request_table_padding_row",
+    "rows the req_to_token table holds beyond max_running_requests",
+    Side(None, 1, "0.4.5 model_executor/model_runner.py:758-760 (size=max_num_reqs + 1)"),
+    Side("0.4.7", 0, "0.4.7 model_executor/model_runner.py:933-935; 0.5.10 mem_cache/memory_pool.py:140-145"),
+    Side("0.5.11", 1, "0.5.11 mem_cache/memory_pool.py:140-152 (a padding slot 0); 0.5.23 :399-407"),
+)
+
+# --- weights beyond the checkpoint's (weight_extras.py) ------------------------------------------
 
 MLA_FP8_UP_PROJ_DEQUANT: Rule[bool] = Rule(
     "mla_fp8_up_proj_dequant",
@@ -215,6 +247,8 @@ RULES: tuple[Rule[Any], ...] = (
     DSA_INDEXER_CELL,
     DSA_INDEXER_BUFFER,
     SWA_SPLIT,
+    REQUEST_SLOTS,
+    REQUEST_TABLE_PADDING_ROW,
     MLA_FP8_UP_PROJ_DEQUANT,
     DSA_INDEXER_GATE_FP32,
     FIXED_STATE_SLOTS,

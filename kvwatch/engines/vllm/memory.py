@@ -136,11 +136,12 @@ class Term:
 # bf16 logits held by _dummy_sampler_run (gpu_model_runner.py:5571) 2, their fp32 copy
 # (sample/sampler.py:90) 4, softmax probs (topk_topp_sampler.py:112) 4, q = empty_like(probs) (:240) 4.
 SAMPLER_NATIVE_BYTES = 12
-# 0.15/0.16 sort the whole [rows, vocab] (0.15.0 topk_topp_sampler.py:262): sorted fp32 4 + int64
+# 0.11.1-0.16, and 0.8-0.11.0 without FlashInfer, sort the whole [rows, vocab] (0.15.0
+# topk_topp_sampler.py:262; the same apply_top_k_top_p in 0.10.2 :126, 0.11.0 :164): sorted fp32 4 + int64
 # indices 8 + top-k mask 1 + probs_sort 4 + top-p mask 1 + CUB radix double buffers 12, on top of the
 # bf16 (2) and fp32 (4) logits = 36 counted, and calibration.sampler_sort_extra FITTED.
 SAMPLER_SORT_COUNTED = 36
-# FlashInfer (default in 0.11 when installed): the 2 + 4 logits, the top-k masked logits 4, probs 4.
+# FlashInfer (0.8-0.11.0 when installed): the 2 + 4 logits, the top-k masked logits 4, probs 4.
 SAMPLER_FLASHINFER_BYTES = 12
 # V0 (< 0.8): fp32 logits, probs and logprobs over the last token of each scheduled sequence.
 SAMPLER_V0_BYTES = 12
@@ -151,20 +152,29 @@ CUBLAS_WORKSPACE = 8 * MiB + 128 * 1024
 # V1 forward transient per token, in elements of the activation dtype: forward_h x hidden +
 # 3 x intermediate / tp. Residual, normed input, gate_up (2I) and act (I) are 2H + 3I counted; q/k/v,
 # attention output and torch.compile buffers make the rest, FITTED (calibration.forward_h). V0 runs no
-# compile: 2H + 3I, counted. Multimodal models add the encoder cache left alive by the encoder
-# profile (gpu_model_runner.py:5721-5780), a FITTED lump (calibration.vision_encoder_gib).
-FORWARD_H_V0 = 2.0
+# compile: 3H + 3I, counted -- the model loop still holds the layer's input while the layer runs
+# (0.6.4 models/llama.py:339-342), beside the residual and the attention output the MLP reads (the
+# norms work in place, layernorm.py:78-85; llama.py:259-267, 92-96). Multimodal models add the
+# encoder cache left alive by the encoder profile (gpu_model_runner.py:5721-5780), a FITTED lump
+# (calibration.vision_encoder_gib).
+FORWARD_H_V0 = 3.0
 
 
-def sampler_path(version: str | None) -> str:
+def sampler_path(version: str | None, flashinfer: bool | None = None) -> str:
     """Which top-k/top-p implementation the profile's dummy sampler run takes on CUDA.
 
-    0.11: FlashInfer when installed (0.11.0 topk_topp_sampler.py:39-50). 0.12-0.16: PyTorch sort.
-    0.17-0.20: the Triton kernel for >= 8 rows (0.19.0 topk_topp_sampler.py:251) with a cached
-    [SMs, vocab] fp32 buffer (topk_topp_triton.py:1018). 0.21: FlashInfer by default, but
-    _dummy_sampler_run also warms forward_native, so the native peak is the larger. V0: its own.
+    0.8-0.11.0: FlashInfer when it is installed (0.11.0 topk_topp_sampler.py:39-67), else the
+    PyTorch sort; the wheel lists flashinfer-python as an extra only (0.10.2 and 0.11.0 METADATA
+    'Provides-Extra: flashinfer'), so a bare ``pip install vllm`` sorts -- its log says
+    "FlashInfer is not available" -- while the vllm/vllm-openai image ships it (``flashinfer``
+    False: not installed; None: installed, the default). 0.11.1-0.16: PyTorch sort, FlashInfer
+    opt-in only (0.11.1 topk_topp_sampler.py:34-46). 0.17-0.20: the Triton kernel for >= 8 rows
+    (0.19.0 topk_topp_sampler.py:251) with a cached [SMs, vocab] fp32 buffer
+    (topk_topp_triton.py:1018). 0.21: FlashInfer by default, but _dummy_sampler_run also warms
+    forward_native, so the native peak is the larger. V0: its own.
     """
-    return releases.SAMPLER_PATH.at(version)
+    path = releases.SAMPLER_PATH.at(version)
+    return "sort" if path == "flashinfer" and flashinfer is False else path
 
 
 def activation_dtype_bytes(dims: ModelDims, d: Deployment) -> int:
@@ -184,7 +194,7 @@ def _sampler_bytes(dims: ModelDims, d: Deployment, rows: int, act: int, sms: int
     Logits are full-vocab on every TP rank (logits_processor.py:75-83 all-gathers them), which is
     why activation does not change with TP; an fp32 model's .to(float32) is a no-op (sampler.py:90).
     """
-    path = "v0" if runs_v0(d) else sampler_path(d.engine_version)
+    path = "v0" if runs_v0(d) else sampler_path(d.engine_version, d.flashinfer_sampler)
     logits16 = 2 if act == 2 else 0
     extra = 0
     if path == "sort":
@@ -202,10 +212,13 @@ def _sampler_bytes(dims: ModelDims, d: Deployment, rows: int, act: int, sms: int
 
 
 def _moe_workspace(dims: ModelDims, tp: int, tokens: int, act: int) -> int:
-    """The fused-MoE workspace the profile forward grows and keeps until lock_workspace, so it is
-    alive through the sampler pass (v1/worker/workspace.py; modular_kernel.py:1036-1066,
-    fused_moe.py:1976-1991): M x topk x max(N/2, K) + M x topk x max(N, K), N = 2 x moe_I / tp, K = H.
-    MXFP4 MoE (mxfp4.py, OAI triton kernels) allocates per call instead."""
+    """The fused-MoE workspace of the profile forward: M x topk x max(N/2, K) + M x topk x max(N, K),
+    N = 2 x moe_I / tp, K = H (modular_kernel.py:1036-1066, fused_moe.py:1976-1991). From 0.14 it is
+    grown and kept until lock_workspace, so it is alive through the sampler pass
+    (v1/worker/workspace.py); before, fused_experts allocates it per call and frees it with the
+    layer (0.10.2 fused_moe.py:1580-1590): part of the forward's transient only
+    (releases.MOE_WORKSPACE_PERSISTENT). MXFP4 MoE (mxfp4.py, OAI triton kernels) allocates per
+    call instead."""
     if not dims.n_experts or not dims.top_k or dims.checkpoint_quant == "mxfp4":
         return 0
     n = 2 * dims.moe_intermediate_size // tp
@@ -236,11 +249,14 @@ def activation(
     in_baseline = releases.CUBLAS_IN_BASELINE.at(d.engine_version)
     cublas = 0 if in_baseline else (CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE)
     persistent = cublas + int(cal.small_tensors_gib * GiB)
-    persistent += _moe_workspace(dims, d.tp, tokens, act)
+    moe = _moe_workspace(dims, d.tp, tokens, act)
+    kept = releases.MOE_WORKSPACE_PERSISTENT.at(d.engine_version)
+    persistent += moe if kept else 0
     if dims.has_vision_tower:
         persistent += int(cal.vision_encoder_gib * GiB)
     coefficient = cal.forward_h if v1 else FORWARD_H_V0
     forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
+    forward += 0 if kept else moe
     sampler = tokens * dims.hidden_size * act + _sampler_bytes(
         dims, d, rows, act, (gpu.sm_count if gpu and gpu.sm_count else 132)
     )
@@ -252,6 +268,15 @@ def activation(
         total = persistent + body + pp_buffers
         out.append(Term(total, "sampler" if last and sampler >= forward else "forward"))
     return out
+
+
+def others_memory(d: Deployment) -> releases.OthersMemory:
+    """What the release does with memory other processes hold on the card at launch: 'counted' as its
+    own non-torch memory (V0 up to 0.3.0 and at 0.6.4.x, V1 up to 0.9.0: non-torch = total - free -
+    torch), left in the 'baseline' the profile subtracts (V0 0.3.1-0.6.3, from 0.6.5), or 'checked'
+    at start: free >= utilisation x total, then left in the baseline (V1 from 0.9.1)."""
+    rule = releases.V0_OTHERS_MEMORY if runs_v0(d) else releases.V1_OTHERS_MEMORY
+    return rule.at(d.engine_version)
 
 
 def non_torch(d: Deployment) -> Term:

@@ -97,8 +97,16 @@ def _terms(
         notes.append(
             f"activation peak: the profile run modelled ({stage_act[-1].note} pass; max_num_seqs {seqs}, "
             f"max_num_batched_tokens {tokens}, sampler path "
-            f"{'v0' if memory.runs_v0(d) else memory.sampler_path(d.engine_version)})"
+            f"{'v0' if memory.runs_v0(d) else memory.sampler_path(d.engine_version, d.flashinfer_sampler)})"
         )
+        if (
+            not memory.runs_v0(d)
+            and memory.sampler_path(d.engine_version, d.flashinfer_sampler) == "flashinfer"
+        ):
+            notes.append(
+                "sampler: FlashInfer taken as installed (the vllm/vllm-openai image); a pip install "
+                "without it logs 'FlashInfer is not available' and sorts (--no-flashinfer)"
+            )
     if d.non_torch_bytes is not None:
         nt = memory.Term(d.non_torch_bytes)
     else:
@@ -109,13 +117,28 @@ def _terms(
         graphs = memory.Term(0)
     else:
         graphs = memory.cuda_graphs(dims, d, seqs, tokens, weights.stage_layers(dims.num_layers, d.pp)[0])
+    # Memory other processes hold, where the release counts it as its own non-torch memory; a given
+    # non-torch or activation figure was measured with it.
+    others = 0
+    if (
+        d.memory_in_use_bytes
+        and d.non_torch_bytes is None
+        and not inside
+        and memory.others_memory(d) == "counted"
+    ):
+        others = d.memory_in_use_bytes
+        notes.append(
+            f"non-torch: includes the {format_bytes(others)} other processes hold on the card (vLLM "
+            f"{d.engine_version or 'newest'} counts every byte in use on it as its own: total - free - torch)"
+        )
     for name, value in (("non_torch", d.non_torch_bytes), ("cuda_graphs", d.cuda_graph_bytes)):
         inputs[name] = "given" if value is not None else "estimated"
     if inside and (d.non_torch_bytes is None or d.cuda_graph_bytes is None):
         notes.append("terms not given (non-torch, CUDA graphs) taken as included in the activation figure")
     applied = graphs.bytes if memory.subtracts_cuda_graphs(d.engine_version) else 0
     available = [
-        requested - w - a.bytes - nt.bytes - applied for w, a in zip(stage_weights, stage_act, strict=True)
+        requested - w - a.bytes - nt.bytes - others - applied
+        for w, a in zip(stage_weights, stage_act, strict=True)
     ]
     band = None
     if dims is not None and not (inside and d.weights_bytes is not None):
@@ -142,7 +165,7 @@ def _terms(
         requested,
         stage_weights[0],
         stage_act[0].bytes,
-        nt.bytes,
+        nt.bytes + others,
         graphs.bytes,
         applied,
         available,
@@ -158,6 +181,34 @@ def _v0_max_seq_len(plan: budget.VllmPool, d: Deployment) -> int:
     worker.py:554-569, core/scheduler.py:452); up to 0.7.3 it counts them all (0.7.3 worker.py:542)."""
     engines = d.pp if releases.V0_BLOCKS_PER_VIRTUAL_ENGINE.at(d.engine_version) else 1
     return plan.block_size * (plan.num_blocks // engines)
+
+
+def _others_failure(d: Deployment, total: int, util: float, in_use: int, activation: int) -> str | None:
+    """The start that memory other processes hold makes fail, where the release does not count it.
+
+    From 0.9.1 V1 refuses to start when the free memory is below utilisation x total (0.10.2
+    v1/worker/gpu_worker.py:175-188; 0.16.0 v1/worker/utils.py:92-112); free is total less that
+    memory and the engine's own CUDA context, which kvwatch does not size, so this is the least it
+    needs. Where the profile subtracts it as baseline (V0 0.3.1-0.6.3, from 0.6.5), the cache is
+    sized as if utilisation x total were free, less the activation peak the profile has freed by
+    then, and its allocation runs out of memory."""
+    wanted = budget.requested_bytes(total, util)
+    free = total - in_use
+    mode = memory.others_memory(d)
+    if mode == "checked" and free < wanted:
+        return (
+            f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than desired "
+            f"GPU memory utilization ({util}, {wanted / GiB:.2f} GiB). Decrease GPU memory utilization or "
+            f"reduce GPU memory used by other processes. (vLLM {d.engine_version or 'newest'} checks the free "
+            "memory before it loads the model; its own CUDA context takes more)"
+        )
+    if mode == "baseline" and free < wanted - activation:
+        return (
+            f"CUDA out of memory allocating the KV cache: vLLM {d.engine_version} sizes it for "
+            f"{wanted / GiB:.2f} GiB (utilisation {util}) but other processes hold {in_use / GiB:.2f} GiB of "
+            f"the {total / GiB:.2f} GiB card (the profile subtracts their memory as baseline)"
+        )
+    return None
 
 
 def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
@@ -250,8 +301,19 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 else ""
             )
         )
+        if d.pp > 1 and releases.GLOBAL_GROUPS_CHECK.at(d.engine_version):
+            # 0.16.0 v1/core/kv_cache_utils.py:1514-1527: the check sums every stage's layers.
+            failure += (
+                f" (vLLM {d.engine_version} checks one request against the layers of all {d.pp} "
+                "pipeline stages at once, against the smallest stage's memory)"
+            )
     else:
         fits = True
+    if d.memory_in_use_bytes and total is not None and util is not None:
+        start_failure = _others_failure(d, total, util, d.memory_in_use_bytes, activation or 0)
+        # The startup check runs before the model loads; the out-of-memory after every other check.
+        if start_failure is not None and (failure is None or memory.others_memory(d) == "checked"):
+            failure, fits, estimated = start_failure, False, None
     pool_bytes = plan.num_blocks * plan.page_bytes * plan.tensors
     envelope = CURRENT.get()
     uncovered = envelope.uncovered(conditions(model, d, envelope.newest_read))

@@ -17,6 +17,9 @@ from kvwatch.core.versions import Rule, Side
 
 SamplerPath = Literal["v0", "flashinfer", "sort", "triton"]
 NeededRule = Literal["layers", "first_group", "groups"]
+# Memory other processes hold on the card at launch: counted as the engine's own non-torch memory,
+# left in the baseline the profile subtracts, or left in the baseline after a startup check.
+OthersMemory = Literal["counted", "baseline", "checked"]
 
 # --- engine defaults (memory.py) -----------------------------------------------------------------
 
@@ -100,8 +103,18 @@ SAMPLER_PATH: Rule[SamplerPath] = Rule(
     "the top-k/top-p implementation the profile's dummy sampler run takes on CUDA",
     Side(None, "v0", "V0 model_executor/layers/sampler.py (before the V1 engine)"),
     Side("0.8", "flashinfer", "0.11.0 v1/sample/ops/topk_topp_sampler.py:39-50"),
-    Side("0.12", "sort", "0.15.0 v1/sample/ops/topk_topp_sampler.py:262"),
+    Side(
+        "0.11.1",
+        "sort",
+        "0.11.1 v1/sample/ops/topk_topp_sampler.py:34-46 (FlashInfer opt-in); 0.15.0 :262",
+    ),
     Side("0.17", "triton", "0.19.0 v1/sample/ops/topk_topp_sampler.py:251, topk_topp_triton.py:1018"),
+)
+MOE_WORKSPACE_PERSISTENT: Rule[bool] = Rule(
+    "moe_workspace_persistent",
+    "the fused-MoE scratch outlives the forward (modular kernel + workspace manager), alive at the sampler",
+    Side(None, False, "0.10.2 fused_moe/fused_moe.py:1580-1590; 0.13.0 :1838-1850 (torch.empty per call)"),
+    Side("0.14", True, "0.14.0 fused_moe/unquantized_fused_moe_method.py:258-324, v1/worker/workspace.py"),
 )
 CUBLAS_IN_BASELINE: Rule[bool] = Rule(
     "cublas_in_baseline",
@@ -170,6 +183,40 @@ GLOBAL_GROUPS_CHECK: Rule[bool] = Rule(
     Side("0.14", True, "0.16.0 v1/core/kv_cache_utils.py:1514-1527"),
     Side("0.17", False, "0.18.0 v1/core/kv_cache_utils.py:1570-1579"),
 )
+V0_OTHERS_MEMORY: Rule[OthersMemory] = Rule(
+    "v0_others_memory",
+    "whether V0's profile counts memory other processes hold at launch as its own, or subtracts it as baseline",
+    Side(None, "counted", "0.2.7 worker/worker.py:101-102, 0.3.0 :122 (peak = total - free)"),
+    Side(
+        "0.3.1",
+        "baseline",
+        "0.3.1 worker/worker.py:89, :134 (peak = init free - free); 0.6.3.post1 :171, :231",
+    ),
+    Side(
+        "0.6.4",
+        "counted",
+        "0.6.4 worker/worker.py:207-213, 0.6.4.post1 :207-213 (non-torch = total - free - torch)",
+    ),
+    Side(
+        "0.6.5",
+        "baseline",
+        "0.6.5 worker/worker.py:198-200 (baseline = total - init free); 0.8.5 :181, :246-255",
+    ),
+)
+V1_OTHERS_MEMORY: Rule[OthersMemory] = Rule(
+    "v1_others_memory",
+    "whether V1 counts memory other processes hold at launch as its own non-torch memory, or checks it at start",
+    Side(
+        None,
+        "counted",
+        "0.8.5 v1/worker/gpu_worker.py:195-210, 0.9.0 :200-209 (non-torch = total - free - torch)",
+    ),
+    Side(
+        "0.9.1",
+        "checked",
+        "0.9.1 v1/worker/gpu_worker.py:135-148; 0.10.2 :175-188; 0.16.0 v1/worker/utils.py:92-112; 0.33.0 :716-771 (free >= util x total)",
+    ),
+)
 NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
     "null_block_held_back",
     "the fit check and its estimate plan against the budget less the pool's null block",
@@ -194,6 +241,7 @@ RULES: tuple[Rule[Any], ...] = (
     ESTIMATES_CUDA_GRAPHS,
     SUBTRACTS_CUDA_GRAPHS,
     SAMPLER_PATH,
+    MOE_WORKSPACE_PERSISTENT,
     CUBLAS_IN_BASELINE,
     NON_TORCH_WITH_GRAPH_PROFILE,
     HYBRID_ALLOCATOR,
@@ -204,5 +252,7 @@ RULES: tuple[Rule[Any], ...] = (
     MAMBA_BLOCKS_PER_REQUEST,
     NEEDED_RULE,
     GLOBAL_GROUPS_CHECK,
+    V0_OTHERS_MEMORY,
+    V1_OTHERS_MEMORY,
     NULL_BLOCK_HELD_BACK,
 )
