@@ -32,12 +32,15 @@ LOSO = acc.leave_one_source_out(SCORED)
 # fail, weights -0.61 %), a Qwen2.5-3B A100 startup (-2.06 %), a Llama-3-8B MI300X 0.3.x bench_latency
 # pool (-0.09 %) and an R1-Distill-Qwen-7B RTX 3090 WSL2 startup (+10.55 %: the Windows desktop shares
 # the card): median 1.21 %, mean 3.67 %, 18 of 25 within 5 %, 23 of 25 inside the printed band; pool
-# bytes median 2.34 % over 20; weights median 1.42 % over 10 (new data, not a model change).
-MEDIAN_PCT = 1.3
+# bytes median 2.34 % over 20; weights median 1.42 % over 10 (new data, not a model change). Its
+# Qwen3-VL-30B-A3B B200 startup (-1.00 % weights, +0.18 % tokens) moved the fitted context before
+# weights from 0.5 from 1.95 to 1.40 GiB (the median of six): median 1.35 %, mean 3.64 %, 20 of 26
+# within 5 %, 23 of 26 inside the band; pool median 1.52 % over 21, weights median 1.02 % over 11.
+MEDIAN_PCT = 1.4
 MEAN_PCT = 3.7
 WITHIN_5_PCT = 72.0
-INSIDE_BAND_PCT = 90.0
-# The pool bytes are printed by 20 of the 25 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
+INSIDE_BAND_PCT = 88.0
+# The pool bytes are printed by 21 of the 26 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
 POOL_MEDIAN_PCT = 2.4
 WEIGHTS_MEDIAN_PCT = 1.5
 
@@ -53,6 +56,11 @@ KNOWN_OUTSIDE: dict[str, str] = {
     "sgl-pr39713-qwen3-0.6b-h100-mfs083-prefill-graph-oom": (
         "4.7 GiB go between 'Load weight begin' and the profile for a 1.1 GiB model (0.5.23 dev); "
         "nothing in 0.5.23's sizing code accounts for it"
+    ),
+    "sgl-maxuhl-thesis-llama31-8b-24gb-docker": (
+        "+16.67 % against a 16.15 % band since the Qwen3-VL B200 case of sglang-repos refitted the "
+        "fits (inside before): an unnamed 24 GB card under Docker with 22.39 GiB free before weights "
+        "(Load weight end 7.37 + 15.02 GiB of weights)"
     ),
 }
 # Failed starts (for want of memory) predicted to start, and why.
@@ -70,7 +78,7 @@ KNOWN_FAILED_MISSES = {
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
     raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
     assert CASES in acc.case_files()
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 49
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 50
     assert all(why for _, why in EXCLUDED)
     assert len(SCORED) >= 26
     assert len({c.source for c in SCORED}) >= 17
@@ -86,7 +94,7 @@ def test_shipped_band_terms_are_the_fitted_ones() -> None:
 
 def test_leave_one_source_out_holds_the_measured_figures() -> None:
     s = acc.summary(LOSO)
-    assert s["tokens_n"] == 25
+    assert s["tokens_n"] == 26
     assert s["tokens_median"] <= MEDIAN_PCT
     assert s["tokens_mean"] <= MEAN_PCT
     assert s["tokens_within5"] >= WITHIN_5_PCT
