@@ -65,6 +65,8 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # weights (a median over 0.41-2.51 GiB, two clusters: tp 1 near 0.4-0.9, tp >= 4 near 2.3-2.5) moves
 # 1.95 -> 1.40 GiB, and the LOSO median 0.674 -> 0.80 % over 126 (new data; the model has one
 # constant where the data show two).
+# Its Qwen3-VL-32B H100 failed start (0.5.10 dev, default fraction 0.772) is predicted to fail: 7 of 13;
+# the context before weights (median of seven) goes 1.40 -> 0.85 GiB, the LOSO median stays 0.80 %.
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
@@ -74,7 +76,7 @@ MEASURED = {
     "loso_mean": 5.41,
     "loso_within_5": 0.80,
     "loso_band": 0.89,
-    "loso_failed_predicted": 6,
+    "loso_failed_predicted": 7,
     "loso_off_band": 0.81,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.

@@ -36,12 +36,15 @@ LOSO = acc.leave_one_source_out(SCORED)
 # Qwen3-VL-30B-A3B B200 startup (-1.00 % weights, +0.18 % tokens) moved the fitted context before
 # weights from 0.5 from 1.95 to 1.40 GiB (the median of six): median 1.35 %, mean 3.64 %, 20 of 26
 # within 5 %, 23 of 26 inside the band; pool median 1.52 % over 21, weights median 1.02 % over 11.
-MEDIAN_PCT = 1.4
-MEAN_PCT = 3.7
+# Its Qwen3-VL-32B H100 failed start (predicted to fail, weights -0.79 %) took that context to
+# 0.85 GiB (the median of seven, in two groups): median 1.49 %, mean 3.95 %, 19 of 26 within 5 %,
+# 23 of 26 inside the band, failed starts 3 of 4; pool median 2.93 %, weights median 1.02 % over 12.
+MEDIAN_PCT = 1.5
+MEAN_PCT = 4.0
 WITHIN_5_PCT = 72.0
 INSIDE_BAND_PCT = 88.0
 # The pool bytes are printed by 21 of the 26 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
-POOL_MEDIAN_PCT = 2.4
+POOL_MEDIAN_PCT = 3.0
 WEIGHTS_MEDIAN_PCT = 1.5
 
 # Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
@@ -58,8 +61,8 @@ KNOWN_OUTSIDE: dict[str, str] = {
         "nothing in 0.5.23's sizing code accounts for it"
     ),
     "sgl-maxuhl-thesis-llama31-8b-24gb-docker": (
-        "+16.67 % against a 16.15 % band since the Qwen3-VL B200 case of sglang-repos refitted the "
-        "fits (inside before): an unnamed 24 GB card under Docker with 22.39 GiB free before weights "
+        "+16.67 % against a 16.60 % band since the Qwen3-VL cases of sglang-repos refitted the fits "
+        "(inside before): an unnamed 24 GB card under Docker with 22.39 GiB free before weights "
         "(Load weight end 7.37 + 15.02 GiB of weights)"
     ),
 }
@@ -78,7 +81,7 @@ KNOWN_FAILED_MISSES = {
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
     raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
     assert CASES in acc.case_files()
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 50
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 51
     assert all(why for _, why in EXCLUDED)
     assert len(SCORED) >= 26
     assert len({c.source for c in SCORED}) >= 17
