@@ -67,17 +67,19 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # constant where the data show two).
 # Its Qwen3-VL-32B H100 failed start (0.5.10 dev, default fraction 0.772) is predicted to fail: 7 of 13;
 # the context before weights (median of seven) goes 1.40 -> 0.85 GiB, the LOSO median stays 0.80 %.
+# Its Qwen3-VL-30B-A3B A100 startup (a tight 30,553-token pool: -7.06 %, inside a wide band) makes
+# 127: median 0.74 %, mean 5.40 %, within 5 % 80.3 %, band 89.0 %, off the calibration set 80.8 %.
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
-    "loso_cases": 126,
+    "loso_cases": 127,
     "loso_median": 0.81,
     "loso_mean": 5.41,
     "loso_within_5": 0.80,
-    "loso_band": 0.89,
+    "loso_band": 0.88,
     "loso_failed_predicted": 7,
-    "loso_off_band": 0.81,
+    "loso_off_band": 0.80,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.89,

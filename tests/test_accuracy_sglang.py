@@ -39,12 +39,15 @@ LOSO = acc.leave_one_source_out(SCORED)
 # Its Qwen3-VL-32B H100 failed start (predicted to fail, weights -0.79 %) took that context to
 # 0.85 GiB (the median of seven, in two groups): median 1.49 %, mean 3.95 %, 19 of 26 within 5 %,
 # 23 of 26 inside the band, failed starts 3 of 4; pool median 2.93 %, weights median 1.02 % over 12.
-MEDIAN_PCT = 1.5
-MEAN_PCT = 4.0
-WITHIN_5_PCT = 72.0
+# Its Qwen3-VL-30B-A3B A100 startup (+5.61 %: a 30,553-token pool, 2.8 GiB beside 58 GiB of weights)
+# and the eighth context figure (0.77 GiB): median 1.55 %, mean 4.07 %, 18 of 27 within 5 %, 24 of 27
+# inside the band; pool median 3.79 % over 22, weights median 1.01 % over 13.
+MEDIAN_PCT = 1.6
+MEAN_PCT = 4.1
+WITHIN_5_PCT = 66.0
 INSIDE_BAND_PCT = 88.0
-# The pool bytes are printed by 21 of the 26 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
-POOL_MEDIAN_PCT = 3.0
+# The pool bytes are printed by 22 of the 27 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
+POOL_MEDIAN_PCT = 3.8
 WEIGHTS_MEDIAN_PCT = 1.5
 
 # Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
@@ -61,7 +64,7 @@ KNOWN_OUTSIDE: dict[str, str] = {
         "nothing in 0.5.23's sizing code accounts for it"
     ),
     "sgl-maxuhl-thesis-llama31-8b-24gb-docker": (
-        "+16.67 % against a 16.60 % band since the Qwen3-VL cases of sglang-repos refitted the fits "
+        "+16.67 % against a 14.63 % band since the Qwen3-VL cases of sglang-repos refitted the fits "
         "(inside before): an unnamed 24 GB card under Docker with 22.39 GiB free before weights "
         "(Load weight end 7.37 + 15.02 GiB of weights)"
     ),
@@ -81,7 +84,7 @@ KNOWN_FAILED_MISSES = {
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
     raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
     assert CASES in acc.case_files()
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 51
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 52
     assert all(why for _, why in EXCLUDED)
     assert len(SCORED) >= 26
     assert len({c.source for c in SCORED}) >= 17
@@ -97,7 +100,7 @@ def test_shipped_band_terms_are_the_fitted_ones() -> None:
 
 def test_leave_one_source_out_holds_the_measured_figures() -> None:
     s = acc.summary(LOSO)
-    assert s["tokens_n"] == 26
+    assert s["tokens_n"] == 27
     assert s["tokens_median"] <= MEDIAN_PCT
     assert s["tokens_mean"] <= MEAN_PCT
     assert s["tokens_within5"] >= WITHIN_5_PCT

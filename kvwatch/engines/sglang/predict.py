@@ -40,7 +40,7 @@ class BandTerms:
     fraction: float
 
 
-BAND = BandTerms(weights=0.024, pre_load=0.014, fraction=0.0)
+BAND = BandTerms(weights=0.024, pre_load=0.015, fraction=0.0)
 _band = [BAND]
 
 
