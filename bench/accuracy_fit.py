@@ -73,9 +73,12 @@ _NON_TORCH_FALLBACK: dict[str, str | None] = {
 def non_torch_class(case: Case) -> str:
     v = version_tuple(case.engine_version)
     new = v is None or v >= (0, 18)
-    if case.tp >= 2:
-        return "non_torch_tp_gib" if new else "non_torch_tp_old_gib"
-    if case.pp >= 2:
+    if case.tp >= 2 and not new:
+        return "non_torch_tp_old_gib"
+    if case.tp >= 2 and memory.fabric_non_torch(deployment(case)):
+        return "non_torch_tp_gib"
+    # A PCIe-only card at TP >= 2 on 0.18+ measures TP 1's class (memory.fabric_non_torch).
+    if case.pp >= 2 and case.tp < 2:
         return "non_torch_pp_gib"
     if v is not None and v < (0, 8):
         return "non_torch_v0_gib"
