@@ -61,17 +61,24 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # 5 % 80.5 -> 82.2 %, band 89.8 -> 91.5 % (median 11.30 -> 8.95 %); the H100 in-sample figures did not
 # move (median 0.020 %). Club-3090 #91/#294/#295 (MTP, judged in tokens) went from -2..-4 % to
 # +14..+17 %: they had been right by cancellation, kvwatch does not model the MTP drafter.
+# Then the CUDA-graph estimate: NCCL captured in every graph where no custom all-reduce path serves
+# TP > 2 on PCIe-only cards (memory.nccl_in_graphs) is its own term, so LAMBO's 4x RTX 3090 3.65 GiB
+# no longer shifts the shared base (0.21 -> 0.115 GiB, as fitted without it): the graph term's
+# in-sample error 0.220 -> 0.146 GiB mean, 23.7 -> 15.9 % median. The KV headline pays in the
+# speculative-decoding startups alone (club-3090 #46/#91/#294/#295, drafters not modelled, already
+# over-predicted: 0.1 GiB less subtracted): LOSO mean 4.68 -> 4.71 %, band 91.5 -> 90.7 % (#294),
+# off-H100 band 85.3 -> 83.8 %; every other case kept or improved.
 MEASURED = {
     "h100_in_median": 0.022,
     "h100_in_mean": 0.07,
     "h100_in_band": 1.0,
     "loso_cases": 118,
     "loso_median": 0.52,
-    "loso_mean": 4.68,
+    "loso_mean": 4.71,
     "loso_within_5": 0.82,
-    "loso_band": 0.91,
+    "loso_band": 0.90,
     "loso_failed_predicted": 4,
-    "loso_off_band": 0.85,
+    "loso_off_band": 0.83,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.71,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.accuracy_cases import load_cases
+from bench.accuracy_cases import load_cases, predictable
 from bench.accuracy_loso import Models, evaluate
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
@@ -63,3 +63,28 @@ def test_lambo_4x3090_tp4_startups_land_on_their_logged_kv(case_id: str, toleran
     row = evaluate(case, Models())
     assert row.kv_error is not None
     assert abs(row.kv_error) <= tolerance
+
+
+def test_nccl_is_captured_in_the_graphs_only_where_no_custom_path_serves_the_all_reduce() -> None:
+    def nccl(gpu: str, tp: int) -> bool:
+        return memory.nccl_in_graphs(Deployment(engine="vllm", engine_version="0.19.0", gpu_name=gpu, tp=tp))
+
+    assert nccl("RTX-3090-24GB", 4)
+    assert not nccl("RTX-3090-24GB", 2)  # custom all-reduce at two GPUs, given P2P
+    assert not nccl("H100-SXM-80GB", 4)  # the fabric: custom all-reduce
+    assert not nccl("H100-PCIe-80GB", 4)  # capability 9.0: torch symmetric memory
+    assert not nccl("RTX-3090-24GB", 1)
+
+
+def test_the_nccl_graph_startup_no_longer_moves_the_shared_graph_base() -> None:
+    """LAMBO's 4x RTX 3090 Qwen3.5-9B estimate (3.65 GiB) is NCCL in every graph, not a hybrid-model
+    shift: fitted with or without it, the shared base and per-layer slope stay put."""
+    from bench import accuracy_fit
+
+    models = Models()
+    cases = [c for c in load_cases() if predictable(c)]
+    every = accuracy_fit.fit(cases, models)
+    without = accuracy_fit.fit([c for c in cases if not c.id.startswith("lambo-qwen3.5-9b")], models)
+    assert every.graphs_base_gib == pytest.approx(without.graphs_base_gib, abs=0.005)
+    assert every.graphs_per_layer_gib == pytest.approx(without.graphs_per_layer_gib, abs=0.001)
+    assert without.graphs_nccl_gib == 0.0 < every.graphs_nccl_gib

@@ -327,9 +327,33 @@ def non_torch(d: Deployment) -> Term:
     return Term(int(gib * GiB), "PCIe-only cards: TP 1's class" if pcie else "")
 
 
+def nccl_in_graphs(d: Deployment) -> bool:
+    """Whether the all-reduces captured in the CUDA graphs are NCCL calls: TP > 2 on a PCIe-only card
+    that neither symmetric memory nor FlashInfer serves.
+
+    CudaCommunicator.all_reduce tries quick-reduce (ROCm), FlashInfer (VLLM_ALLREDUCE_USE_FLASHINFER,
+    off by default: 0.19.0 envs.py:212), custom all-reduce, torch symmetric memory, then pynccl
+    (device_communicators/cuda_communicator.py:180-225). Custom all-reduce is off on more than two
+    PCIe-only GPUs (custom_all_reduce.py:152-160); symmetric memory serves capability 9.0 and 10.0
+    only (all_reduce_utils.py:52-64). What is left is NCCL, captured into every graph, and NCCL's
+    cuMem allocations cost memory per captured call (vllm-project/vllm#5091, NVIDIA/nccl#1234); 0.19
+    no longer sets NCCL_CUMEM_ENABLE=0. At TP 2 custom all-reduce needs P2P, which kvwatch cannot
+    see: not counted.
+    """
+    card = gpus.find(d.gpu_name)
+    return (
+        d.tp > 2
+        and card is not None
+        and card.vendor == "nvidia"
+        and card.interconnect == "pcie"
+        and card.sm_major not in (9, 10)
+    )
+
+
 # CUDA-graph estimate, FITTED (calibration.graphs_*): c0 + c1 x layers on the rank x sqrt(sizes / 51)
-# + c2 for MoE, GiB. The estimate itself is the first capture plus (n - 1) x the second
-# (gpu_model_runner.py:5862-5955).
+# + c2 for MoE, + c3 x layers x sizes / 51 where every graph carries NCCL calls (two all-reduces a
+# layer, each with its own memory), GiB. The estimate itself is the first capture plus (n - 1) x the
+# second (gpu_model_runner.py:5862-5955).
 
 
 def cuda_graphs(dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, layers: int) -> Term:
@@ -339,9 +363,11 @@ def cuda_graphs(dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, 
     card = gpus.find(d.gpu_name)
     n = capture_sizes(max_num_seqs, tokens, d.engine_version, card.sm_major if card is not None else 9)
     cal = calibration.current()
+    nccl = nccl_in_graphs(d)
     gib = (
         cal.graphs_base_gib
         + cal.graphs_per_layer_gib * layers * math.sqrt(n / 51)
         + (cal.graphs_moe_gib if dims.n_experts else 0.0)
+        + (cal.graphs_nccl_gib * layers * n / 51 if nccl else 0.0)
     )
-    return Term(int(gib * GiB), f"{n} capture sizes")
+    return Term(int(gib * GiB), f"{n} capture sizes" + (", NCCL in every graph" if nccl else ""))
