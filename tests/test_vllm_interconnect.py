@@ -88,3 +88,19 @@ def test_the_nccl_graph_startup_no_longer_moves_the_shared_graph_base() -> None:
     assert every.graphs_base_gib == pytest.approx(without.graphs_base_gib, abs=0.005)
     assert every.graphs_per_layer_gib == pytest.approx(without.graphs_per_layer_gib, abs=0.001)
     assert without.graphs_nccl_gib == 0.0 < every.graphs_nccl_gib
+
+
+def test_predict_says_which_interconnect_rule_it_applied(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    from kvwatch.cli import main
+
+    config = Path(__file__).parent / "apriori" / "public" / "configs" / "Qwen--Qwen3.5-9B.json"
+    argv = ["predict", str(config), "--max-model-len", "32768", "--engine-version", "0.19.0", "--tp", "4"]
+    assert main([*argv, "--gpu", "RTX-3090"]) == 0
+    out = capsys.readouterr().out
+    assert "non-torch: TP 1's figure (a PCIe-only card" in out
+    assert "CUDA graphs: every graph carries NCCL all-reduces" in out
+    assert main([*argv, "--gpu", "H100-SXM-80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "PCIe-only" not in out and "NCCL" not in out

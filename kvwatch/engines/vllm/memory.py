@@ -324,7 +324,11 @@ def non_torch(d: Deployment) -> Term:
         gib = cal.non_torch_v0_gib
     else:
         gib = cal.non_torch_tp1_gib if new else cal.non_torch_tp1_old_gib
-    return Term(int(gib * GiB), "PCIe-only cards: TP 1's class" if pcie else "")
+    note = "TP 1's figure (a PCIe-only card: no NVSwitch buffers after the init snapshot)" if pcie else ""
+    return Term(int(gib * GiB), note)
+
+
+NCCL_GRAPHS_NOTE = "every graph carries NCCL all-reduces (no custom all-reduce beyond two PCIe-only GPUs)"
 
 
 def nccl_in_graphs(d: Deployment) -> bool:
@@ -370,4 +374,4 @@ def cuda_graphs(dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, 
         + (cal.graphs_moe_gib if dims.n_experts else 0.0)
         + (cal.graphs_nccl_gib * layers * n / 51 if nccl else 0.0)
     )
-    return Term(int(gib * GiB), f"{n} capture sizes" + (", NCCL in every graph" if nccl else ""))
+    return Term(int(gib * GiB), f"{n} capture sizes" + (f"; {NCCL_GRAPHS_NOTE}" if nccl else ""))
