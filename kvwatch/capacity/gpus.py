@@ -39,9 +39,9 @@ class GpuSpec:
     # Compute capability major (9 = Hopper): sets cuBLAS's default workspace and Hopper-only layouts.
     sm_major: int = 8
     # How the cards of one server reach each other: "nvswitch" (an SXM/HGX board, every GPU on an
-    # NVSwitch fabric), "pcie" (a PCIe card: PCIe only, at most an NVLink bridge to one peer), ""
-    # (not stated: the form factor varies under one name). The engines' communication buffers differ:
-    # vLLM's custom all-reduce is off on more than two PCIe-only GPUs (0.19.0
+    # NVSwitch fabric), "pcie" (a PCIe card: PCIe, at most NVLink bridges, no switch), "" (not
+    # stated: the form factor varies under one name). The engines' communication buffers differ:
+    # vLLM's custom all-reduce is off on more than two GPUs not all NVLink-connected (0.19.0
     # distributed/device_communicators/custom_all_reduce.py:152-160) and NVLink SHARP needs the switch.
     interconnect: str = ""
 
