@@ -288,7 +288,8 @@ def fabric_non_torch(d: Deployment) -> bool:
     so what the communicators allocate at init -- pynccl's warm-up, custom all-reduce's IPC buffers
     (custom_all_reduce.py:177-181) -- is baseline, not budget. The ~1.8 GiB above TP 1's that the
     H100 SXM startups log at TP 2 and 4 alike is allocated later, by the collectives on the NVSwitch
-    fabric (NCCL connects lazily; NVLink SHARP buffers exist only with the switch). PCIe-only cards
+    fabric -- not traced to one line; NCCL connects lazily (NCCL_RUNTIME_CONNECT) and its NVLink
+    SHARP buffers exist only with the switch, the likely allocation. PCIe-only cards
     have no such fabric, and custom all-reduce is off beyond two of them (custom_all_reduce.py:152-160)
     or without P2P (:164-170): their increase is TP 1's. The LAMBO 4x RTX 3090 startups leave
     0.1-1.3 GiB for activation and non-torch together, where the fabric class needs 2.2 GiB.
