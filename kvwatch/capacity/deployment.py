@@ -261,6 +261,7 @@ def deployment_from_settings(
         max_num_batched_tokens=s.max_num_batched_tokens,
         max_num_seqs=s.max_num_seqs,
         enforce_eager=s.enforce_eager,
+        flashinfer_sampler=s.flashinfer_sampler,
         dtype=s.dtype,
         quantization=s.quantization,
     )

@@ -123,6 +123,19 @@ _AUTO_FIT = re.compile(
     r"^Auto-fit max_model_len: (?:reduced from \d+ to (?P<to>\d+)|full model context length (?P<full>\d+) fits)"
 )
 
+# --- sampler -----------------------------------------------------------------------------------
+
+# V1 0.8.0-0.11.0 on CUDA when the flashinfer package is not installed (a bare `pip install vllm`:
+# it is an extra), once as the sampler is built (TopKTopPSampler.__init__,
+# v1/sample/ops/topk_topp_sampler.py:63-66 in 0.8.0, :69-72 in 0.8.5, :59-62 in 0.9.2, :69-72 in
+# 0.10.2, :66-69 in 0.11.0, the same words in each): 'FlashInfer is not available. Falling back to
+# the PyTorch-native implementation of top-p & top-k sampling. For the best performance, please
+# install FlashInfer.' The profile run then sorts the whole vocabulary (memory.sampler_path).
+_NO_FLASHINFER = re.compile(
+    r"^FlashInfer is not available\. Falling back to the PyTorch-native implementation of "
+    r"top-p & top-k sampling"
+)
+
 # --- preemption --------------------------------------------------------------------------------
 
 # V0 0.4.3-0.10.2 (every 50th): 'Sequence group 224 is preempted by PreemptionMode.RECOMPUTE mode because
@@ -314,6 +327,11 @@ def _init_snapshot(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     return (MemoryBudget(**ident(meta), total_bytes=gib(m.group("v"))),) if m else None
 
 
+def _no_flashinfer(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    m = _NO_FLASHINFER.match(body)
+    return (EngineSettings(**ident(meta), flashinfer_sampler=False),) if m else None
+
+
 def _concurrency(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _CONCURRENCY.match(body)
     if m is None:
@@ -367,6 +385,7 @@ _TABLE: tuple[tuple[Anchor, Handler], ...] = (
     ("max_num_batched_tokens", settings.chunked_prefill_line),
     ("Defaulting ", settings.defaulting_line),
     ("memory snapshot", _init_snapshot),
+    ("FlashInfer", _no_flashinfer),
     ("block size", settings.forced_block_line),
     ("Prefix cache hit rate", stats.v0_hit_rate),
     ("█  model", settings.logo_line),
