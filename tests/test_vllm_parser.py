@@ -698,6 +698,21 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
         "top-k sampling. For the best performance, please install FlashInfer.",
         [{"kind": "settings", "starts_engine": False, "flashinfer_sampler": False}],
     ),
+    # installed but VLLM_USE_FLASHINFER_SAMPLER=0 (a public issue's paste, at
+    # [topk_topp_sampler.py:52]: 0.9.2's line), and 0.8.x with FlashInfer >= 0.2.3 (public logs
+    # at [topk_topp_sampler.py:44]: 0.8.5's); each also the words of vLLM's source there.
+    (
+        "0.9 flashinfer available but not enabled",
+        "FlashInfer is available, but it is not enabled. Falling back to the PyTorch-native implementation "
+        "of top-p & top-k sampling. For the best performance, please set VLLM_USE_FLASHINFER_SAMPLER=1.",
+        [{"kind": "settings", "starts_engine": False, "flashinfer_sampler": False}],
+    ),
+    (
+        "0.8 flashinfer >= 0.2.3 disabled",
+        "Currently, FlashInfer top-p & top-k sampling sampler is disabled because FlashInfer>=v0.2.3 is not "
+        "backward compatible. Falling back to the PyTorch-native implementation of top-p & top-k sampling.",
+        [{"kind": "settings", "starts_engine": False, "flashinfer_sampler": False}],
+    ),
     # --- lines that look close but are not facts ------------------------------------------------
     ("init engine timing", "init engine (profile, create kv cache, warmup model) took 25.31 seconds", []),
     ("uvicorn", 'INFO:     127.0.0.1:37664 - "POST /v1/completions HTTP/1.1" 200 OK', []),
@@ -707,6 +722,14 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
         "flashinfer available but opt-in",
         "FlashInfer top-p/top-k sampling is available but disabled by default. Set "
         "VLLM_USE_FLASHINFER_SAMPLER=1 to opt in after verifying accuracy for your workloads.",
+        [],
+    ),
+    # 0.7.3's rejection sampler (speculative decoding; v1/sample/rejection_sampler.py:40-44), not
+    # the top-p/top-k sampler the profile runs
+    (
+        "rejection sampler fallback",
+        "FlashInfer is available, but it is not enabled. Falling back to the PyTorch-native implementation "
+        "of rejection sampling. For the best performance, please set VLLM_USE_FLASHINFER_SAMPLER=1.",
         [],
     ),
 ]

@@ -100,8 +100,9 @@ class Deployment:
     enforce_eager: bool | None = None
     dtype: str | None = None
     quantization: str | None = None
-    # vLLM 0.8-0.11.0: whether FlashInfer is installed, which picks the profile's sampler
-    # (engines/vllm/memory.sampler_path); None = installed, as in the vllm/vllm-openai image.
+    # vLLM 0.8-0.11.0: whether the sampler runs FlashInfer, which picks the profile's sampler
+    # (engines/vllm/memory.sampler_path); None = installed, as in the vllm/vllm-openai image;
+    # False: not installed or disabled (--no-flashinfer, or the log's fallback line).
     flashinfer_sampler: bool | None = None
     # Data-parallel ranks, and whether attention is data-parallel inside the TP group (SGLang
     # --enable-dp-attention); a KV-transfer connector (vLLM --kv-transfer-config, SGLang disaggregation).

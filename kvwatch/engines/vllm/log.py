@@ -125,14 +125,26 @@ _AUTO_FIT = re.compile(
 
 # --- sampler -----------------------------------------------------------------------------------
 
-# V1 0.8.0-0.11.0 on CUDA when the flashinfer package is not installed (a bare `pip install vllm`:
-# it is an extra), once as the sampler is built (TopKTopPSampler.__init__,
-# v1/sample/ops/topk_topp_sampler.py:63-66 in 0.8.0, :69-72 in 0.8.5, :59-62 in 0.9.2, :69-72 in
-# 0.10.2, :66-69 in 0.11.0, the same words in each): 'FlashInfer is not available. Falling back to
-# the PyTorch-native implementation of top-p & top-k sampling. For the best performance, please
-# install FlashInfer.' The profile run then sorts the whole vocabulary (memory.sampler_path).
+# V1 0.8.0-0.11.0 on CUDA, once as the sampler is built (TopKTopPSampler.__init__ in
+# v1/sample/ops/topk_topp_sampler.py), when top-p/top-k sampling falls back from FlashInfer to
+# vLLM's own implementation; the profile run then sorts the whole vocabulary (memory.sampler_path).
+# - FlashInfer not installed (a bare `pip install vllm`: it is an extra), :63 in 0.8.0, :69 in
+#   0.8.5, :59 in 0.9.2, :69 in 0.10.2, :66 in 0.11.0: 'FlashInfer is not available. Falling back
+#   to the PyTorch-native implementation of top-p & top-k sampling. For the best performance,
+#   please install FlashInfer.'
+# - installed, VLLM_USE_FLASHINFER_SAMPLER=0, :56 in 0.8.0, :62 0.8.5, :52 0.9.2, :62 0.10.2, :59
+#   0.11.0: 'FlashInfer is available, but it is not enabled. Falling back to the PyTorch-native
+#   implementation of top-p & top-k sampling. For the best performance, please set
+#   VLLM_USE_FLASHINFER_SAMPLER=1.'
+# - 0.8.x with FlashInfer >= 0.2.3 installed, :38 in 0.8.0, :44 in 0.8.5: 'Currently, FlashInfer
+#   top-p & top-k sampling sampler is disabled because FlashInfer>=v0.2.3 is not backward
+#   compatible. Falling back to the PyTorch-native implementation of top-p & top-k sampling.'
+# (0.7.3's rejection sampler prints the first two ending '... of rejection sampling'
+# (v1/sample/rejection_sampler.py:40-51): speculative decoding's, not the profile's: not matched.)
 _NO_FLASHINFER = re.compile(
-    r"^FlashInfer is not available\. Falling back to the PyTorch-native implementation of "
+    r"^(?:FlashInfer is not available\. |FlashInfer is available, but it is not enabled\. |"
+    r"Currently, FlashInfer top-p & top-k sampling sampler is disabled because FlashInfer>=v0\.2\.3 "
+    r"is not backward compatible\. )Falling back to the PyTorch-native implementation of "
     r"top-p & top-k sampling"
 )
 
