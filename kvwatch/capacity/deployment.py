@@ -100,8 +100,9 @@ class Deployment:
     enforce_eager: bool | None = None
     dtype: str | None = None
     quantization: str | None = None
-    # vLLM 0.8-0.11.0: whether FlashInfer is installed, which picks the profile's sampler
-    # (engines/vllm/memory.sampler_path); None = installed, as in the vllm/vllm-openai image.
+    # vLLM 0.8-0.11.0: whether the sampler runs FlashInfer, which picks the profile's sampler
+    # (engines/vllm/memory.sampler_path); None = installed, as in the vllm/vllm-openai image;
+    # False: not installed or disabled (--no-flashinfer, or the log's fallback line).
     flashinfer_sampler: bool | None = None
     # Data-parallel ranks, and whether attention is data-parallel inside the TP group (SGLang
     # --enable-dp-attention); a KV-transfer connector (vLLM --kv-transfer-config, SGLang disaggregation).
@@ -261,6 +262,7 @@ def deployment_from_settings(
         max_num_batched_tokens=s.max_num_batched_tokens,
         max_num_seqs=s.max_num_seqs,
         enforce_eager=s.enforce_eager,
+        flashinfer_sampler=s.flashinfer_sampler,
         dtype=s.dtype,
         quantization=s.quantization,
     )
