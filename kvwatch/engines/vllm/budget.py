@@ -65,6 +65,52 @@ def in_flight_tokens(d: Deployment, max_num_batched_tokens: int) -> int:
     return max_concurrent_batches(d) * max_num_batched_tokens
 
 
+def is_mtp(method: str | None) -> bool:
+    """Whether a speculative method is a multi-token-prediction head of the target's checkpoint:
+    'mtp' and every '<model>_mtp' of MTPModelTypes (0.25.1 config/speculative.py:36-57; 0.20.1
+    :34-51), which vLLM folds into 'mtp' (0.25.1 :652-656)."""
+    return method is not None and (method == "mtp" or method.endswith("_mtp"))
+
+
+def speculative_tokens(model: ModelGeometry, d: Deployment) -> int:
+    """Tokens the drafter proposes a step: the user's num_speculative_tokens, else for MTP the
+    checkpoint's n_predict (mtp_num_hidden_layers / num_nextn_predict_layers, 0.25.1
+    config/speculative.py:498-515 and :919-926); 0 without speculative decoding."""
+    if d.num_speculative_tokens is not None:
+        return d.num_speculative_tokens
+    if is_mtp(d.speculative_method):
+        return max(model.mtp_layers, 1)
+    return 0
+
+
+def with_drafter(model: ModelGeometry, d: Deployment) -> ModelGeometry:
+    """The layers whose caches the pool holds when a drafter runs beside the target.
+
+    The drafter's attention layers register in the same forward context, so get_kv_cache_spec
+    gives them specs of their own and they join the KV cache groups (0.25.1
+    v1/worker/gpu_model_runner.py load_model :5231-5235 loads the drafter with the target). An MTP
+    drafter is the checkpoint's mtp_num_hidden_layers full-attention decoder layers (0.25.1
+    model_executor/models/qwen3_5_mtp.py:79 and :105-112; 0.20.1 :73 and :100-104), shaped as the
+    target's full-attention layers, on the last stage. Speculation also widens every GDN / Mamba
+    conv state by the proposed tokens (0.25.1 model_executor/layers/mamba/mamba_utils.py:218-228,
+    num_spec from qwen3_5.py:530-542; 0.20.1 qwen3_5.py:729-741). A non-MTP drafter's own layers
+    (EAGLE, DFlash: a separate checkpoint) are not read.
+    """
+    num_spec = speculative_tokens(model, d)
+    if not num_spec and not is_mtp(d.speculative_method):
+        return model
+    layers = [
+        replace(layer, state_conv_width=layer.state_conv_width + num_spec)
+        if layer.kind in ("linear", "mamba") and layer.state_conv_width
+        else layer
+        for layer in model.layers
+    ]
+    attention = next((layer for layer in model.layers if layer.kind in ("full", "mla")), None)
+    if is_mtp(d.speculative_method) and attention is not None:
+        layers += [attention] * model.mtp_layers
+    return replace(model, layers=tuple(layers))
+
+
 def hybrid_manager(d: Deployment) -> bool:
     """Whether sliding-window layers get their own KV groups (the hybrid allocator, 0.9.2+, unless disabled)."""
     return d.hybrid_kv_cache_manager and releases.HYBRID_ALLOCATOR.at(d.engine_version)
@@ -195,6 +241,7 @@ def plan(
     ``stage_available`` gives each pipeline stage its own budget (else every stage has ``available``):
     every stage allocates the smallest stage's block count.
     """
+    model = with_drafter(model, d)
     block = block_size_for(model, d)
     notes: list[str] = []
     exact = True
@@ -204,7 +251,7 @@ def plan(
         block = state[0]
         notes.append(
             f"hybrid linear-attention/Mamba model: attention block raised to {block} tokens so a page "
-            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(d)} "
+            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(d) + speculative_tokens(model, d)} "
             "block(s) a request"
         )
     elif any(layer.kind in ("linear", "mamba") for layer in model.layers):
@@ -222,7 +269,10 @@ def plan(
         specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in paged]
         if state is not None:
             page = specs[0].page_bytes
-            blocks = state_blocks_per_request(d)
+            # MambaSpec.num_speculative_blocks = num_speculative_tokens: a state layer keeps one
+            # block more per proposed token (0.25.1 model_executor/layers/mamba/abstract.py:44-60,
+            # v1/kv_cache_interface.py:688-697; 0.20.1 :527-547).
+            blocks = state_blocks_per_request(d) + speculative_tokens(model, d)
             specs += [
                 Spec("state", None, page, block, blocks)
                 for layer in stage
@@ -344,6 +394,7 @@ def _stage_needed(specs: list[Spec], d: Deployment, block: int, model_len: int, 
 def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len: int, mnbt: int) -> int:
     """KV bytes one request of model_len tokens needs on the most loaded rank, as the release's
     check counts them (needed_rule); 0.14-0.16 check the global groups, every stage at once."""
+    model = with_drafter(model, d)
     block = block_size_for(model, d)
     rule = needed_rule(d.engine_version)
     mnbt = in_flight_tokens(d, mnbt)
