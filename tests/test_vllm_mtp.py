@@ -146,3 +146,12 @@ def test_sglang_refuses_the_vllm_speculative_config(capsys: pytest.CaptureFixtur
     argv = ["predict", str(QWEN35_35B), "--engine", "sglang", "--gpu", "h100"]
     assert main([*argv, "--speculative-config", '{"method": "mtp"}']) == 2
     assert "not modelled" in capsys.readouterr().err
+
+
+def test_the_mtp_layer_runs_on_the_last_pipeline_stage() -> None:
+    """The target's 64 layers split as without a drafter (32 + 32); the MTP layer joins the last."""
+    model = _model(QWEN35_27B)
+    d = Deployment(engine="vllm", pp=2, speculative_method="mtp")
+    stages = budget._stages(model, d)
+    assert [len(s) for s in stages] == [32, 33]
+    assert stages[0] == list(model.layers[:32]) and stages[1][-1].kind == "full"

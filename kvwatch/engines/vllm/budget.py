@@ -84,31 +84,43 @@ def speculative_tokens(model: ModelGeometry, d: Deployment) -> int:
 
 
 def with_drafter(model: ModelGeometry, d: Deployment) -> ModelGeometry:
-    """The layers whose caches the pool holds when a drafter runs beside the target.
-
-    The drafter's attention layers register in the same forward context, so get_kv_cache_spec
-    gives them specs of their own and they join the KV cache groups (0.25.1
-    v1/worker/gpu_model_runner.py load_model :5231-5235 loads the drafter with the target). An MTP
-    drafter is the checkpoint's mtp_num_hidden_layers full-attention decoder layers (0.25.1
-    model_executor/models/qwen3_5_mtp.py:79 and :105-112; 0.20.1 :73 and :100-104), shaped as the
-    target's full-attention layers, on the last stage. Speculation also widens every GDN / Mamba
-    conv state by the proposed tokens (0.25.1 model_executor/layers/mamba/mamba_utils.py:218-228,
-    num_spec from qwen3_5.py:530-542; 0.20.1 qwen3_5.py:729-741). A non-MTP drafter's own layers
-    (EAGLE, DFlash: a separate checkpoint) are not read.
-    """
+    """The target's layers as speculation changes them: every GDN / Mamba conv state widened by
+    the proposed tokens (0.25.1 model_executor/layers/mamba/mamba_utils.py:218-228, num_spec from
+    qwen3_5.py:530-542; 0.20.1 qwen3_5.py:729-741)."""
     num_spec = speculative_tokens(model, d)
-    if not num_spec and not is_mtp(d.speculative_method):
+    if not num_spec:
         return model
-    layers = [
+    layers = tuple(
         replace(layer, state_conv_width=layer.state_conv_width + num_spec)
         if layer.kind in ("linear", "mamba") and layer.state_conv_width
         else layer
         for layer in model.layers
-    ]
+    )
+    return replace(model, layers=layers)
+
+
+def drafter_layers(model: ModelGeometry, d: Deployment) -> list[LayerSpec]:
+    """The drafter's attention layers, whose caches join the pool beside the target's.
+
+    They register in the same forward context, so get_kv_cache_spec gives them specs of their own
+    and they join the KV cache groups (0.25.1 v1/worker/gpu_model_runner.py load_model :5231-5235
+    loads the drafter with the target). An MTP drafter is the checkpoint's mtp_num_hidden_layers
+    full-attention decoder layers (0.25.1 model_executor/models/qwen3_5_mtp.py:79 and :105-112;
+    0.20.1 :73 and :100-104), shaped as the target's full-attention layers; it runs on the last
+    stage (its lm_head only there, :218-231). A non-MTP drafter's own layers (EAGLE, DFlash: a
+    separate checkpoint) are not read.
+    """
+    if not is_mtp(d.speculative_method):
+        return []
     attention = next((layer for layer in model.layers if layer.kind in ("full", "mla")), None)
-    if is_mtp(d.speculative_method) and attention is not None:
-        layers += [attention] * model.mtp_layers
-    return replace(model, layers=tuple(layers))
+    return [attention] * model.mtp_layers if attention is not None else []
+
+
+def _stages(model: ModelGeometry, d: Deployment) -> list[list[LayerSpec]]:
+    """The target's layers per pipeline stage, the drafter's on the last."""
+    stages = stage_layers(model.layers, d.pp)
+    stages[-1] = stages[-1] + drafter_layers(model, d)
+    return stages
 
 
 def hybrid_manager(d: Deployment) -> bool:
@@ -260,7 +272,7 @@ def plan(
             "hybrid linear-attention/Mamba model: vLLM pads state pages into the KV pool; its state shape "
             "is not in config.json, so blocks are estimated from the attention layers only"
         )
-    stages = stage_layers(model.layers, d.pp)
+    stages = _stages(model, d)
     best: VllmPool | None = None
     for i, stage in enumerate(stages):
         paged = [layer for layer in stage if layer.is_paged]
@@ -399,7 +411,9 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     rule = needed_rule(d.engine_version)
     mnbt = in_flight_tokens(d, mnbt)
     global_groups = releases.GLOBAL_GROUPS_CHECK.at(d.engine_version)
-    stages = [list(model.layers)] if global_groups else stage_layers(model.layers, d.pp)
+    stages = (
+        [[layer for stage in _stages(model, d) for layer in stage]] if global_groups else _stages(model, d)
+    )
     worst = 0
     for stage in stages:
         specs = [
