@@ -27,12 +27,12 @@ ENVELOPE = Envelope(
     term_bands={"weights": 0.0078, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 1.2304},
     widening={
         "card": 0.0762,
-        "release": 0.0619,
+        "release": 0.0442,
         "architecture": 0.017,
-        "modality": 0.0618,
+        "modality": 0.0374,
         "quantization": 0.0136,
         "parallelism": 0.3662,
-        "connector": 0.0618,
+        "connector": 0.0374,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",
