@@ -247,6 +247,42 @@ def _replace_block(path: Path, start: str, end: str, text: str) -> None:
     path.write_text(pattern.sub(lambda _: start + "\n" + text + end, src), encoding="utf-8")
 
 
+DOC = ROOT / "docs" / "predict.md"
+DOC_BEGIN, DOC_END = (
+    "<!-- accuracy table: begin (python -m bench.bench_accuracy --write) -->",
+    "<!-- accuracy table: end -->",
+)
+
+
+def doc_table(report: Report) -> str:
+    """The headline table of docs/predict.md, from the report (written by ``--write``, checked by
+    tests/test_accuracy.py): a hand-copied table went stale at every refit."""
+
+    def on_h100(r: Row) -> bool:
+        return card_family(r.case.gpu_name, r.case.gpu_total_bytes) == "H100"
+
+    rows = [
+        ("in sample, all", report.in_sample),
+        ("LOSO, all", report.loso),
+        ("LOSO, on H100", [r for r in report.loso if on_h100(r)]),
+        ("LOSO, not on H100", [r for r in report.loso if not on_h100(r)]),
+        ("LOSO, vLLM", [r for r in report.loso if r.case.engine == "vllm"]),
+        ("LOSO, SGLang", [r for r in report.loso if r.case.engine == "sglang"]),
+    ]
+    lines = [
+        "| set | n | median | mean | within 5 % | inside the band | median band | failed starts predicted |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, chosen in rows:
+        s = stats(chosen)
+        lines.append(
+            f"| {name} | {int(s['cases'])} | {s['median_pct']:.2f} % | {s['mean_pct']:.2f} % | "
+            f"{100 * s['within_5pct']:.0f} % | {100 * s['inside_band']:.0f} % | ±{s['median_band_pct']:.2f} % | "
+            f"{int(s['failed_predicted'])} of {int(s['failed'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_tables(report: Report, cases: Sequence[Case], models: Models) -> None:
     usable = [c for c in cases if predictable(c)]
     cal, used = accuracy_fit.fit_with_cases(usable, models)
@@ -271,6 +307,7 @@ def write_tables(report: Report, cases: Sequence[Case], models: Models) -> None:
         text = envelope_source(engine, env, report, cases, models)
         _replace_block(engines / engine / "envelope.py", "# --- envelope: begin", "# --- envelope: end", text)
         paths.append(engines / engine / "envelope.py")
+    _replace_block(DOC, DOC_BEGIN, DOC_END, doc_table(report))
     ruff = Path(sys.executable).parent / "ruff"
     if ruff.is_file():
         subprocess.run([str(ruff), "format", "-q", *map(str, paths)], check=False)
@@ -283,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     models = Models()
     if "--write" in args:
         write_tables(report, cases, models)
-        print("wrote kvwatch/engines/vllm/calibration.py FITTED and each engine's envelope.py ENVELOPE")
+        print(
+            "wrote kvwatch/engines/vllm/calibration.py FITTED, each engine's envelope.py ENVELOPE and docs/predict.md's table"
+        )
         return 0
     print_report(report, models, cases)
     if "--csv" in args:

@@ -124,3 +124,13 @@ def sidecar_factory(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     yield make
     for car in started:
         car.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_unexported_tally(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvwatch_values_unexported_total counts for the whole process (one sidecar is one process);
+    each test starts from zero, so a hostile-state test that trips it does not leak into the
+    /metrics goldens that run after it."""
+    from kvwatch.export import collector
+
+    monkeypatch.setattr(collector, "_unexported", collector._Tally())

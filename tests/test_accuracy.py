@@ -57,21 +57,35 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # once a nested 'mistral' text_config took MistralConfig's untied head (122 startups; the H100
 # in-sample median 0.020 -> 0.026 % over 54 calibration cases: new data). SGLang's request table sized:
 # Llama-4-Scout's failed start predicted (5 of 11).
+# Then the model: from 0.18 a PCIe-only card's TP communication memory is baseline, so its non-torch
+# increase is TP 1's (memory.fabric_non_torch; the LAMBO 4x RTX 3090 TP4 startups from -12..-40 % to
+# -4..+0.2 %, club-3090 #46 from -16 to +3 %). LOSO median 0.70 -> 0.51 %, mean 5.54 -> 4.68 %, within
+# 5 % 80.5 -> 82.2 %, band 89.8 -> 91.5 % (median 11.30 -> 8.95 %); the H100 in-sample figures did not
+# move (median 0.020 %). Club-3090 #91/#294/#295 (MTP, judged in tokens) went from -2..-4 % to
+# +14..+17 %: they had been right by cancellation, kvwatch does not model the MTP drafter.
+# Then the CUDA-graph estimate: NCCL captured in every graph where no custom all-reduce path serves
+# TP > 2 on PCIe-only cards (memory.nccl_in_graphs) is its own term, so LAMBO's 4x RTX 3090 3.65 GiB
+# no longer shifts the shared base (0.21 -> 0.115 GiB, as fitted without it): the graph term's
+# in-sample error 0.220 -> 0.146 GiB mean, 23.7 -> 15.9 % median. The KV headline pays in the
+# speculative-decoding startups alone (club-3090 #46/#91/#294/#295, drafters not modelled, already
+# over-predicted: 0.1 GiB less subtracted): LOSO mean 4.68 -> 4.71 %, band 91.5 -> 90.7 % (#294),
+# off-H100 band 85.3 -> 83.8 %; every other case kept or improved. Merged over 122: median 0.51 %,
+# mean 4.57 %, within 5 % 82.8 %, band 91.0 % (median 8.95 %), failed starts 5 of 11.
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
     "loso_cases": 122,
-    "loso_median": 0.67,
-    "loso_mean": 5.41,
-    "loso_within_5": 0.81,
+    "loso_median": 0.52,
+    "loso_mean": 4.58,
+    "loso_within_5": 0.82,
     "loso_band": 0.90,
     "loso_failed_predicted": 5,
-    "loso_off_band": 0.82,
+    "loso_off_band": 0.83,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
-    "h100_in_median_band": 2.89,
-    "loso_median_band": 11.31,
+    "h100_in_median_band": 2.71,
+    "loso_median_band": 8.96,
 }
 
 
@@ -121,6 +135,13 @@ def test_the_shipped_envelope_is_the_fit_on_every_case(engine: str, report: Repo
     assert shipped.floor == fitted.floor
     for axis in shipped.covered:
         assert f"widening {axis}" in shipped.cases
+
+
+def test_the_docs_table_is_the_report(report: Report) -> None:
+    """docs/predict.md's headline table is what `make accuracy` measures (written by --write)."""
+    doc = acc.DOC.read_text(encoding="utf-8")
+    begin, end = doc.index(acc.DOC_BEGIN) + len(acc.DOC_BEGIN) + 1, doc.index(acc.DOC_END)
+    assert doc[begin:end] == acc.doc_table(report)
 
 
 def test_in_sample_on_the_h100_calibration_set(report: Report) -> None:

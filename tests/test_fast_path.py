@@ -20,7 +20,7 @@ from lanes import examples
 from same_events import identical_events
 
 from kvwatch.core.events import Event, Preemption, UsageSample, event_to_json
-from kvwatch.engines.vllm import fastpath, log
+from kvwatch.engines.vllm import fastpath, log, stats
 from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.prefix import strip_prefixes
 from kvwatch.sources.lines import read_blocks
@@ -85,7 +85,7 @@ def test_events_are_fresh_copies_of_their_printers() -> None:
     for a, b in zip(first, again, strict=True):
         assert a.__dict__ is not b.__dict__ and a.model_fields_set is not b.model_fields_set
     usage, preemption = fastpath._printer(b"", b"", b"001", b"")
-    assert usage == log.usage_sample(LineMeta(instance="1"), {}, {})
+    assert usage == stats.usage_sample(LineMeta(instance="1"), {}, {})
     assert (usage.ts, usage.running, preemption.ts, preemption.count) == (None, None, None, None)
     assert UsageSample.__pydantic_post_init__ is None and Preemption.__pydantic_post_init__ is None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,9 @@ def _sidecar_cmdline(log: Path, env: dict[str, str]) -> list[str]:
     ) as proc:
         try:
             assert proc.stderr is not None
+            # Bounded: a sidecar that never says it serves fails the test, never hangs it.
+            ready, _, _ = select.select([proc.stderr], [], [], 60)
+            assert ready, "kvwatch run said nothing on stderr within 60 s"
             assert "serving" in proc.stderr.readline()  # started, signal handlers installed
             return Path(f"/proc/{proc.pid}/cmdline").read_text().split("\0")
         finally:

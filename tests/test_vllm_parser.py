@@ -677,8 +677,19 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
             }
         ],
     ),
+    # hybrid KV groups' padding (0.11.0 Gemma-3-4B on an A100, tests/log_samples/vllm/021; 0.25.1
+    # Qwen3.6-35B-A3B, tests/apriori/public/vllm/cases.json)
+    (
+        "0.11 padding layers",
+        "Add 1 padding layers, may waste at most 3.45% KV cache memory",
+        [{"kind": "pool", "pool": "full", "padding_layers": 1, "padding_waste_ratio": 0.0345}],
+    ),
+    (
+        "0.25 padding layers",
+        "Add 3 padding layers, may waste at most 10.00% KV cache memory",
+        [{"kind": "pool", "pool": "full", "padding_layers": 3, "padding_waste_ratio": 0.1}],
+    ),
     # --- lines that look close but are not facts ------------------------------------------------
-    ("padding warning", "Add 1 padding layers, may waste at most 3.45% KV cache memory", []),
     ("init engine timing", "init engine (profile, create kv cache, warmup model) took 25.31 seconds", []),
     ("uvicorn", 'INFO:     127.0.0.1:37664 - "POST /v1/completions HTTP/1.1" 200 OK', []),
     ("prose mentioning the version", "the version of torch is 2.4", []),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,12 +59,21 @@ class PredictionResult:
     max_model_len: int | None = None
 
 
+def _key(snap: InstanceSnapshot) -> _Key:
+    # The fact groups are frozen and compare by their facts (not by when they were updated).
+    return (snap.source, snap.instance, snap.epoch, snap.engine, snap.settings, snap.memory)
+
+
 class Predictor:
     """Predicts the pool of each instance from the model config, its logged settings and the GPU.
 
     Basis 'config' uses only what is known before the engine starts (model, settings, GPU memory);
     basis 'engine_budget' divides the KV memory the engine itself logged, with the engine's own
     arithmetic, so its gap isolates the bytes-per-token model from the memory-budget model.
+
+    ``predict`` computes what it has not yet (an offline command, a test); the sidecar computes in
+    its consumer thread (``prepare``, when the startup facts changed) and a scrape only looks up
+    (``prepared``), so no scrape reads, parses or fetches a model's config.json.
     """
 
     def __init__(
@@ -78,7 +87,11 @@ class Predictor:
         self._gpu_memory = gpu_memory_bytes
         self._resolve = resolve_model
         self._max = max_entries
+        # _lock guards the cache and is held only for a look-up or a store, so a scrape's look-up
+        # never waits for a computation; _computing makes one computation at a time (the model and
+        # path memos below are its own).
         self._lock = threading.Lock()
+        self._computing = threading.Lock()
         self._cache: dict[_Key, PredictionResult] = {}
         self._models: dict[Path, ModelGeometry | KvwatchError] = {}
         self._resolved: dict[str, Path | None] = {}
@@ -86,17 +99,36 @@ class Predictor:
 
     def predict(self, snap: InstanceSnapshot) -> PredictionResult:
         """The prediction for one instance, computed once per (epoch, settings, memory)."""
-        # The fact groups are frozen and compare by their facts (not by when they were updated).
-        key: _Key = (snap.source, snap.instance, snap.epoch, snap.engine, snap.settings, snap.memory)
-        with self._lock:
-            hit = self._cache.get(key)
+        key = _key(snap)
+        with self._computing:
+            hit = self._lookup(key)
             if hit is not None:
                 return hit
             result = self._compute(snap)
-            if len(self._cache) >= self._max:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = result
+            with self._lock:
+                if len(self._cache) >= self._max:
+                    self._cache.pop(next(iter(self._cache)))
+                self._cache[key] = result
             return result
+
+    def prepare(self, snaps: Iterable[InstanceSnapshot]) -> int:
+        """Compute the prediction of every instance whose startup facts have none yet (the sidecar's
+        consumer, off the scrape path); how many were computed."""
+        made = 0
+        for snap in snaps:
+            if self._lookup(_key(snap)) is None:
+                self.predict(snap)
+                made += 1
+        return made
+
+    def prepared(self, snap: InstanceSnapshot) -> PredictionResult | None:
+        """The prediction made for the instance's startup facts, or None when none is yet: a look-up
+        only, never a computation (what a scrape calls)."""
+        return self._lookup(_key(snap))
+
+    def _lookup(self, key: _Key) -> PredictionResult | None:
+        with self._lock:
+            return self._cache.get(key)
 
     def _model_path(self, source: str, settings: SettingsFacts) -> Path | None:
         given = self._model_config(source)

@@ -126,6 +126,11 @@ class PoolFields:
     max_concurrency_tokens: int | None = None
     # Mamba/linear-attention state slots (SGLang 'Mamba Cache is allocated. max_mamba_cache_size').
     state_slots: int | None = None
+    # Layers of padding a hybrid model's KV groups were filled up with (memory that holds no
+    # layer's cache), and the share of the KV memory the engine says that wastes at most (vLLM
+    # 'Add 1 padding layers, may waste at most 3.45% KV cache memory').
+    padding_layers: int | None = None
+    padding_waste_ratio: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, init=False, repr=False, eq=False, match_args=False)
@@ -302,6 +307,8 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "max_concurrency": _COUNT,
     "max_concurrency_tokens": _COUNT,
     "state_slots": _COUNT,
+    "padding_layers": _COUNT,
+    "padding_waste_ratio": _RATIO,
     # usage
     "kv_usage_ratio": _RATIO,
     "prefix_cache_hit_ratio": _RATIO,

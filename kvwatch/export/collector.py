@@ -4,7 +4,8 @@
 ``Fleet.snapshot()`` (a consistent, frozen view), derives what the engine did not print (used tokens,
 headroom, gap to the prediction) and yields one family per entry of ``kvwatch.export.names.METRICS``.
 Nothing here mutates state; predictions are cached per (instance, epoch, settings) by ``Predictor``
-so a scrape costs a dictionary look-up, not a re-computation.
+so a scrape costs a dictionary look-up; the sidecar's (``prepared=True``) only looks up what its
+consumer made, never reads a config.json, and shows no prediction rows for one not made yet.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from kvwatch import __version__
 from kvwatch.analysis.attribution import gap_ratio
-from kvwatch.analysis.predictor import Predictor
+from kvwatch.analysis.predictor import PredictionResult, Predictor
 from kvwatch.core.events import Origin
 from kvwatch.core.labels import ConcurrencyBasis, MemoryBasis, MemoryTerm
 from kvwatch.export import names
@@ -42,6 +43,7 @@ from kvwatch.state.fleet import DISAGREEMENT_FACTS, InstanceSnapshot
 from kvwatch.state.usage_values import BAD_VALUE_FACTS
 
 log = logging.getLogger(__name__)
+_NOT_MADE = PredictionResult(state="ok")  # no prediction's figures (its state is never exported)
 
 # Longest label value kvwatch exports (model paths can be long; labels must stay small).
 _MAX_LABEL = 128
@@ -112,8 +114,8 @@ def _label(value: str | float | None) -> str:
 class _Cached:
     """The rows of one instance as of one (epoch, events), split by how often they change."""
 
-    version: _Version | None  # None: rows being built
-    static_key: _StaticKey
+    version: _Version | None  # None: rows being built, or made before the prediction (see below)
+    static_key: _StaticKey | None  # None: made without a prediction (rebuilt at the next scrape)
     static: _Groups
     dynamic: _Groups
     # The counters and staleness flags of the instance (rows that rarely change) and what they show.
@@ -184,8 +186,10 @@ class KvwatchCollector(Collector):
         runtime: bool = False,
         workload: Callable[[str], tuple[str, ...] | None] = lambda source: None,
         node_stats: Callable[[], NodeStats | None] = lambda: None,
+        prepared: bool = False,
     ) -> None:
         self._snapshot = snapshot
+        self._prepared = prepared  # the sidecar: only predictions made off the scrape path
         # Node mode: a source's engine pod (names.WORKLOAD_LABELS values), None for a plain source.
         self._workload = workload
         self._node_stats = node_stats
@@ -263,9 +267,11 @@ class KvwatchCollector(Collector):
             tuple(sorted(snap.startup_failures.items())),
         )
         if cached is None or cached.static_key != static_key:
+            pred = self._predictor.prepared(snap) if self._prepared else self._predictor.predict(snap)
             static = _Rows()
-            derived = self._static(static, snap, model)
-            cached = _Cached(None, static_key, static.groups(), (), None, (), *derived, {})
+            derived = self._static(static, snap, model, pred)
+            made = static_key if pred is not None else None
+            cached = _Cached(None, made, static.groups(), (), None, (), *derived, {})
         dynamic = _Rows()
         self._dynamic(dynamic, snap, cached)
         counts_key: _CountsKey = (snap.disagreements, snap.bad_values, snap.stale)
@@ -275,8 +281,8 @@ class KvwatchCollector(Collector):
             self._counts(counts_rows, snap, cached)
             counts = counts_rows.groups()
         return _Cached(
-            _version(snap),
-            static_key,
+            _version(snap) if cached.static_key is not None else None,
+            cached.static_key,
             cached.static,
             dynamic.groups(),
             counts_key,
@@ -289,9 +295,10 @@ class KvwatchCollector(Collector):
         )
 
     def _static(
-        self, fam: _Rows, snap: InstanceSnapshot, model: str
+        self, fam: _Rows, snap: InstanceSnapshot, model: str, pred: PredictionResult | None
     ) -> tuple[tuple[str, ...], tuple[str, ...], int | None, int | None]:
-        """Pool, prediction, memory budget, engine info: what changes only with a startup fact."""
+        """Pool, prediction, memory budget, engine info: what changes only with a startup fact
+        (``pred`` None: no prediction made yet, so no prediction rows)."""
         settings, pool = snap.settings, snap.pool
         lab: tuple[str, ...] = (snap.source, snap.engine, model, snap.instance)
         pod = self._workload(snap.source)
@@ -307,27 +314,29 @@ class KvwatchCollector(Collector):
             if number is not None:
                 fam.add(metric, (*lab, *extra), number, (*esc, *extra))
 
-        pred = self._predictor.predict(snap)
         fig = pool_figures(snap, pred)
         block_size, pool_tokens, blocks, in_blocks = fig.block_size, fig.tokens, fig.blocks, fig.in_blocks
         gauge(names.KV_POOL_TOKENS, pool_tokens)
         gauge(names.KV_POOL_BLOCKS, blocks)
         gauge(names.KV_POOL_BYTES, pool.bytes)
         gauge(names.KV_BLOCK_SIZE, block_size)
+        gauge(names.KV_POOL_PADDING_WASTE_RATIO, pool.padding_waste_ratio)
 
-        for state in names.PREDICTION_STATES:
-            gauge(names.PREDICTION_AVAILABLE, 1.0 if state == pred.state else 0.0, state)
+        if pred is not None:
+            for state in names.PREDICTION_STATES:
+                gauge(names.PREDICTION_AVAILABLE, 1.0 if state == pred.state else 0.0, state)
+        made = pred if pred is not None else _NOT_MADE
         for basis in names.PREDICTION_BASES:
-            predicted = pred.tokens.get(basis)
+            predicted = made.tokens.get(basis)
             gauge(names.KV_POOL_PREDICTED_TOKENS, predicted, basis)
-            gauge(names.KV_POOL_PREDICTED_BYTES, pred.bytes.get(basis), basis)
-            predicted_blocks = pred.blocks.get(basis)
+            gauge(names.KV_POOL_PREDICTED_BYTES, made.bytes.get(basis), basis)
+            predicted_blocks = made.blocks.get(basis)
             if in_blocks and predicted_blocks is not None:
                 gauge(names.KV_POOL_GAP_RATIO, gap_ratio(blocks, predicted_blocks), basis)
             else:
                 gauge(names.KV_POOL_GAP_RATIO, gap_ratio(pool_tokens, predicted), basis)
-            gauge(names.KV_POOL_PREDICTION_ERROR_RATIO, pred.error_ratio.get(basis), basis)
-        bpt = pred.bytes_per_token
+            gauge(names.KV_POOL_PREDICTION_ERROR_RATIO, made.error_ratio.get(basis), basis)
+        bpt = made.bytes_per_token
         if bpt is None and pool_tokens and pool.bytes:
             bpt = pool.bytes // pool_tokens
         gauge(names.KV_BYTES_PER_TOKEN, bpt)
@@ -338,7 +347,7 @@ class KvwatchCollector(Collector):
             observed_conc = pool_tokens / max_len
         concurrency: dict[ConcurrencyBasis, float | None] = {
             "observed": observed_conc,
-            **pred.max_concurrency,
+            **made.max_concurrency,
         }
         for concurrency_basis in names.CONCURRENCY_BASES:
             gauge(names.MAX_CONCURRENCY, concurrency.get(concurrency_basis), concurrency_basis)

@@ -29,9 +29,11 @@ def observed_terms(m: MemoryFacts) -> tuple[tuple[labels.MemoryTerm, int | None]
     )
 
 
-def predicted_terms(pred: PredictionResult) -> tuple[tuple[labels.MemoryTerm, int | None], ...]:
-    """The predicted memory budget as names.MEMORY_TERMS terms (basis 'predicted')."""
-    return tuple((term, pred.memory.get(term)) for term in labels.MEMORY_TERMS)
+def predicted_terms(pred: PredictionResult | None) -> tuple[tuple[labels.MemoryTerm, int | None], ...]:
+    """The predicted memory budget as names.MEMORY_TERMS terms (basis 'predicted'); None: no
+    prediction made yet (a scrape before the sidecar's consumer prepared it)."""
+    memory = pred.memory if pred is not None else {}
+    return tuple((term, memory.get(term)) for term in labels.MEMORY_TERMS)
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,12 @@ class PoolFigures:
     request_len: int | None
 
 
-def pool_figures(snap: InstanceSnapshot, pred: PredictionResult) -> PoolFigures:
-    """The full pool's tokens, blocks and block size, and the request lengths, of one instance."""
+def pool_figures(snap: InstanceSnapshot, pred: PredictionResult | None) -> PoolFigures:
+    """The full pool's tokens, blocks and block size, and the request lengths, of one instance
+    (``pred`` None: no prediction made yet, so no model default fills a gap)."""
     settings, pool = snap.settings, snap.pool
-    block_size = pool.block_size or settings.block_size or settings.page_size or pred.block_size
+    default_block = pred.block_size if pred is not None else None
+    block_size = pool.block_size or settings.block_size or settings.page_size or default_block
     tokens = pool.tokens
     blocks = pool.blocks
     # Known only in blocks (V0 logs, /metrics before 0.28): the gap compares blocks, as the
@@ -63,7 +67,8 @@ def pool_figures(snap: InstanceSnapshot, pred: PredictionResult) -> PoolFigures:
     max_len = settings.max_model_len or pool.max_concurrency_tokens
     # Headroom in requests needs a request length: the engine's, else the model's default
     # (a metrics-only vLLM source reports no max_model_len; the model config gives it).
-    return PoolFigures(block_size, tokens, blocks, in_blocks, max_len, max_len or pred.max_model_len)
+    default_len = pred.max_model_len if pred is not None else None
+    return PoolFigures(block_size, tokens, blocks, in_blocks, max_len, max_len or default_len)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,11 @@ KV_POOL_BYTES = _m(
 KV_BLOCK_SIZE = _m(
     "kvwatch_kv_block_size_tokens", "gauge", "Tokens per KV-cache block (vLLM block_size, SGLang page_size)."
 )
+KV_POOL_PADDING_WASTE_RATIO = _m(
+    "kvwatch_kv_pool_padding_waste_ratio",
+    "gauge",
+    "Share of the KV-cache memory the engine said its padding layers may waste at most (vLLM hybrid-model KV groups filled up with padding; absent when none was printed).",
+)
 # --- Prediction ----------------------------------------------------------------------------------
 KV_POOL_PREDICTED_TOKENS = _m(
     "kvwatch_kv_pool_predicted_tokens",

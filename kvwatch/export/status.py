@@ -273,7 +273,9 @@ def _budget_table(b: _Budget) -> str:
     return f'<table class="terms">{head}{"".join(rows)}</table>'
 
 
-def _pool_table(snap: InstanceSnapshot, pred: PredictionResult, fig: PoolFigures, use: UsageFigures) -> str:
+def _pool_table(
+    snap: InstanceSnapshot, pred: PredictionResult, fig: PoolFigures, use: UsageFigures, state: str
+) -> str:
     predicted = pred.tokens.get("config")
     band = pred.error_ratio.get("config")
     pred_text = _count(predicted)
@@ -281,7 +283,7 @@ def _pool_table(snap: InstanceSnapshot, pred: PredictionResult, fig: PoolFigures
         pred_text += f" (\u00b1{band * 100:.1f}%)"
     rows = [
         ("pool", _tokens(fig.tokens) + (f" ({_count(fig.blocks)} blocks)" if fig.blocks else "")),
-        ("predicted pool", f"{pred_text} tokens" if predicted is not None else f"- ({_e(pred.state)})"),
+        ("predicted pool", f"{pred_text} tokens" if predicted is not None else f"- ({_e(state)})"),
         ("usage", f"{use.ratio * 100:.1f}%" if use.ratio is not None else "-"),
         ("used", _tokens(use.used)),
         ("headroom", _tokens(use.headroom_tokens)),
@@ -323,7 +325,14 @@ def _failure(snap: InstanceSnapshot) -> str:
     return f'<p class="failure warn">last startup failure: {"; ".join(parts)}</p>'
 
 
-def _instance(snap: InstanceSnapshot, pred: PredictionResult) -> str:
+# What the page shows of an instance whose prediction is not made yet (the sidecar's consumer makes
+# it when the startup facts arrive; the page never does): no predicted figures.
+_NOT_MADE = PredictionResult(state="ok")
+
+
+def _instance(snap: InstanceSnapshot, made: PredictionResult | None) -> str:
+    pred = made if made is not None else _NOT_MADE
+    state = pred.state if made is not None else "not made yet"
     settings = snap.settings
     model = settings.served_model_name or settings.model
     fig = pool_figures(snap, pred)
@@ -339,7 +348,7 @@ def _instance(snap: InstanceSnapshot, pred: PredictionResult) -> str:
         meta.append(f"KV dtype {_e(settings.kv_cache_dtype)}")
     if fig.max_len:
         meta.append(f"max_model_len {_count(fig.max_len)}")
-    prediction = f"prediction {_e(pred.state)}" + (f": {_e(pred.reason)}" if pred.reason else "")
+    prediction = f"prediction {_e(state)}" + (f": {_e(pred.reason)}" if pred.reason else "")
     name = f"{snap.source} \u00b7 {model or 'model not printed'}"
     chart = _svg_budget(budget, name) if budget.observed or budget.predicted else ""
     return (
@@ -347,20 +356,23 @@ def _instance(snap: InstanceSnapshot, pred: PredictionResult) -> str:
         f"<h2>{_e(name)}</h2>"
         f'<p class="meta">{", ".join(meta)}; {prediction}</p>'
         f"{chart}{_legend() if chart else ''}{_budget_table(budget)}"
-        f"{_svg_usage(fig, use)}{_pool_table(snap, pred, fig, use)}{_failure(snap)}</section>"
+        f"{_svg_usage(fig, use)}{_pool_table(snap, pred, fig, use, state)}{_failure(snap)}</section>"
     )
 
 
 def render(
     snapshots: Sequence[InstanceSnapshot],
-    predict: Callable[[InstanceSnapshot], PredictionResult],
+    predict: Callable[[InstanceSnapshot], PredictionResult | None],
     *,
     title: str = "kvwatch status",
     dropped_events: int = 0,
     generated_at: float | None = None,
     limit: int = MAX_SHOWN,
 ) -> str:
-    """The page for the first ``limit`` instances (predicted only for those), as one HTML document."""
+    """The page for the first ``limit`` instances (predicted only for those), as one HTML document.
+
+    ``predict`` answers None for an instance whose prediction is not made yet (the sidecar's page
+    only looks up what its consumer prepared)."""
     shown = snapshots[:limit]
     left_out = len(snapshots) - len(shown)
     when = time.strftime(

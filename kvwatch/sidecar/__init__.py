@@ -1,6 +1,7 @@
 """`kvwatch run`, the sidecar: tail engine logs, scrape engine /metrics, serve kvwatch's /metrics.
 
-Modules, by concern: ``app`` (the Sidecar: wiring and lifecycle, the consumer), ``appends`` (a
+Modules, by concern: ``app`` (the Sidecar: wiring and lifecycle), ``consumer`` (the consumer
+thread: the queue, the appends a render asks for, the predictions), ``appends`` (a
 render's request that the consumer read the logs' appends, waited for within a bound), ``server`` (the
 bounded HTTP server: sockets, timeouts, connection cap), ``wire`` (HTTP/1.1 message format), ``http`` (endpoints, TLS context), ``auth``
 (basic auth, failure limiter), ``saving`` (when the state file is written, and its
@@ -29,17 +30,21 @@ Threading model -- every thread, what it may touch, and why that is safe:
   most ``app.APPENDS_WAIT``; not at all while an earlier request is still unanswered, so a read
   stuck in the kernel delays one scrape by that bound, no more), so a scrape is never behind the
   log; then it renders
-  a ``Fleet.snapshot`` (frozen copies). / does the same. (The one input a render may still read is
-  a model's config.json -- found, or with ``fetch_model_configs`` fetched -- once per model, when
-  the predictor first meets it.)
+  a ``Fleet.snapshot`` (frozen copies) with the predictions the consumer made
+  (``Predictor.prepared``: a look-up; an instance with none yet has no prediction rows until the
+  next scrape). / does the same. No render reads a model's config.json.
 * **scrape** (one per ``--metrics-url``) -- fetches the engine's /metrics and reads it as it
   arrives (its own ``MetricsReader``, used by no other thread), then puts a ``Scraped`` message
   with the events on the queue; it never touches the fleet. ``stop()`` aborts a fetch in flight.
 * **stdin** (``--log -``) -- puts ``StdinLine`` / ``StdinClosed`` messages on the queue.
-* **consumer** (``kvwatch-consumer``) -- the only reader of the queue: applies scrape events and
-  stdin lines, reads the tailers' appends for a render (``ReadAppends``: ``LogTailer.refresh``,
-  under the tailer's delivery lock and in file order, then sets the render's event), and is the
-  only thread that writes the state file (``SaveSchedule.save``).
+* **consumer** (``kvwatch-consumer``, ``consumer.Consumer``) -- the only reader of the queue:
+  applies scrape events and stdin lines, reads the tailers' appends for a render (``ReadAppends``:
+  ``LogTailer.refresh``, under the tailer's delivery lock and in file order, then sets the
+  render's event), makes the predictions whenever the startup facts moved (``Predictor.prepare``:
+  finding, reading -- with ``fetch_model_configs`` fetching -- and sizing a model's config.json,
+  before it answers a ``ReadAppends``, so the render that asked finds them), and is the only thread
+  that writes the state file (``SaveSchedule.save``). The predictor's cache lock is held only for a
+  look-up or a store, so a render never waits for a prediction being made.
 
 So ``Fleet.apply`` is called from several threads (tailers, consumer); the fleet's lock makes
 each call atomic, and each source's lines reach it from one place at a time and in order (the

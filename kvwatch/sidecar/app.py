@@ -1,6 +1,7 @@
 """The sidecar's wiring and lifecycle: sources -> LinePipeline / MetricsReader -> Fleet -> collector -> HTTP.
 
-Every failure of a source is counted and retried; only bad configuration stops startup. Which thread
+The consumer thread's work (the queue, the appends a render asks for, the predictions) is in
+consumer.py. Every failure of a source is counted and retried; only bad configuration stops startup. Which thread
 does what is written once, in the package docstring (kvwatch/sidecar/__init__.py).
 """
 
@@ -23,12 +24,12 @@ from kvwatch import __version__
 from kvwatch.analysis.predictor import Predictor
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.jsontypes import JsonObject, JsonValue
-from kvwatch.export import names
 from kvwatch.export.collector import KvwatchCollector, SelfStats, SourceStatus
 from kvwatch.sidecar import messages as msg
 from kvwatch.sidecar.appends import AppendRequests
 from kvwatch.sidecar.auth import BasicAuth
 from kvwatch.sidecar.config import Settings, WebConfig, load_web_config
+from kvwatch.sidecar.consumer import Consumer
 from kvwatch.sidecar.http import Endpoints, tls_context
 from kvwatch.sidecar.node import LogSources, node_watcher
 from kvwatch.sidecar.saving import SaveSchedule
@@ -127,6 +128,9 @@ class Sidecar:
             lambda: self._queue.put(msg.Dirty()),
             release=settings.release_read,
         )
+        self._consumer = Consumer(
+            self._queue, self.fleet, self.predictor, self.saves, self.appends, self._logs
+        )
         self.collector = KvwatchCollector(
             self.fleet.snapshot,
             self.predictor,
@@ -136,6 +140,7 @@ class Sidecar:
             runtime=True,
             workload=self.node.workload if self.node is not None else lambda source: None,
             node_stats=self.node.stats if self.node is not None else lambda: None,
+            prepared=True,  # a scrape reads the predictions the consumer made, never a config.json
         )
         self.registry.register(self.collector)
         self._server: BoundedHTTPServer | None = None
@@ -189,7 +194,7 @@ class Sidecar:
             raise ConfigError(f"cannot listen on {addr}: {reason}") from None
         self._spawn("kvwatch-http", self._server.serve)
         self.appends.open()
-        self._spawn("kvwatch-consumer", self._consume)
+        self._spawn("kvwatch-consumer", self._consumer.run)
         for src in self._logs.configured:
             if src.pattern == "-":
                 self._spawn("kvwatch-stdin", functools.partial(self._read_stdin, src))
@@ -303,87 +308,6 @@ class Sidecar:
         """Save the state now and go on (SIGHUP: a terminal hang-up must not lose what was read)."""
         self._queue.put(msg.FinalSave(threading.Event()))
 
-    # --- consumer --------------------------------------------------------------------------------
-    def _consume(self) -> None:
-        while True:
-            try:
-                # Asleep until an item comes or a save is due: no wake-ups while nothing changes.
-                item = self._queue.get(timeout=self.saves.due_in())
-            except queue.Empty:
-                self.saves.maybe_save()
-                continue
-            if isinstance(item, msg.Stop):
-                self._drain()
-                self.appends.close()
-                self._drain()  # a render's request put before the close
-                return
-            if isinstance(item, msg.FinalSave):
-                self.saves.final_save(self._drain)
-                item.done.set()
-                continue
-            self._handle(item)
-            if self._queue.empty():
-                self.saves.maybe_save()
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, msg.FinalSave):
-                item.done.set()
-            elif not isinstance(item, msg.Stop):
-                self._handle(item)
-
-    def _handle(self, item: msg.Message) -> None:
-        match item:
-            case msg.StdinLine(source=src, line=line):
-                try:
-                    self.saves.mark(src.on_line(line))
-                finally:
-                    if src.stdin_backlog is not None:
-                        src.stdin_backlog.done(len(line))
-            case msg.Scraped():
-                self._handle_scrape(item)
-            case msg.StdinClosed(source=src):
-                src.stdin_up = False
-            case msg.ReadAppends(done=done):
-                try:
-                    self._read_appends()
-                finally:
-                    done.set()
-            case _:  # Dirty only wakes the consumer to plan its next save
-                pass
-
-    def _handle_scrape(self, item: msg.Scraped) -> None:
-        src, result = item.source, item.result
-        src.duration = result.duration_seconds
-        if not result.ok:
-            src.up = False
-            # Bounded label values: a reason the collector does not export is a connection failure.
-            reason = result.error if result.error in names.SCRAPE_ERROR_REASONS else "connection"
-            src.errors[reason] = src.errors.get(reason, 0) + 1
-            src.log_failure(reason, result.detail, time.monotonic())
-            return
-        src.log_recovery()
-        if item.unreadable is not None:
-            src.up = False
-            src.errors["parse"] = src.errors.get("parse", 0) + 1
-            log.debug("metrics unreadable source=%s err=%s", src.name, item.unreadable)
-            return
-        try:
-            if item.events:
-                self.fleet.apply_all(src.name, item.events)
-                self.saves.mark(item.events)
-        except Exception:
-            # Input nobody foresaw must not stop the consumer: count it as unreadable and go on.
-            src.up = False
-            src.errors["parse"] = src.errors.get("parse", 0) + 1
-            log.exception("metrics not applied source=%s", src.name)
-            return
-        src.up = True
-
     # --- sources ---------------------------------------------------------------------------------
     def _scrape_loop(self, src: ScrapeSource) -> None:
         while not self._stop.is_set():
@@ -421,15 +345,6 @@ class Sidecar:
         False when the read did not happen in time (the render then shows the state as it is)."""
         return self.appends.ask()
 
-    def _read_appends(self) -> None:
-        """Every tailer's appends, read and applied now (the consumer, for a render's request)."""
-        for src in self._logs:
-            if src.tailer is not None:
-                try:
-                    src.tailer.refresh()
-                except Exception:  # a scrape must answer whatever reading the log ran into
-                    log.exception("reading appends at scrape failed source=%s", src.name)
-
     def source_statuses(self) -> list[SourceStatus]:
         """Self-metrics of every source, for the collector."""
         return [s.status() for s in self._logs] + [s.status() for s in self._scrapes]
@@ -452,7 +367,7 @@ class Sidecar:
 
         self.refresh()
         page = status.render(
-            self.fleet.snapshot(), self.predictor.predict, dropped_events=self.fleet.dropped_events
+            self.fleet.snapshot(), self.predictor.prepared, dropped_events=self.fleet.dropped_events
         )
         return page.encode("utf-8")
 

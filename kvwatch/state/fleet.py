@@ -140,6 +140,10 @@ class Fleet:
         # Settings printed by a process that is not an engine instance (API server) apply to all.
         self._source_settings: dict[str, SettingsFacts] = {}
         self.dropped_events = 0
+        # Bumped by every change a prediction may depend on (a new instance, any event but a usage
+        # sample or a preemption, a restore, a forget): the sidecar's consumer prepares predictions when it
+        # moved, so a scrape finds them made (kvwatch/sidecar/consumer.py).
+        self.startup_changes = 0
 
     def apply(self, source: str, event: Event) -> None:
         """Fold one event into the state of its instance."""
@@ -204,6 +208,7 @@ class Fleet:
             state = InstanceState(source=source, engine=event.engine, instance=event.instance)
             state.epoch_started = self._clock()
             self._instances[key] = state
+            self.startup_changes += 1
         return state
 
     def _apply(self, source: str, event: Event, now: float) -> None:
@@ -227,6 +232,8 @@ class Fleet:
             if "kv_usage_ratio" in changed and state.usage_seen.get(_other(origin)) is not None:
                 self._cross_check_usage(state, event, now)
             return
+        if not isinstance(event, Preemption):
+            self.startup_changes += 1
         implausible_facts = implausible(event)
         if implausible_facts:
             # Refused and counted; the rest of the event is kept (kvwatch.core.events.PLAUSIBLE).
@@ -443,6 +450,7 @@ class Fleet:
                 self._source_settings[source] = self._source_settings.get(source, EMPTY_SETTINGS).overlaid(
                     settings
                 )
+            self.startup_changes += 1
         return total - len(records)
 
     def source_settings(self) -> dict[str, SettingsFacts]:
@@ -458,4 +466,5 @@ class Fleet:
             for key in gone:
                 del self._instances[key]
             self._source_settings.pop(source, None)
+            self.startup_changes += 1
         return len(gone)

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from kvwatch.core.events import Event, Preemption, UsageSample
 from kvwatch.engines.vllm.common import ident
-from kvwatch.engines.vllm.log import usage_sample
+from kvwatch.engines.vllm.stats import usage_sample
 from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.prefix import VLLM_LEVEL, fast_identity, fast_prefix
 
@@ -64,7 +64,7 @@ _TS = _ROW.index("ts")
 
 @lru_cache(maxsize=256)
 def _printer(p1name: bytes, p2name: bytes, engine: bytes, agg: bytes) -> tuple[UsageSample, Preemption]:
-    """The events of one printer (its instance and rank) without a line's values (log.usage_sample
+    """The events of one printer (its instance and rank) without a line's values (stats.usage_sample
     names every field _stats names): the fast path's events are copies of them with the line's values (``model_copy(update=...)``, pydantic's own
     constructor for values already in their field types: the pattern and converters gave them)."""
     instance, rank = _identity(p1name, p2name) if p1name or p2name else ("0", None)

@@ -5,14 +5,14 @@ and the versions that print them are catalogued in docs/parse.md and the vLLM fo
 each pattern quotes one real line. ``parse`` walks one table of (anchor, handler): the first row
 whose anchor is in the body and whose handler answers (a handler answers None for a line that is
 not its own) decides; each row's anchor is a word of anchors.py (``ANCHORS``, the pipeline's cheap
-pre-filter, declared once there). Settings lines live in settings.py, the stats-line fast path in
-fastpath.py.
+pre-filter, declared once there). Settings lines live in settings.py, the periodic stats lines in
+stats.py (their byte-level fast path in fastpath.py).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -23,9 +23,8 @@ from kvwatch.core.events import (
     PoolSized,
     Preemption,
     StartupFailure,
-    UsageSample,
 )
-from kvwatch.engines.vllm import failures, settings
+from kvwatch.engines.vllm import failures, settings, stats
 from kvwatch.engines.vllm.anchors import ANCHORS as ANCHORS  # (re-exported: the table's words)
 from kvwatch.engines.vllm.anchors import Anchor
 from kvwatch.engines.vllm.common import INT, NUM, gib, ident, ratio, to_int
@@ -45,6 +44,15 @@ _KV_SIZE = re.compile(r"^(?:(?P<dev>[A-Za-z]+)(?: \+ host)? )?KV cache size: (?P
 # 'Maximum concurrency for 32768 tokens per request: 13.26x' (V0 raw int, V1 0.8+ '32,768').
 _CONCURRENCY = re.compile(
     r"Maximum concurrency for (?P<len>" + INT + r") tokens per request: (?P<x>" + NUM + r")x"
+)
+
+# V1 0.9.2+ hybrid models (sliding window + full): the KV groups of a layer type filled up to the
+# group size with padding layers, once per padded type (v1/core/kv_cache_utils.py:982-986 in
+# 0.11.0, _get_kv_cache_groups_uniform_page_size): 'Add 1 padding layers, may waste at most 3.45% KV
+# cache memory' (0.11.0 and 0.19.0 Gemma-3-4B), 'Add 3 padding layers, may waste at most 10.00% KV
+# cache memory' (0.25.1). The share is the padding over that type's own layer count.
+_PADDING = re.compile(
+    r"^Add (?P<n>\d+) padding layers, may waste at most (?P<pct>" + NUM + r")% KV cache memory"
 )
 
 # 'Overriding num_gpu_blocks=27153 with num_gpu_blocks_override=512'
@@ -115,18 +123,6 @@ _AUTO_FIT = re.compile(
     r"^Auto-fit max_model_len: (?:reduced from \d+ to (?P<to>\d+)|full model context length (?P<full>\d+) fits)"
 )
 
-# --- usage -------------------------------------------------------------------------------------
-
-# V0 'Avg prompt throughput: 0.0 tokens/s, ..., Running: 2 reqs, Swapped: 0 reqs, Pending: 3 reqs,
-# GPU KV cache usage: 82.1%, CPU KV cache usage: 0.0%' (0.4.3+ ends with '.'); V1 0.8.3+ starts with
-# 'Engine 000: ' ('2 Engines Aggregated: ' for the aggregated DP logger), fields are dynamic.
-_STATS_HEAD = re.compile(
-    r"^(?:Engine (?P<engine>\d+): |(?P<agg>\d+) Engines Aggregated: )?Avg prompt throughput"
-)
-
-# V0 0.5.5+ (prefix caching on): 'Prefix cache hit rate: GPU: 12.50%, CPU: 0.00%'
-_V0_HIT_RATE = re.compile(r"^Prefix cache hit rate: GPU: (?P<gpu>" + NUM + r")%")
-
 # --- preemption --------------------------------------------------------------------------------
 
 # V0 0.4.3-0.10.2 (every 50th): 'Sequence group 224 is preempted by PreemptionMode.RECOMPUTE mode because
@@ -151,11 +147,6 @@ def _pool(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
 
 # The handlers of the table below: each answers None for a line that is not its own, so the next
 # row is tried; () only for a line it owns that carries no fact.
-def _stats_line(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
-    m = _STATS_HEAD.match(body) if "throughput" in body else None
-    return _stats(body, m, meta) if m is not None else None
-
-
 def _kv_size(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _KV_SIZE.match(body) if "KV cache size" in body else None
     if m is None:
@@ -185,6 +176,15 @@ def _available(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     return _budget(MemoryBudget(**ident(meta), available_kv_bytes=gib(m.group("v"), m.group("u"))), meta)
 
 
+def _padding(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    m = _PADDING.match(body) if body.startswith("Add ") else None
+    if m is None:
+        return None
+    return (
+        PoolSized(**ident(meta), padding_layers=int(m.group("n")), padding_waste_ratio=ratio(m.group("pct"))),
+    )
+
+
 def _profile_debug(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     d = _PROFILE_DEBUG.search(body) if "weights memory" in body else None
     if d is None:
@@ -206,86 +206,6 @@ def _preempted(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
 
 def _failure(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     return failures.failure(body, meta) or None
-
-
-# Where a failure message starts when a serving framework re-logs it under its own logger, e.g.
-# Xinference's '2025-04-12 21:57:39,467 xinference.api.restful_api 1 ERROR    [address=0.0.0.0:43423,
-# pid=167] The model's max seq len (32768) is larger than ...' (xorbitsai/inference#3237).
-def _percent(val: str) -> float:
-    return ratio(val.removesuffix("%"))
-
-
-# Stats keys with a fixed meaning -> (field, converter). V0's 'Pending' is the waiting queue.
-# Stats-line key -> UsageSample field (or 'preemptions', a Preemption's count), by value type.
-_STAT_COUNTS: dict[str, str] = {
-    "Running": "running",
-    "Waiting": "waiting",
-    "Pending": "waiting",
-    "Swapped": "swapped",
-    "Preemptions": "preemptions",
-}
-_STAT_RATES: dict[str, tuple[str, Callable[[str], float]]] = {
-    "Avg prompt throughput": ("prompt_throughput", float),
-    "Avg generation throughput": ("generation_throughput", float),
-    "Prefix cache hit rate": ("prefix_cache_hit_ratio", _percent),
-}
-
-
-def usage_sample(meta: LineMeta, counts: Mapping[str, int], shares: Mapping[str, float]) -> UsageSample:
-    """The sample of a stats line's values, by field. Every field a stats line can give is named
-    (None where this one has none): the fast path's events are copies of ``usage_sample(meta, {},
-    {})`` with a line's values, so both paths' events have the same fields set."""
-    return UsageSample(
-        **ident(meta),
-        kv_usage_ratio=shares.get("kv_usage_ratio"),
-        running=counts.get("running"),
-        waiting=counts.get("waiting"),
-        swapped=counts.get("swapped"),
-        prefix_cache_hit_ratio=shares.get("prefix_cache_hit_ratio"),
-        cpu_kv_usage_ratio=shares.get("cpu_kv_usage_ratio"),
-        prompt_throughput=shares.get("prompt_throughput"),
-        generation_throughput=shares.get("generation_throughput"),
-    )
-
-
-def _stats(body: str, head: re.Match[str], meta: LineMeta) -> tuple[Event, ...]:
-    """The periodic stats line: split on ', ' into 'Key: value' pairs (the field set is dynamic)."""
-    engine = head.group("engine")
-    if engine is not None:
-        instance = str(int(engine))
-        if instance != meta.instance:
-            meta = LineMeta(instance=instance, rank=meta.rank, ts=meta.ts)
-    elif head.group("agg") is not None:
-        # The aggregated DP logger sums every engine: not one instance's numbers.
-        meta = LineMeta(instance="all", rank=meta.rank, ts=meta.ts)
-    text = body[head.end() - len("Avg prompt throughput") :].rstrip().removesuffix(".")
-    counts: dict[str, int] = {}
-    shares: dict[str, float] = {}
-    try:
-        for part in text.split(", "):
-            key, sep, rest = part.partition(": ")
-            if not sep:
-                continue
-            val = rest.split(" ", 1)[0]
-            count, rate = _STAT_COUNTS.get(key), _STAT_RATES.get(key)
-            if count is not None:
-                counts[count] = int(val)
-            elif rate is not None:
-                shares[rate[0]] = rate[1](val)
-            elif key.endswith("KV cache usage") and not key.startswith(("External", "MM")):
-                # '<DEV> KV cache usage' (0.30+); V0 prints GPU then CPU (its swap space).
-                share = ratio(val.removesuffix("%"))
-                if "kv_usage_ratio" in shares and key == "CPU KV cache usage":
-                    shares["cpu_kv_usage_ratio"] = share
-                else:
-                    shares.setdefault("kv_usage_ratio", share)
-    except (ValueError, ArithmeticError) as exc:
-        raise ParseError(f"bad stats value in {body[:80]!r}") from exc
-    events: list[Event] = [usage_sample(meta, counts, shares)]
-    preemptions = counts.get("preemptions")
-    if preemptions is not None:
-        events.append(Preemption(**ident(meta), mechanism="preempt", count=preemptions))
-    return tuple(events)
 
 
 def _budget_breakdown(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
@@ -422,24 +342,18 @@ def _requested(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     )
 
 
-def _v0_hit_rate(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
-    if not body.startswith("Prefix cache hit rate: GPU"):
-        return None
-    m = _V0_HIT_RATE.match(body)
-    return (UsageSample(**ident(meta), prefix_cache_hit_ratio=ratio(m.group("gpu"))),) if m else NO_EVENTS
-
-
 Handler = Callable[[str, LineMeta], "tuple[Event, ...] | None"]
 
 # (anchor, handler) in the order the rows are tried: of two rows that would both answer a line, the
 # earlier wins ('KV cache' lines mention blocks; settings lines mention everything). A new line is
 # one row (its anchor may repeat an earlier row's): every row before it answers None for it.
 _TABLE: tuple[tuple[Anchor, Handler], ...] = (
-    ("KV cache", _stats_line),
+    ("KV cache", stats.stats_line),
     ("KV cache", _kv_size),
     ("KV cache", _auto_fit),
     ("KV cache", _available),
     ("KV cache", _profile_debug),
+    ("KV cache", _padding),
     ("KV cache", _preempted),
     ("KV cache", _failure),
     ("KV Cache", _budget_breakdown),
@@ -454,7 +368,7 @@ _TABLE: tuple[tuple[Anchor, Handler], ...] = (
     ("Defaulting ", settings.defaulting_line),
     ("memory snapshot", _init_snapshot),
     ("block size", settings.forced_block_line),
-    ("Prefix cache hit rate", _v0_hit_rate),
+    ("Prefix cache hit rate", stats.v0_hit_rate),
     ("█  model", settings.logo_line),
     ("█  version", settings.logo_line),
     ("version", settings.settings_line),

@@ -133,6 +133,10 @@ def _terms(
         )
     for name, value in (("non_torch", d.non_torch_bytes), ("cuda_graphs", d.cuda_graph_bytes)):
         inputs[name] = "given" if value is not None else "estimated"
+    if d.non_torch_bytes is None and nt.note:
+        notes.append(f"non-torch: {nt.note}")
+    if d.cuda_graph_bytes is None and memory.NCCL_GRAPHS_NOTE in graphs.note:
+        notes.append(f"CUDA graphs: {memory.NCCL_GRAPHS_NOTE}")
     if inside and (d.non_torch_bytes is None or d.cuda_graph_bytes is None):
         notes.append("terms not given (non-torch, CUDA graphs) taken as included in the activation figure")
     applied = graphs.bytes if memory.subtracts_cuda_graphs(d.engine_version) else 0
