@@ -181,6 +181,9 @@ class Case:
                 out += [f"--{key.replace('_', '-')}", str(n)]
         if s.get("disable_cuda_graph") is True:
             out.append("--disable-cuda-graph")
+        # DP attention as the peers get it (peer_request's dp_attention): attention at TP / DP.
+        if s.get("enable_dp_attention") is True and (n := _int(s.get("dp_size"))) is not None:
+            out += ["--enable-dp-attention", "--dp-size", str(n)]
         return out
 
     @property
