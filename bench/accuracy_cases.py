@@ -425,8 +425,24 @@ def deployment(case: Case) -> Deployment:
         block_size=_user(s, "block_size"),
         # The log's 'FlashInfer is not available' (vLLM 0.8-0.11.0): the profile's sampler sorts.
         flashinfer_sampler=False if s.get("flashinfer_sampler") is False else None,
+        **_speculative(s),
         **common,
     )
+
+
+def _speculative(settings: dict[str, Any]) -> dict[str, Any]:
+    """The --speculative-config the user typed (its method and token count, as recorded from the
+    log's non-default args); nothing where the case records none."""
+    spec = settings.get("speculative_config")
+    if not isinstance(spec, dict):
+        return {}
+    method, tokens = spec.get("method"), spec.get("num_speculative_tokens")
+    return {
+        "speculative_method": str(method) if method else None,
+        "num_speculative_tokens": tokens
+        if isinstance(tokens, int) and not isinstance(tokens, bool)
+        else None,
+    }
 
 
 def predictable(case: Case) -> bool:

@@ -73,9 +73,12 @@ _NON_TORCH_FALLBACK: dict[str, str | None] = {
 def non_torch_class(case: Case) -> str:
     v = version_tuple(case.engine_version)
     new = v is None or v >= (0, 18)
-    if case.tp >= 2:
-        return "non_torch_tp_gib" if new else "non_torch_tp_old_gib"
-    if case.pp >= 2:
+    if case.tp >= 2 and not new:
+        return "non_torch_tp_old_gib"
+    if case.tp >= 2 and memory.fabric_non_torch(deployment(case)):
+        return "non_torch_tp_gib"
+    # A PCIe-only card at TP >= 2 on 0.18+ measures TP 1's class (memory.fabric_non_torch).
+    if case.pp >= 2 and case.tp < 2:
         return "non_torch_pp_gib"
     if v is not None and v < (0, 8):
         return "non_torch_v0_gib"
@@ -107,7 +110,8 @@ def _graph_features(case: Case, model: ModelGeometry) -> list[float]:
     n = memory.capture_sizes(seqs, tokens, d.engine_version, card.sm_major if card is not None else 9)
     layers = weights.stage_layers(model.num_layers, d.pp)[0]
     moe = 1.0 if model.dims is not None and model.dims.n_experts else 0.0
-    return [1.0, layers * math.sqrt(n / 51), moe]
+    nccl = layers * n / 51 if memory.nccl_in_graphs(d) else 0.0
+    return [1.0, layers * math.sqrt(n / 51), moe, nccl]
 
 
 def fit(cases: Sequence[Case], models: Callable[[Case], ModelGeometry]) -> Calibration:
@@ -146,15 +150,20 @@ def fit_with_cases(
     else:
         changes["non_torch_tp_gib"] = statistics.median(c.observed["non_torch"] for c in tp) if tp else 0.0
         changes["non_torch_tp_slope_gib"] = 0.0
-    # CUDA-graph estimate.
+    # CUDA-graph estimate: the NCCL-in-graph term only where some case captures NCCL (else zero).
     graphed = [(c, m) for c, m in with_model if "cuda_graphs" in c.observed]
-    coef = _least_squares(
-        [_graph_features(c, m) for c, m in graphed], [c.observed["cuda_graphs"] for c, _ in graphed]
-    )
+    names = ["graphs_base_gib", "graphs_per_layer_gib", "graphs_moe_gib", "graphs_nccl_gib"]
+    rows = [_graph_features(c, m) for c, m in graphed]
+    nccl_cases = [c.id for (c, _), r in zip(graphed, rows, strict=True) if r[3]]
+    if not nccl_cases:
+        rows, names = [r[:3] for r in rows], names[:3]
+        changes["graphs_nccl_gib"] = 0.0
+        used["graphs_nccl_gib"] = []
+    coef = _least_squares(rows, [c.observed["cuda_graphs"] for c, _ in graphed])
     if coef is not None:
-        changes["graphs_base_gib"], changes["graphs_per_layer_gib"], changes["graphs_moe_gib"] = coef
-    for name in ("graphs_base_gib", "graphs_per_layer_gib", "graphs_moe_gib"):
-        used[name] = [c.id for c, _ in graphed] if coef is not None else []
+        changes.update(zip(names, coef, strict=True))
+    for name in names:
+        used[name] = (nccl_cases if name == "graphs_nccl_gib" else [c.id for c, _ in graphed]) if coef else []
     cal = replace(cal, **changes)
     # Activation coefficients, two passes (they share cases).
     act_cases = [(c, m) for c, m in with_model if "activation" in c.observed]

@@ -11,9 +11,11 @@ project's. Install them (the releases this report was made with):
     bench/out/peers/venv-hf-mem/bin/pip install hf-mem==0.5.6
 
 Run: ``.venv/bin/python -m bench.peers [--venvs DIR] [--public DIR] [--json FILE]``, where ``--public``
-holds the public startups (``vllm/cases.json``, ``sglang/cases.json``, ``configs/``). Every tool is
-fed the same local config.json (none may reach the Hub) and the settings the case records; kvwatch
-goes through its CLI (``kvwatch predict ... --json``). docs/peers.md has the method and the figures.
+holds the public startups (every ``*/cases.json``, and ``configs/``). Every tool is fed the same
+local config.json (none may reach the Hub) and the settings the case records; kvwatch goes through
+its CLI (``kvwatch predict ... --json``). A tool that crashes on a case (its own exception, a dead or
+hung process) is counted and named under "crashes" and the run goes on. docs/peers.md has the method
+and the figures.
 """
 
 from __future__ import annotations
@@ -64,11 +66,19 @@ def _kvwatch(case: Case, config_path: Path, extra: list[str]) -> Result:
     engine_flags = case.engine_flags()
     if engine_flags:
         cmd += ["--", *engine_flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        return Result(error="crashed: no answer in 120 s")
     if proc.returncode != 0:
-        return Result(error=(proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1])
-    d = json.loads(proc.stdout)
-    return Result(kv_gib=d["available_kv_bytes"] / GIB, tokens=float(d["kv_pool_tokens"]))
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        # Exit 2 is kvwatch's one-line refusal; anything else (a traceback, a signal) is a crash.
+        return Result(error=last if proc.returncode == 2 else f"crashed: exit {proc.returncode}: {last}")
+    try:
+        d = json.loads(proc.stdout)
+        return Result(kv_gib=d["available_kv_bytes"] / GIB, tokens=float(d["kv_pool_tokens"]))
+    except (ValueError, KeyError, TypeError) as e:
+        return Result(error=f"crashed: unreadable answer ({type(e).__name__}: {e})")
 
 
 def run_kvwatch(rows: list[Row], workdir: Path) -> None:
@@ -87,20 +97,47 @@ def run_kvwatch(rows: list[Row], workdir: Path) -> None:
             row.results["kvwatch"].geometry_tokens = g.tokens
 
 
-def run_peer(name: str, python: Path, rows: list[Row], workdir: Path) -> None:
-    """Feed every case to one peer's driver (in the peer's own venv) and read its answers."""
-    requests = [r.case.peer_request(workdir) for r in rows]
-    proc = subprocess.run(
-        [str(python), "-c", DRIVERS[name]],
-        input=json.dumps(requests),
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
+def _drive(name: str, python: Path, requests: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """One run of a peer's driver on ``requests``; raises RuntimeError where the driver itself died
+    (a crash, a hang, no readable answer), which a per-case ``except`` in the driver cannot catch."""
+    try:
+        proc = subprocess.run(
+            [str(python), "-c", DRIVERS[name]],
+            input=json.dumps(requests),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"no answer in {timeout:.0f} s") from e
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
     if proc.returncode != 0:
-        raise SystemExit(f"{name} driver failed: {proc.stderr.strip().splitlines()[-1:]}")
-    answers = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"exit {proc.returncode}: {last}")
+    try:
+        answers = json.loads((proc.stdout.strip().splitlines() or [""])[-1])
+    except ValueError as e:
+        raise RuntimeError(f"unreadable answer: {last}") from e
+    if not isinstance(answers, list) or len(answers) != len(requests):
+        raise RuntimeError("answers do not match the requests")
+    return answers
+
+
+def run_peer(name: str, python: Path, rows: list[Row], workdir: Path) -> None:
+    """Feed every case to one peer's driver (in the peer's own venv) and read its answers. Where
+    the driver dies on the batch, each case is rerun alone, so the one it dies on is named
+    ("crashed: ...") and the others still count."""
+    requests = [r.case.peer_request(workdir) for r in rows]
+    try:
+        answers = _drive(name, python, requests, 1800)
+    except RuntimeError as batch:
+        print(f"{name}: driver died on the batch ({batch}); rerunning case by case", file=sys.stderr)
+        answers = []
+        for req in requests:
+            try:
+                answers += _drive(name, python, [req], 300)
+            except RuntimeError as e:
+                answers.append({"error": f"crashed: {e}"})
     tool = {"llm-d-planner": "llm-d-planner+weights"}.get(name, name)
     for row, a in zip(rows, answers, strict=True):
         res = Result(error=a.get("error"))
@@ -200,27 +237,95 @@ def report(rows: list[Row]) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), figures
 
 
-def refusals(rows: list[Row]) -> dict[str, dict[str, int]]:
-    """Why each tool could not take cases: error text (first 80 chars) -> count."""
-    out: dict[str, dict[str, int]] = {}
+# (kvwatch's line, the peer's) compared on the cases both answered: the planner carries the weights
+# oracle, so it meets kvwatch given the same weights; hf-mem has only the geometry.
+PAIRS = (
+    ("kvwatch+weights", "llm-d-planner+weights", ("kv", "tokens", "geometry")),
+    ("kvwatch", "aiconfigurator", ("kv", "tokens", "geometry")),
+    ("kvwatch", "hf-mem", ("geometry",)),
+)
+
+
+def head_to_head(rows: list[Row]) -> list[str]:
+    """Per metric, set and pair, on the cases both tools answered (the tables above count each tool
+    on what it took, and the peers refuse the hard cases more): n, then each side's median abs %
+    and cases off by more than 25 %."""
+    out = [
+        "| metric | set | kvwatch line | peer | both answered | kvwatch median / >25% | peer median / >25% |"
+    ]
+    out.append("|---|---|---|---|---|---|---|")
+    for metric in ("kv", "tokens", "geometry"):
+        for s in sorted({r.case.case_set for r in rows}):
+            subset = [r for r in rows if r.case.case_set == s]
+            for ours, peer, metrics in PAIRS:
+                if metric not in metrics:
+                    continue
+                # The geometry needs no weights: kvwatch's one line there.
+                mine = {
+                    c.slug: e for c, e in errors(subset, "kvwatch" if metric == "geometry" else ours, metric)
+                }
+                theirs = {c.slug: e for c, e in errors(subset, peer, metric)}
+                both = sorted(mine.keys() & theirs.keys())
+                if not both:
+                    continue
+                a, b = [abs(mine[k]) for k in both], [abs(theirs[k]) for k in both]
+                out.append(
+                    f"| {metric} | {s} | {'kvwatch' if metric == 'geometry' else ours} | {peer} | {len(both)} "
+                    f"| {statistics.median(a):.2f} / {sum(x > CATASTROPHE_PCT for x in a)} "
+                    f"| {statistics.median(b):.2f} / {sum(x > CATASTROPHE_PCT for x in b)} |"
+                )
+    return out
+
+
+def refusals(rows: list[Row]) -> dict[str, dict[str, list[str]]]:
+    """Why each tool could not take cases: error text (first 80 chars) -> the cases ("SET ID")."""
+    out: dict[str, dict[str, list[str]]] = {}
     for r in rows:
         for tool, res in r.results.items():
             if res.error:
-                key = res.error[:80]
-                out.setdefault(tool, {})[key] = out.setdefault(tool, {}).get(key, 0) + 1
+                out.setdefault(tool, {}).setdefault(res.error[:80], []).append(
+                    f"{r.case.case_set} {r.case.id}"
+                )
+    return out
+
+
+# Exceptions that say the tool broke on a case it accepted, not that it declined an input it has
+# no field for (those are the drivers' ValueErrors and the tools' own NotImplementedError & co).
+_CRASH_TYPES = (
+    "AttributeError",
+    "AssertionError",
+    "IndexError",
+    "KeyError",
+    "NameError",
+    "RecursionError",
+    "TypeError",
+    "UnboundLocalError",
+    "ZeroDivisionError",
+)
+
+
+def crashes(rows: list[Row]) -> dict[str, list[str]]:
+    """Per tool, the cases it crashed on ("SET ID: error"): a dead process, a hang, an unreadable
+    answer, or one of the exceptions above; the refusals stay in ``refusals`` only."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        for tool, res in r.results.items():
+            if res.error and res.error.startswith(("crashed", *(f"{t}:" for t in _CRASH_TYPES))):
+                out.setdefault(tool, []).append(f"{r.case.case_set} {r.case.id}: {res.error[:120]}")
     return out
 
 
 def catastrophes(rows: list[Row]) -> list[str]:
-    """Cases where one side is off by more than 25 % and the other is not (KV GiB, else tokens)."""
+    """Cases where one side is off by more than 25 % and the other is not (KV GiB, else tokens),
+    each peer against its kvwatch line in ``PAIRS`` (the planner against kvwatch given the same
+    logged weights)."""
     out: list[str] = []
     for r in rows:
         if not r.case.started or not r.case.consistent:
             continue
         metric_obs = r.case.observed_kv_gib if r.case.engine == "vllm" else None
-        k = r.results.get("kvwatch")
-        for tool in TOOLS[2:4]:
-            p = r.results.get(tool)
+        for ours, tool, _ in PAIRS[:2]:
+            k, p = r.results.get(ours), r.results.get(tool)
             if k is None or p is None:
                 continue
             if metric_obs is not None:
@@ -230,7 +335,7 @@ def catastrophes(rows: list[Row]) -> list[str]:
             if ek is None or ep is None:
                 continue
             if (abs(ep) > CATASTROPHE_PCT) != (abs(ek) > CATASTROPHE_PCT):
-                out.append(f"{r.case.case_set} {r.case.id}: {tool} {ep:+.0f}%, kvwatch {ek:+.0f}%")
+                out.append(f"{r.case.case_set} {r.case.id}: {tool} {ep:+.0f}%, {ours} {ek:+.0f}%")
     return out
 
 
@@ -273,8 +378,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             run_peer(name, python, rows, work)
     text, figures = report(rows)
-    print(f"cases: {len(cases)}, with a config and a card: {len(rows)}, skipped: {len(skipped)}\n")
+    print(f"cases: {len(cases)}, with a config and a card: {len(rows)}, skipped: {len(skipped)}")
+    for s in sorted({c.case_set for c in cases}):
+        of_set = [c for c in cases if c.case_set == s]
+        run = [c for c in of_set if c.skip is None]
+        print(f"- {s}: {len(of_set)} cases, {len(run)} run ({sum(c.started for c in run)} started)")
+    print()
     print(text)
+    print("### head to head: on the cases both tools answered\n")
+    print("\n".join(head_to_head(rows)))
+    print()
     print("### left out: the recorded utilisation is not the run's (the log's terms add up to another)\n")
     for r in rows:
         implied = r.case.implied_utilisation()
@@ -282,10 +395,16 @@ def main(argv: list[str] | None = None) -> int:
             util = r.case.settings.get("gpu_memory_utilization")
             print(f"- {r.case.case_set} {r.case.id}: recorded {util}, implied {implied:.3f}")
     print()
-    print("### refusals (tool: reason x cases)\n")
+    print("### refusals (tool: reason x cases: the cases)\n")
     for tool, reasons in sorted(refusals(rows).items()):
-        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
-            print(f"- {tool}: {reason} x{n}")
+        for reason, ids in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+            print(f"- {tool}: {reason} x{len(ids)}: {', '.join(ids)}")
+    crashed = crashes(rows)
+    print(f"\n### crashes: {sum(map(len, crashed.values()))} (tool: case: error)\n")
+    for tool, lines in sorted(crashed.items()):
+        print(f"- {tool}: {len(lines)}")
+        for line in lines:
+            print(f"  - {line}")
     print("\n### failed starts: each tool's KV room\n")
     for line in failed_starts(rows):
         print(f"- {line}")
@@ -296,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {
             "figures": figures,
             "skipped": {c.id: c.skip for c in skipped},
+            "crashes": crashed,
             "cases": [
                 {
                     "id": r.case.id,

@@ -1,9 +1,10 @@
 """The real startups bench/peers.py runs every tool on, each as a user would state it.
 
-Three sets: tests/apriori/cases.json ("main": llm-d's vLLM 0.19 sweep on H100 and llm-d-benchmark
-rows) and the public vLLM and SGLang startups (other cards and releases). A case keeps what a user
-gives before launch -- the config.json, the card, the release, the settings -- and what the log
-printed. Every tool gets the same config.json; only the card is named in each tool's own terms.
+The sets: tests/apriori/cases.json ("main": llm-d's vLLM 0.19 sweep on H100 and llm-d-benchmark
+rows) and every tests/apriori/public/*/cases.json (public vLLM, SGLang, ... startups: other cards
+and releases). A case keeps what a user gives before launch -- the config.json, the card, the
+release, the settings -- and what the log printed. Every tool gets the same config.json; only the
+card is named in each tool's own terms.
 """
 
 from __future__ import annotations
@@ -180,6 +181,9 @@ class Case:
                 out += [f"--{key.replace('_', '-')}", str(n)]
         if s.get("disable_cuda_graph") is True:
             out.append("--disable-cuda-graph")
+        # DP attention as the peers get it (peer_request's dp_attention): attention at TP / DP.
+        if s.get("enable_dp_attention") is True and (n := _int(s.get("dp_size"))) is not None:
+            out += ["--enable-dp-attention", "--dp-size", str(n)]
         return out
 
     @property
@@ -333,14 +337,13 @@ def _record(c: dict[str, Any], case_set: str, config_dirs: tuple[Path, ...]) -> 
 
 
 def load_all(public: Path) -> list[Case]:
-    """The three sets; a case no tool can be given (no config, no card, no TP) says why in ``skip``."""
+    """Main and every public folder (``public/*/cases.json``, so a folder added later is run too),
+    each as set ``public-FOLDER``; a case no tool can be given (no config, no card, no TP) says why
+    in ``skip``. A case's engine is its own ``engine`` field, else its folder's name."""
     dirs = (*CONFIG_DIRS, public / "configs")
     cases = [_record(c, "main", dirs) for c in json.loads(MAIN.read_text(encoding="utf-8"))]
-    named = [public / e / "cases.json" for e in ("vllm", "sglang")]
-    others = sorted(p for p in public.glob("*/cases.json") if p not in named)
-    for path in [p for p in named if p.is_file()] + others:
+    for path in sorted(public.glob("*/cases.json")):
+        folder = path.parent.name
         for c in json.loads(path.read_text(encoding="utf-8")):
-            # sglang-repos/ and other non-engine folders name the engine in each case.
-            engine = path.parent.name if path in named else str(c["engine"])
-            cases.append(_record({**c, "engine": engine}, f"public-{path.parent.name}", dirs))
+            cases.append(_record({**c, "engine": c.get("engine") or folder}, f"public-{folder}", dirs))
     return cases

@@ -62,7 +62,7 @@ def test_demo_command_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "79.19 GiB" in out
     assert "72.85 GiB (0.92)" in out
     assert "14.99 GiB per GPU" in out
-    assert "54.88 GiB ±" in out
+    assert "54.95 GiB ±" in out
     assert "x 16 tokens" in out
     bar = next(line for line in out.splitlines() if line.startswith("["))
     assert bar.index("W") < bar.index("A") < bar.index(".") < bar.index("K")

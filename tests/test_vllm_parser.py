@@ -689,10 +689,49 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
         "Add 3 padding layers, may waste at most 10.00% KV cache memory",
         [{"kind": "pool", "pool": "full", "padding_layers": 3, "padding_waste_ratio": 0.1}],
     ),
+    # the sampler without FlashInfer (0.8.0-0.11.0 installed without the flashinfer extra; the
+    # energyllm, elloraa, demo_env_l4, kolyangg and daisuketakai cases of
+    # tests/apriori/public/vllm/cases.json)
+    (
+        "0.11 flashinfer not available",
+        "FlashInfer is not available. Falling back to the PyTorch-native implementation of top-p & "
+        "top-k sampling. For the best performance, please install FlashInfer.",
+        [{"kind": "settings", "starts_engine": False, "flashinfer_sampler": False}],
+    ),
+    # installed but VLLM_USE_FLASHINFER_SAMPLER=0 (a public issue's paste, at
+    # [topk_topp_sampler.py:52]: 0.9.2's line), and 0.8.x with FlashInfer >= 0.2.3 (public logs
+    # at [topk_topp_sampler.py:44]: 0.8.5's); each also the words of vLLM's source there.
+    (
+        "0.9 flashinfer available but not enabled",
+        "FlashInfer is available, but it is not enabled. Falling back to the PyTorch-native implementation "
+        "of top-p & top-k sampling. For the best performance, please set VLLM_USE_FLASHINFER_SAMPLER=1.",
+        [{"kind": "settings", "starts_engine": False, "flashinfer_sampler": False}],
+    ),
+    (
+        "0.8 flashinfer >= 0.2.3 disabled",
+        "Currently, FlashInfer top-p & top-k sampling sampler is disabled because FlashInfer>=v0.2.3 is not "
+        "backward compatible. Falling back to the PyTorch-native implementation of top-p & top-k sampling.",
+        [{"kind": "settings", "starts_engine": False, "flashinfer_sampler": False}],
+    ),
     # --- lines that look close but are not facts ------------------------------------------------
     ("init engine timing", "init engine (profile, create kv cache, warmup model) took 25.31 seconds", []),
     ("uvicorn", 'INFO:     127.0.0.1:37664 - "POST /v1/completions HTTP/1.1" 200 OK', []),
     ("prose mentioning the version", "the version of torch is 2.4", []),
+    # 0.19.0's opt-in note (the demo log, kvwatch/data/demo/vllm.log): installed, no fallback.
+    (
+        "flashinfer available but opt-in",
+        "FlashInfer top-p/top-k sampling is available but disabled by default. Set "
+        "VLLM_USE_FLASHINFER_SAMPLER=1 to opt in after verifying accuracy for your workloads.",
+        [],
+    ),
+    # 0.7.3's rejection sampler (speculative decoding; v1/sample/rejection_sampler.py:40-44), not
+    # the top-p/top-k sampler the profile runs
+    (
+        "rejection sampler fallback",
+        "FlashInfer is available, but it is not enabled. Falling back to the PyTorch-native implementation "
+        "of rejection sampling. For the best performance, please set VLLM_USE_FLASHINFER_SAMPLER=1.",
+        [],
+    ),
 ]
 
 
@@ -847,3 +886,22 @@ def test_max_seq_len_error_re_logged_through_the_pipeline() -> None:
     (snap,) = fleet.snapshot()
     assert snap.engine == "vllm"
     assert dict(snap.startup_failures) == {"max_model_len_too_large": 1}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # The verbatim lines, prefixes included (tests/apriori/public/vllm/cases.json): 0.11.0's
+        # engine core (energyllm) and a 0.10.0 TP8 worker (daisuketakai).
+        "(EngineCore_DP0 pid=18987) WARNING 11-05 11:27:03 [topk_topp_sampler.py:66] FlashInfer is not "
+        "available. Falling back to the PyTorch-native implementation of top-p & top-k sampling. For the "
+        "best performance, please install FlashInfer.",
+        "(VllmWorker rank=0 pid=775158) WARNING 08-16 02:04:30 [topk_topp_sampler.py:59] FlashInfer is not "
+        "available. Falling back to the PyTorch-native implementation of top-p & top-k sampling. For the "
+        "best performance, please install FlashInfer.",
+    ],
+)
+def test_no_flashinfer_line_through_prefixes(line: str) -> None:
+    (event,) = vllm.parse(*strip_prefixes(line))
+    assert isinstance(event, EngineSettings)
+    assert (event.flashinfer_sampler, event.instance, event.starts_engine) == (False, "0", False)

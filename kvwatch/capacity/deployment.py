@@ -32,6 +32,7 @@ MAX_RANKS = 4096  # tp, pp, dcp
 MAX_BLOCK_TOKENS = 1 << 16  # block_size / page_size: 65,536
 MAX_TOKENS = 1 << 30  # context lengths, batched tokens, workload lengths: 1,073,741,824
 MAX_SEQS = 1 << 20  # max_num_seqs, cuda_graph_max_bs: 1,048,576
+MAX_SPECULATIVE_TOKENS = 1024  # num_speculative_tokens: drafters propose a handful (DFlash 15)
 _COUNT_BOUNDS: dict[str, int] = {
     "tp": MAX_RANKS,
     "pp": MAX_RANKS,
@@ -44,6 +45,7 @@ _COUNT_BOUNDS: dict[str, int] = {
     "max_num_batched_tokens": MAX_TOKENS,
     "cuda_graph_max_bs": MAX_SEQS,
     "max_num_seqs": MAX_SEQS,
+    "num_speculative_tokens": MAX_SPECULATIVE_TOKENS,
 }
 _SIZE_FIELDS = (
     "gpu_memory_bytes",
@@ -100,8 +102,9 @@ class Deployment:
     enforce_eager: bool | None = None
     dtype: str | None = None
     quantization: str | None = None
-    # vLLM 0.8-0.11.0: whether FlashInfer is installed, which picks the profile's sampler
-    # (engines/vllm/memory.sampler_path); None = installed, as in the vllm/vllm-openai image.
+    # vLLM 0.8-0.11.0: whether the sampler runs FlashInfer, which picks the profile's sampler
+    # (engines/vllm/memory.sampler_path); None = installed, as in the vllm/vllm-openai image;
+    # False: not installed or disabled (--no-flashinfer, or the log's fallback line).
     flashinfer_sampler: bool | None = None
     # Data-parallel ranks, and whether attention is data-parallel inside the TP group (SGLang
     # --enable-dp-attention); a KV-transfer connector (vLLM --kv-transfer-config, SGLang disaggregation).
@@ -109,6 +112,10 @@ class Deployment:
     dp: int = 1
     dp_attention: bool = False
     kv_connector: str | None = None
+    # Speculative decoding (vLLM --speculative-config): the drafter's method ('mtp', 'eagle3',
+    # 'dflash', ...) and the tokens it proposes a step (None = the method's default).
+    speculative_method: str | None = None
+    num_speculative_tokens: int | None = None
 
     def with_(self, **changes: DeploymentValue) -> Deployment:
         """A copy with some fields changed (None values are ignored)."""
@@ -149,6 +156,7 @@ def validate(model: ModelGeometry, d: Deployment) -> None:
         "cuda_graph_max_bs",
         "max_num_batched_tokens",
         "max_num_seqs",
+        "num_speculative_tokens",
     ):
         value = getattr(d, name)
         if value is not None and value < 1:
@@ -261,6 +269,7 @@ def deployment_from_settings(
         max_num_batched_tokens=s.max_num_batched_tokens,
         max_num_seqs=s.max_num_seqs,
         enforce_eager=s.enforce_eager,
+        flashinfer_sampler=s.flashinfer_sampler,
         dtype=s.dtype,
         quantization=s.quantization,
     )

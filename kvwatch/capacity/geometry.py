@@ -459,7 +459,22 @@ def _geometry(
         rope_scaled=_rope_extends_context(cfg),
         source=source,
         notes=tuple(notes),
+        mtp_layers=_mtp_layers(cfg),
     )
+
+
+def _mtp_layers(cfg: Mapping[str, Any]) -> int:
+    """The checkpoint's multi-token-prediction layers: mtp_num_hidden_layers (Qwen3.5/3.6),
+    num_nextn_predict_layers (DeepSeek-V3, GLM-4.5, Qwen3-Next); 0 when the config names none."""
+    for key in ("mtp_num_hidden_layers", "num_nextn_predict_layers"):
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _MAX_MTP_LAYERS:
+            return value
+    return 0
+
+
+# No checkpoint ships more than a few MTP layers; a larger count is not a drafter kvwatch sizes.
+_MAX_MTP_LAYERS = 16
 
 
 def _rope_extends_context(cfg: Mapping[str, Any]) -> bool:

@@ -38,6 +38,12 @@ class GpuSpec:
     sm_count: int | None = None
     # Compute capability major (9 = Hopper): sets cuBLAS's default workspace and Hopper-only layouts.
     sm_major: int = 8
+    # How the cards of one server reach each other: "nvswitch" (an SXM/HGX board, every GPU on an
+    # NVSwitch fabric), "pcie" (a PCIe card: PCIe, at most NVLink bridges, no switch), "" (not
+    # stated: the form factor varies under one name). The engines' communication buffers differ:
+    # vLLM's custom all-reduce is off on more than two GPUs not all NVLink-connected (0.19.0
+    # distributed/device_communicators/custom_all_reduce.py:152-160) and NVLink SHARP needs the switch.
+    interconnect: str = ""
 
     @property
     def memory_mib(self) -> int:
@@ -76,6 +82,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         total_source=_APRIORI,
         sm_count=132,
         sm_major=9,
+        interconnect="nvswitch",
     ),
     GpuSpec(
         "H100-PCIe-80GB",
@@ -85,8 +92,11 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         total_source="as the SXM card (the same nvidia-smi figure)",
         sm_count=114,
         sm_major=9,
+        interconnect="pcie",
     ),
-    GpuSpec("H100-NVL-94GB", _mib(95830), ("h100-nvl", "h100nvl"), sm_count=132, sm_major=9),
+    GpuSpec(
+        "H100-NVL-94GB", _mib(95830), ("h100-nvl", "h100nvl"), sm_count=132, sm_major=9, interconnect="pcie"
+    ),
     GpuSpec(
         "H200-SXM-141GB",
         _mib(143771),
@@ -95,6 +105,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         total_source="torch OOM messages 'total capacity of 139.80 GiB' (public logs)",
         sm_count=132,
         sm_major=9,
+        interconnect="nvswitch",
     ),
     GpuSpec(
         "H200-NVL-141GB",
@@ -104,15 +115,24 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         total_source="as the SXM card",
         sm_count=132,
         sm_major=9,
+        interconnect="pcie",
     ),
-    GpuSpec("H20-96GB", _mib(97871), ("h20",), sm_count=78, sm_major=9),
+    GpuSpec("H20-96GB", _mib(97871), ("h20",), sm_count=78, sm_major=9, interconnect="nvswitch"),
     # China-market Hopper/Ampere parts: the H100 / A100 memory, fewer NVLink lanes.
-    GpuSpec("H800-SXM-80GB", _mib(81559), ("h800", "h800-80gb"), sm_count=132, sm_major=9),
-    GpuSpec("A800-SXM-80GB", _mib(81920), ("a800", "a800-80gb"), sm_count=108),
+    GpuSpec(
+        "H800-SXM-80GB", _mib(81559), ("h800", "h800-80gb"), sm_count=132, sm_major=9, interconnect="nvswitch"
+    ),
+    GpuSpec("A800-SXM-80GB", _mib(81920), ("a800", "a800-80gb"), sm_count=108, interconnect="nvswitch"),
     GpuSpec("GH200-96GB", _mib(97871), ("gh200",), sm_count=132, sm_major=9),
-    GpuSpec("B200-180GB", _mib(183359), ("b200",), sm_count=148, sm_major=10),
+    GpuSpec("B200-180GB", _mib(183359), ("b200",), sm_count=148, sm_major=10, interconnect="nvswitch"),
     # nvidia-smi '0MiB / 275040MiB' on 'NVIDIA B300 SXM6 AC' (public nvidia-smi captures); sm_103.
-    GpuSpec("B300-288GB", _mib(275040), ("b300", "b300-sxm6", "b300-sxm6-ac"), sm_major=10),
+    GpuSpec(
+        "B300-288GB",
+        _mib(275040),
+        ("b300", "b300-sxm6", "b300-sxm6-ac"),
+        sm_major=10,
+        interconnect="nvswitch",
+    ),
     # GB10 (DGX Spark) shares 128 GB of LPDDR5x with the CPU; nvidia-smi prints no memory figure
     # (rossumai/nvgpu#37), so both figures are CUDA's total: 121.69 GiB
     # (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47: 'CUDA free caps at ~102/121.69 GiB', and vLLM's
@@ -134,6 +154,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(79.15),
         total_source="deviceQuery 'Total global mem: 81049 MB' (A100 80GB)",
         sm_count=108,
+        interconnect="nvswitch",
     ),
     GpuSpec(
         "A100-PCIe-80GB",
@@ -142,6 +163,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(79.15),
         total_source="deviceQuery 'Total global mem: 81049 MB' (A100 80GB PCIe)",
         sm_count=108,
+        interconnect="pcie",
     ),
     GpuSpec(
         "A100-SXM-40GB",
@@ -159,6 +181,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(44.52),
         total_source=_OOM_48,
         sm_count=142,
+        interconnect="pcie",
     ),
     GpuSpec(
         "L40-48GB",
@@ -168,6 +191,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(44.52),
         total_source=_OOM_48,
         sm_count=142,
+        interconnect="pcie",
     ),
     GpuSpec(
         "RTX-A6000-48GB",
@@ -177,6 +201,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(44.52),
         total_source=_OOM_48,
         sm_count=84,
+        interconnect="pcie",
     ),
     GpuSpec(
         "RTX-A6000-48GB-ECC-off",
@@ -184,13 +209,34 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         ("a6000-ecc-off", "rtx-a6000-ecc-off"),
         note="ECC off",
         sm_count=84,
+        interconnect="pcie",
     ),
-    GpuSpec("A40-48GB", _mib(46068), ("a40",), note="ECC on", sm_count=84),
-    GpuSpec("RTX-A5000-24GB", _mib(24564), ("a5000", "rtx-a5000"), sm_count=64),
-    GpuSpec("RTX-6000-Ada-48GB", _mib(49140), ("rtx6000-ada", "6000-ada"), note="ECC off", sm_count=142),
-    GpuSpec("RTX-PRO-6000-96GB", _mib(97887), ("rtx-pro-6000", "pro6000"), sm_count=188, sm_major=12),
+    GpuSpec("A40-48GB", _mib(46068), ("a40",), note="ECC on", sm_count=84, interconnect="pcie"),
+    GpuSpec("RTX-A5000-24GB", _mib(24564), ("a5000", "rtx-a5000"), sm_count=64, interconnect="pcie"),
     GpuSpec(
-        "L4-24GB", _mib(23034), ("l4",), measured_total_bytes=_gib(21.98), total_source=_OOM_24, sm_count=58
+        "RTX-6000-Ada-48GB",
+        _mib(49140),
+        ("rtx6000-ada", "6000-ada"),
+        note="ECC off",
+        sm_count=142,
+        interconnect="pcie",
+    ),
+    GpuSpec(
+        "RTX-PRO-6000-96GB",
+        _mib(97887),
+        ("rtx-pro-6000", "pro6000"),
+        sm_count=188,
+        sm_major=12,
+        interconnect="pcie",
+    ),
+    GpuSpec(
+        "L4-24GB",
+        _mib(23034),
+        ("l4",),
+        measured_total_bytes=_gib(21.98),
+        total_source=_OOM_24,
+        sm_count=58,
+        interconnect="pcie",
     ),
     GpuSpec(
         "A10G-24GB",
@@ -199,9 +245,16 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(21.98),
         total_source=_OOM_24,
         sm_count=80,
+        interconnect="pcie",
     ),
     GpuSpec(
-        "A10-24GB", _mib(23028), ("a10",), measured_total_bytes=_gib(21.98), total_source=_OOM_24, sm_count=72
+        "A10-24GB",
+        _mib(23028),
+        ("a10",),
+        measured_total_bytes=_gib(21.98),
+        total_source=_OOM_24,
+        sm_count=72,
+        interconnect="pcie",
     ),
     GpuSpec(
         "RTX-4090-24GB",
@@ -210,6 +263,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(23.55),
         total_source="vLLM log 'total_gpu_memory (23.55GiB)' on an RTX 4090",
         sm_count=128,
+        interconnect="pcie",
     ),
     # AD103, 76 SMs; nvidia-smi prints 16,376 MiB. The total is the one a vLLM 0.10.2 log prints on
     # one (mrpid12org/imageworks nohup.out, 'Free memory on device (14.66/15.99 GiB)').
@@ -220,6 +274,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(15.99),
         total_source="vLLM log 'Free memory on device (14.66/15.99 GiB)' on an RTX 4080",
         sm_count=76,
+        interconnect="pcie",
     ),
     GpuSpec(
         "RTX-3090-24GB",
@@ -228,8 +283,11 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=_gib(23.58),
         total_source="vLLM log 'total_gpu_memory=23.58GiB' on an RTX 3090 (tests/log_samples/vllm/001)",
         sm_count=82,
+        interconnect="pcie",
     ),
-    GpuSpec("RTX-5090-32GB", _mib(32607), ("5090", "rtx5090"), sm_count=170, sm_major=12),
+    GpuSpec(
+        "RTX-5090-32GB", _mib(32607), ("5090", "rtx5090"), sm_count=170, sm_major=12, interconnect="pcie"
+    ),
     GpuSpec(
         "T4-16GB",
         _mib(15360),
@@ -238,6 +296,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         total_source="vLLM log 'total_gpu_memory (14.56GiB)' on a T4",
         sm_count=40,
         sm_major=7,
+        interconnect="pcie",
     ),
     GpuSpec("V100-32GB", _mib(32768), ("v100", "v100-32gb"), sm_count=80, sm_major=7),
     GpuSpec("MI300X-192GB", 206141652992, ("mi300x", "mi300"), vendor="amd", sm_count=304),
@@ -257,6 +316,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         measured_total_bytes=16695296 * 1024,
         total_source="rocminfo GPU pool 16,695,296 KB on an RX 9070 XT (ROCm/legacy-rocm-build#6625)",
         sm_count=64,
+        interconnect="pcie",
     ),
 )
 

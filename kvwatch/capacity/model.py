@@ -105,6 +105,10 @@ class ModelGeometry:
     notes: tuple[str, ...] = field(default=())
     # The shapes that set the non-KV memory (engines' memory models); None only for hand-built geometries.
     dims: ModelDims | None = None
+    # Multi-token-prediction decoder layers the checkpoint ships beside the decoder (config.json
+    # mtp_num_hidden_layers, Qwen3.5/3.6; num_nextn_predict_layers, DeepSeek-V3 and others): an
+    # engine serving them as a speculative drafter adds their weights and attention caches.
+    mtp_layers: int = 0
 
     @property
     def num_layers(self) -> int:

@@ -133,6 +133,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="vLLM 0.8-0.11.0 without FlashInfer (the log's 'FlashInfer is not available'): the sampler sorts",
     )
+    parser.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='vLLM\'s --speculative-config as typed, e.g. \'{"method":"mtp","num_speculative_tokens":3}\': '
+        "an MTP drafter's layers join the KV pool and its weights load with the model",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     # Everything after `--` (cli.main splits it off): the engine's own flags as users type them.
     parser.set_defaults(engine_flags=[], own_parser=parser)
@@ -188,6 +194,11 @@ def read_request(args: argparse.Namespace) -> Request:
     fraction_flags = engine.flags.deployment_fields(
         args.gpu_memory_utilization, args.mem_fraction_static, args.block_size
     )
+    if getattr(args, "speculative_config", None) is not None:
+        read_speculative = engine.flags.speculative_fields
+        if read_speculative is None:
+            raise ConfigError(f"--speculative-config: {engine.name}'s speculative decoding is not modelled")
+        fraction_flags = {**fraction_flags, **read_speculative(args.speculative_config)}
     deployment = Deployment(
         engine=engine.name,
         engine_version=args.engine_version,

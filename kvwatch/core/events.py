@@ -86,6 +86,9 @@ class SettingsFields:
     enable_prefix_caching: bool | None = None
     enforce_eager: bool | None = None
     engine_generation: Literal["v0", "v1"] | None = None
+    # Whether the top-p/top-k sampler runs FlashInfer's kernels (False: the engine logged that it
+    # falls back to its own, a fact of the install that sizes the profile run's sampler).
+    flashinfer_sampler: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True, init=False, repr=False, eq=False, match_args=False)

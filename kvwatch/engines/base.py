@@ -119,6 +119,9 @@ class EngineFlags:
     # (--gpu-memory-utilization, --mem-fraction-static, --block-size) -> Deployment fields;
     # ConfigError for the other engine's fraction flag.
     deployment_fields: Callable[[float | None, float | None, int | None], dict[str, DeploymentValue]]
+    # kvwatch's --speculative-config (the engine's JSON as typed) -> Deployment fields; None where
+    # the engine's drafter is not modelled.
+    speculative_fields: Callable[[str], dict[str, DeploymentValue]] | None = None
 
     def read(self, argv: Sequence[str]) -> FlagReading:
         """Deployment fields of an argv in the engine's spelling, and the flags kvwatch ignores."""

@@ -18,10 +18,12 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as model
 
 from kvwatch.mixin import rules
-from kvwatch.mixin.dashboard_kv_cache import kv_cache
-from kvwatch.mixin.dashboard_kv_fleet import kv_fleet
+from kvwatch.mixin.dashboard_kv_cache import KV_CACHE
+from kvwatch.mixin.dashboard_kv_fleet import KV_FLEET
+from kvwatch.mixin.panels import Board, build
 
-DASHBOARDS = {"kvwatch-kv-cache.json": kv_cache, "kvwatch-kv-fleet.json": kv_fleet}
+# File name -> the dashboard as data (panels.build turns it into the SDK's dashboard).
+DASHBOARDS: dict[str, Board] = {"kvwatch-kv-cache.json": KV_CACHE, "kvwatch-kv-fleet.json": KV_FLEET}
 
 
 def render(board: dash.Dashboard) -> str:
@@ -31,7 +33,7 @@ def render(board: dash.Dashboard) -> str:
 
 def rendered() -> dict[str, str]:
     """File name -> JSON text of every dashboard."""
-    return {name: render(build()) for name, build in DASHBOARDS.items()}
+    return {name: render(build(spec)) for name, spec in DASHBOARDS.items()}
 
 
 def configmap(texts: dict[str, str]) -> str:

@@ -24,6 +24,7 @@ Anchor = Literal[
     "max_num_batched_tokens",
     "Defaulting ",
     "memory snapshot",
+    "FlashInfer",
     "block size",
     "Prefix cache hit rate",
     "█  model",

@@ -65,6 +65,64 @@ def in_flight_tokens(d: Deployment, max_num_batched_tokens: int) -> int:
     return max_concurrent_batches(d) * max_num_batched_tokens
 
 
+def is_mtp(method: str | None) -> bool:
+    """Whether a speculative method is a multi-token-prediction head of the target's checkpoint:
+    'mtp' and every '<model>_mtp' of MTPModelTypes (0.25.1 config/speculative.py:36-57; 0.20.1
+    :34-51), which vLLM folds into 'mtp' (0.25.1 :652-656)."""
+    return method is not None and (method == "mtp" or method.endswith("_mtp"))
+
+
+def speculative_tokens(model: ModelGeometry, d: Deployment) -> int:
+    """Tokens the drafter proposes a step: the user's num_speculative_tokens, else for MTP the
+    checkpoint's n_predict (mtp_num_hidden_layers / num_nextn_predict_layers, 0.25.1
+    config/speculative.py:498-515 and :919-926); 0 without speculative decoding."""
+    if d.num_speculative_tokens is not None:
+        return d.num_speculative_tokens
+    if is_mtp(d.speculative_method):
+        return max(model.mtp_layers, 1)
+    return 0
+
+
+def with_drafter(model: ModelGeometry, d: Deployment) -> ModelGeometry:
+    """The target's layers as speculation changes them: every GDN / Mamba conv state widened by
+    the proposed tokens (0.25.1 model_executor/layers/mamba/mamba_utils.py:218-228, num_spec from
+    qwen3_5.py:530-542; 0.20.1 qwen3_5.py:729-741)."""
+    num_spec = speculative_tokens(model, d)
+    if not num_spec:
+        return model
+    layers = tuple(
+        replace(layer, state_conv_width=layer.state_conv_width + num_spec)
+        if layer.kind in ("linear", "mamba") and layer.state_conv_width
+        else layer
+        for layer in model.layers
+    )
+    return replace(model, layers=layers)
+
+
+def drafter_layers(model: ModelGeometry, d: Deployment) -> list[LayerSpec]:
+    """The drafter's attention layers, whose caches join the pool beside the target's.
+
+    They register in the same forward context, so get_kv_cache_spec gives them specs of their own
+    and they join the KV cache groups (0.25.1 v1/worker/gpu_model_runner.py load_model :5231-5235
+    loads the drafter with the target). An MTP drafter is the checkpoint's mtp_num_hidden_layers
+    full-attention decoder layers (0.25.1 model_executor/models/qwen3_5_mtp.py:79 and :105-112;
+    0.20.1 :73 and :100-104), shaped as the target's full-attention layers; it runs on the last
+    stage (its lm_head only there, :218-231). A non-MTP drafter's own layers (EAGLE, DFlash: a
+    separate checkpoint) are not read.
+    """
+    if not is_mtp(d.speculative_method):
+        return []
+    attention = next((layer for layer in model.layers if layer.kind in ("full", "mla")), None)
+    return [attention] * model.mtp_layers if attention is not None else []
+
+
+def _stages(model: ModelGeometry, d: Deployment) -> list[list[LayerSpec]]:
+    """The target's layers per pipeline stage, the drafter's on the last."""
+    stages = stage_layers(model.layers, d.pp)
+    stages[-1] = stages[-1] + drafter_layers(model, d)
+    return stages
+
+
 def hybrid_manager(d: Deployment) -> bool:
     """Whether sliding-window layers get their own KV groups (the hybrid allocator, 0.9.2+, unless disabled)."""
     return d.hybrid_kv_cache_manager and releases.HYBRID_ALLOCATOR.at(d.engine_version)
@@ -195,6 +253,7 @@ def plan(
     ``stage_available`` gives each pipeline stage its own budget (else every stage has ``available``):
     every stage allocates the smallest stage's block count.
     """
+    model = with_drafter(model, d)
     block = block_size_for(model, d)
     notes: list[str] = []
     exact = True
@@ -204,7 +263,7 @@ def plan(
         block = state[0]
         notes.append(
             f"hybrid linear-attention/Mamba model: attention block raised to {block} tokens so a page "
-            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(d)} "
+            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(d) + speculative_tokens(model, d)} "
             "block(s) a request"
         )
     elif any(layer.kind in ("linear", "mamba") for layer in model.layers):
@@ -213,7 +272,7 @@ def plan(
             "hybrid linear-attention/Mamba model: vLLM pads state pages into the KV pool; its state shape "
             "is not in config.json, so blocks are estimated from the attention layers only"
         )
-    stages = stage_layers(model.layers, d.pp)
+    stages = _stages(model, d)
     best: VllmPool | None = None
     for i, stage in enumerate(stages):
         paged = [layer for layer in stage if layer.is_paged]
@@ -222,7 +281,10 @@ def plan(
         specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in paged]
         if state is not None:
             page = specs[0].page_bytes
-            blocks = state_blocks_per_request(d)
+            # MambaSpec.num_speculative_blocks = num_speculative_tokens: a state layer keeps one
+            # block more per proposed token (0.25.1 model_executor/layers/mamba/abstract.py:44-60,
+            # v1/kv_cache_interface.py:688-697; 0.20.1 :527-547).
+            blocks = state_blocks_per_request(d) + speculative_tokens(model, d)
             specs += [
                 Spec("state", None, page, block, blocks)
                 for layer in stage
@@ -344,11 +406,14 @@ def _stage_needed(specs: list[Spec], d: Deployment, block: int, model_len: int, 
 def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len: int, mnbt: int) -> int:
     """KV bytes one request of model_len tokens needs on the most loaded rank, as the release's
     check counts them (needed_rule); 0.14-0.16 check the global groups, every stage at once."""
+    model = with_drafter(model, d)
     block = block_size_for(model, d)
     rule = needed_rule(d.engine_version)
     mnbt = in_flight_tokens(d, mnbt)
     global_groups = releases.GLOBAL_GROUPS_CHECK.at(d.engine_version)
-    stages = [list(model.layers)] if global_groups else stage_layers(model.layers, d.pp)
+    stages = (
+        [[layer for stage in _stages(model, d) for layer in stage]] if global_groups else _stages(model, d)
+    )
     worst = 0
     for stage in stages:
         specs = [

@@ -24,15 +24,15 @@ ENVELOPE = Envelope(
         "parallelism": frozenset({"tp 1", "tp >= 2"}),
         "connector": frozenset({"none"}),
     },
-    term_bands={"weights": 0.0078, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 0.7069},
+    term_bands={"weights": 0.0078, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 1.2304},
     widening={
-        "card": 0.0758,
-        "release": 0.0613,
-        "architecture": 0.0151,
-        "modality": 0.0524,
-        "quantization": 0.0109,
-        "parallelism": 0.3661,
-        "connector": 0.0524,
+        "card": 0.0762,
+        "release": 0.0442,
+        "architecture": 0.017,
+        "modality": 0.0374,
+        "quantization": 0.0136,
+        "parallelism": 0.3662,
+        "connector": 0.0374,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",
@@ -98,7 +98,7 @@ ENVELOPE = Envelope(
         "band cuda_graphs": "leave-one-source-out error of every case that logs it",
         "floor": "50 cases nearest the calibrated cell: DaisukeTakai/eval_dataset (1), dennislee22/vLLM-benchmarking (6), kolyangg/mlops-assignment (1), leadawon/LAMBO (4), llm-d-incubation/llm-d-planner (34), llm-d/llm-d-benchmark (1), myoceane.fr/index.php/ai-vllm-a100-gemma-4 (2), qweewqq/EnergyLLM (1)",
     },
-    floor=0.0223,
+    floor=0.0209,
 )
 # --- envelope: end
 

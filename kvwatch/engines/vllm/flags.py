@@ -6,6 +6,7 @@ vLLM's argparse reads them (``32k`` = 32,000, ``32K`` = 32,768; human_readable_i
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from kvwatch.core.errors import ConfigError
@@ -54,3 +55,28 @@ def deployment_fields(
             "--mem-fraction-static is an SGLang setting; use --gpu-memory-utilization with vLLM"
         )
     return {"gpu_memory_utilization": utilization, "block_size": block_size}
+
+
+def speculative_fields(value: str) -> dict[str, DeploymentValue]:
+    """--speculative-config as vLLM takes it (a JSON object, SpeculativeConfig's fields): the
+    method and num_speculative_tokens as Deployment fields; the other keys do not move the pool
+    kvwatch sizes. 'model' alone (a draft checkpoint) leaves the method to vLLM's detection."""
+    try:
+        spec = json.loads(value)
+    except ValueError:
+        raise ConfigError(f"--speculative-config {value!r} is not a JSON object") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"--speculative-config {value!r} is not a JSON object")
+    method, tokens = spec.get("method"), spec.get("num_speculative_tokens")
+    if method is not None and (not isinstance(method, str) or not method.strip()):
+        raise ConfigError(f"--speculative-config method must be a name, got {method!r}")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise ConfigError(
+            f"--speculative-config num_speculative_tokens must be a positive integer, got {tokens!r}"
+        )
+    if method is None and tokens is None and not spec.get("model"):
+        raise ConfigError("--speculative-config names neither a method, a model nor num_speculative_tokens")
+    return {
+        "speculative_method": method.strip().lower() if method else None,
+        "num_speculative_tokens": tokens,
+    }

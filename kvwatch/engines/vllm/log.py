@@ -123,6 +123,31 @@ _AUTO_FIT = re.compile(
     r"^Auto-fit max_model_len: (?:reduced from \d+ to (?P<to>\d+)|full model context length (?P<full>\d+) fits)"
 )
 
+# --- sampler -----------------------------------------------------------------------------------
+
+# V1 0.8.0-0.11.0 on CUDA, once as the sampler is built (TopKTopPSampler.__init__ in
+# v1/sample/ops/topk_topp_sampler.py), when top-p/top-k sampling falls back from FlashInfer to
+# vLLM's own implementation; the profile run then sorts the whole vocabulary (memory.sampler_path).
+# - FlashInfer not installed (a bare `pip install vllm`: it is an extra), :63 in 0.8.0, :69 in
+#   0.8.5, :59 in 0.9.2, :69 in 0.10.2, :66 in 0.11.0: 'FlashInfer is not available. Falling back
+#   to the PyTorch-native implementation of top-p & top-k sampling. For the best performance,
+#   please install FlashInfer.'
+# - installed, VLLM_USE_FLASHINFER_SAMPLER=0, :56 in 0.8.0, :62 0.8.5, :52 0.9.2, :62 0.10.2, :59
+#   0.11.0: 'FlashInfer is available, but it is not enabled. Falling back to the PyTorch-native
+#   implementation of top-p & top-k sampling. For the best performance, please set
+#   VLLM_USE_FLASHINFER_SAMPLER=1.'
+# - 0.8.x with FlashInfer >= 0.2.3 installed, :38 in 0.8.0, :44 in 0.8.5: 'Currently, FlashInfer
+#   top-p & top-k sampling sampler is disabled because FlashInfer>=v0.2.3 is not backward
+#   compatible. Falling back to the PyTorch-native implementation of top-p & top-k sampling.'
+# (0.7.3's rejection sampler prints the first two ending '... of rejection sampling'
+# (v1/sample/rejection_sampler.py:40-51): speculative decoding's, not the profile's: not matched.)
+_NO_FLASHINFER = re.compile(
+    r"^(?:FlashInfer is not available\. |FlashInfer is available, but it is not enabled\. |"
+    r"Currently, FlashInfer top-p & top-k sampling sampler is disabled because FlashInfer>=v0\.2\.3 "
+    r"is not backward compatible\. )Falling back to the PyTorch-native implementation of "
+    r"top-p & top-k sampling"
+)
+
 # --- preemption --------------------------------------------------------------------------------
 
 # V0 0.4.3-0.10.2 (every 50th): 'Sequence group 224 is preempted by PreemptionMode.RECOMPUTE mode because
@@ -314,6 +339,11 @@ def _init_snapshot(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     return (MemoryBudget(**ident(meta), total_bytes=gib(m.group("v"))),) if m else None
 
 
+def _no_flashinfer(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    m = _NO_FLASHINFER.match(body)
+    return (EngineSettings(**ident(meta), flashinfer_sampler=False),) if m else None
+
+
 def _concurrency(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     m = _CONCURRENCY.match(body)
     if m is None:
@@ -367,6 +397,7 @@ _TABLE: tuple[tuple[Anchor, Handler], ...] = (
     ("max_num_batched_tokens", settings.chunked_prefill_line),
     ("Defaulting ", settings.defaulting_line),
     ("memory snapshot", _init_snapshot),
+    ("FlashInfer", _no_flashinfer),
     ("block size", settings.forced_block_line),
     ("Prefix cache hit rate", stats.v0_hit_rate),
     ("█  model", settings.logo_line),

@@ -279,35 +279,86 @@ def others_memory(d: Deployment) -> releases.OthersMemory:
     return rule.at(d.engine_version)
 
 
+def fabric_non_torch(d: Deployment) -> bool:
+    """Whether TP adds communication memory to the non-torch increase: TP >= 2 on a card not known
+    to be PCIe-only (gpus.GpuSpec.interconnect; an unlisted card keeps the measured class).
+
+    From 0.18 the init snapshot is taken after init_worker_distributed_environment (0.18.1 and
+    0.19.0 v1/worker/gpu_worker.py:259-283, "ensures NCCL buffers are allocated before we measure"),
+    so what the communicators allocate at init -- pynccl's warm-up, custom all-reduce's IPC buffers
+    (custom_all_reduce.py:177-181) -- is baseline, not budget. The ~1.8 GiB above TP 1's that the
+    H100 SXM startups log at TP 2 and 4 alike is allocated later, by the collectives on the NVSwitch
+    fabric -- not traced to one line; NCCL connects lazily (NCCL_RUNTIME_CONNECT) and its NVLink
+    SHARP buffers exist only with the switch, the likely allocation. PCIe-only cards
+    have no such fabric, and custom all-reduce is off beyond two of them (custom_all_reduce.py:152-160)
+    or without P2P (:164-170): their increase is TP 1's. The LAMBO 4x RTX 3090 startups leave
+    0.1-1.3 GiB for activation and non-torch together, where the fabric class needs 2.2 GiB.
+    """
+    if d.tp < 2:
+        return False
+    card = gpus.find(d.gpu_name)
+    return card is None or card.interconnect != "pcie"
+
+
 def non_torch(d: Deployment) -> Term:
     """The non-torch increase since the worker's init snapshot (mem_utils.py:288-291).
 
     cuBLAS/cuBLASLt handles and kernel modules of the first forward at TP1; from 0.18 the CUDA-graph
     profile runs inside the memory_profiling context (gpu_worker.py:366-381), which leaves more; at
-    TP >= 2 the communication buffers (NCCL, custom all-reduce) allocated outside torch. With PP the
-    NCCL set-up already sits in the init snapshot. Values FITTED per release class (calibration.py):
-    the allocation behind the ~2 GiB at TP >= 2 is not traced to one line of the source.
+    TP >= 2 on an NVSwitch fabric the communication buffers allocated outside torch after the
+    snapshot (fabric_non_torch; PCIe-only cards take TP 1's class from 0.18). With PP the NCCL
+    set-up already sits in the init snapshot. Values FITTED per release class (calibration.py): the
+    allocation behind the ~2 GiB at TP >= 2 is not traced to one line of the source.
     """
     new = releases.NON_TORCH_WITH_GRAPH_PROFILE.at(d.engine_version)
     cal = calibration.current()
-    if d.tp >= 2:
+    pcie = new and d.tp >= 2 and not fabric_non_torch(d)
+    if d.tp >= 2 and not pcie:
         gib = (
             cal.non_torch_tp_gib + cal.non_torch_tp_slope_gib * (d.tp - 2)
             if new
             else cal.non_torch_tp_old_gib
         )
-    elif d.pp >= 2:
+    elif d.pp >= 2 and d.tp < 2:
         gib = cal.non_torch_pp_gib
     elif runs_v0(d):
         gib = cal.non_torch_v0_gib
     else:
         gib = cal.non_torch_tp1_gib if new else cal.non_torch_tp1_old_gib
-    return Term(int(gib * GiB))
+    note = "TP 1's figure (a PCIe-only card: no NVSwitch buffers after the init snapshot)" if pcie else ""
+    return Term(int(gib * GiB), note)
+
+
+NCCL_GRAPHS_NOTE = "every graph carries NCCL all-reduces (no custom all-reduce beyond two PCIe-only GPUs)"
+
+
+def nccl_in_graphs(d: Deployment) -> bool:
+    """Whether the all-reduces captured in the CUDA graphs are NCCL calls: TP > 2 on a PCIe-only card
+    that neither symmetric memory nor FlashInfer serves.
+
+    CudaCommunicator.all_reduce tries quick-reduce (ROCm), FlashInfer (VLLM_ALLREDUCE_USE_FLASHINFER,
+    off by default: 0.19.0 envs.py:212), custom all-reduce, torch symmetric memory, then pynccl
+    (device_communicators/cuda_communicator.py:180-225). Custom all-reduce is off on more than two
+    PCIe-only GPUs (custom_all_reduce.py:152-160); symmetric memory serves capability 9.0 and 10.0
+    only (all_reduce_utils.py:52-64). What is left is NCCL, captured into every graph, and NCCL's
+    cuMem allocations cost memory per captured call (vllm-project/vllm#5091, NVIDIA/nccl#1234); 0.19
+    no longer sets NCCL_CUMEM_ENABLE=0. At TP 2 custom all-reduce needs P2P, which kvwatch cannot
+    see: not counted.
+    """
+    card = gpus.find(d.gpu_name)
+    return (
+        d.tp > 2
+        and card is not None
+        and card.vendor == "nvidia"
+        and card.interconnect == "pcie"
+        and card.sm_major not in (9, 10)
+    )
 
 
 # CUDA-graph estimate, FITTED (calibration.graphs_*): c0 + c1 x layers on the rank x sqrt(sizes / 51)
-# + c2 for MoE, GiB. The estimate itself is the first capture plus (n - 1) x the second
-# (gpu_model_runner.py:5862-5955).
+# + c2 for MoE, + c3 x layers x sizes / 51 where every graph carries NCCL calls (two all-reduces a
+# layer, each with its own memory), GiB. The estimate itself is the first capture plus (n - 1) x the
+# second (gpu_model_runner.py:5862-5955).
 
 
 def cuda_graphs(dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, layers: int) -> Term:
@@ -317,9 +368,11 @@ def cuda_graphs(dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, 
     card = gpus.find(d.gpu_name)
     n = capture_sizes(max_num_seqs, tokens, d.engine_version, card.sm_major if card is not None else 9)
     cal = calibration.current()
+    nccl = nccl_in_graphs(d)
     gib = (
         cal.graphs_base_gib
         + cal.graphs_per_layer_gib * layers * math.sqrt(n / 51)
         + (cal.graphs_moe_gib if dims.n_experts else 0.0)
+        + (cal.graphs_nccl_gib * layers * n / 51 if nccl else 0.0)
     )
-    return Term(int(gib * GiB), f"{n} capture sizes")
+    return Term(int(gib * GiB), f"{n} capture sizes" + (f"; {NCCL_GRAPHS_NOTE}" if nccl else ""))

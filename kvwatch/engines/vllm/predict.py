@@ -66,7 +66,8 @@ def _terms(
     else:
         # The checkpoint-level estimate is replaced by vLLM's loader model.
         basis.assumptions[:] = [a for a in basis.assumptions if not a.startswith("weights:")]
-        stage_weights, quant = weights.weights_per_stage(dims, d, card)
+        drafter = model.mtp_layers if budget.is_mtp(d.speculative_method) else 0
+        stage_weights, quant = weights.weights_per_stage(dims, d, card, drafter)
         act_bytes = memory.activation_dtype_bytes(dims, d)
         index = model.safetensors_total_size
         if index is not None and d.weights_dtype is None and d.quantization is None and not d.dtype:
@@ -87,6 +88,8 @@ def _terms(
             f"weights: vLLM's loader modelled from config.json ({scheme_name}; vocabulary padded to 64 per "
             "rank, embedding on the first stage, head on the last)"
         )
+    if d.speculative_method is not None or d.num_speculative_tokens is not None:
+        notes.append(_drafter_note(model, d))
     inside = d.activation_bytes is not None
     if d.activation_bytes is not None or dims is None:
         stage_act = [memory.Term(d.activation_bytes or 0, "given")] * d.pp
@@ -133,6 +136,10 @@ def _terms(
         )
     for name, value in (("non_torch", d.non_torch_bytes), ("cuda_graphs", d.cuda_graph_bytes)):
         inputs[name] = "given" if value is not None else "estimated"
+    if d.non_torch_bytes is None and nt.note:
+        notes.append(f"non-torch: {nt.note}")
+    if d.cuda_graph_bytes is None and memory.NCCL_GRAPHS_NOTE in graphs.note:
+        notes.append(f"CUDA graphs: {memory.NCCL_GRAPHS_NOTE}")
     if inside and (d.non_torch_bytes is None or d.cuda_graph_bytes is None):
         notes.append("terms not given (non-torch, CUDA graphs) taken as included in the activation figure")
     applied = graphs.bytes if memory.subtracts_cuda_graphs(d.engine_version) else 0
@@ -349,4 +356,18 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         exact=plan.exact,
         failure=failure,
         not_calibrated=tuple(label(axis, value) for axis, value in uncovered) if band is not None else (),
+    )
+
+
+def _drafter_note(model: ModelGeometry, d: Deployment) -> str:
+    """What kvwatch counted of the speculative drafter (budget.with_drafter, weights_per_stage)."""
+    spec = budget.speculative_tokens(model, d)
+    if budget.is_mtp(d.speculative_method):
+        return (
+            f"speculative decoding (MTP, {spec} token(s) a step): the checkpoint's {model.mtp_layers} MTP "
+            "layer(s) load with the model and join the KV groups; state layers keep a block more per token"
+        )
+    return (
+        f"speculative decoding ({d.speculative_method or 'draft model'}, {spec} token(s) a step): state "
+        "layers keep a block more per token; the draft model's own weights and layers are not modelled"
     )

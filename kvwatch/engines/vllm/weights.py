@@ -84,8 +84,18 @@ def scheme(dims: ModelDims, d: Deployment) -> str | None:
     return dims.checkpoint_quant
 
 
-def weights_per_stage(dims: ModelDims, d: Deployment, gpu: GpuSpec | None) -> tuple[list[int], str | None]:
-    """Bytes on TP rank 0 of each PP stage, and the quantisation applied (None: unquantised)."""
+def weights_per_stage(
+    dims: ModelDims, d: Deployment, gpu: GpuSpec | None, drafter_layers: int = 0
+) -> tuple[list[int], str | None]:
+    """Bytes on TP rank 0 of each PP stage, and the quantisation applied (None: unquantised).
+
+    ``drafter_layers``: the MTP decoder layers a speculative MTP drafter loads inside the same
+    'Model loading took' measurement (0.25.1 v1/worker/gpu_model_runner.py:5216-5235 and :5294);
+    with its fc (2 x hidden -> hidden, ColumnParallelLinear) and three norms (qwen3_5_mtp.py:95-124),
+    on the last stage. Its embedding and lm_head are freed for the target's (MTP always shares them
+    at PP 1, v1/spec_decode/llm_base_proposer.py:1463-1494 and :1539-1550), so they add nothing.
+    Each MTP layer is costed as the decoder's average layer in the checkpoint's scheme.
+    """
     act = activation_dtype_bytes(dims, d)
     q = scheme(dims, d)
     linear = _bytes_per_param(q, dims.quant_group) if q in ("fp8", "int8", "nvfp4", *_INT4) else act
@@ -112,5 +122,8 @@ def weights_per_stage(dims: ModelDims, d: Deployment, gpu: GpuSpec | None) -> tu
             b += embed + towers
         if i == d.pp - 1 and (not dims.tied_embeddings or d.pp > 1):
             b += head
+        if i == d.pp - 1 and drafter_layers:
+            fc = 2 * dims.hidden_size * dims.hidden_size * linear / d.tp
+            b += drafter_layers * per_layer + fc + 3 * dims.hidden_size * act
         out.append(int(b))
     return out, q
