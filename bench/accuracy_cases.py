@@ -361,14 +361,26 @@ def load_cases() -> list[Case]:
                 started=True,
             )
         )
-    for engine in ("vllm", "sglang"):
-        path = PUBLIC / engine / "cases.json"
-        if path.is_file():
-            for c in json.loads(path.read_text(encoding="utf-8")):
-                cases.append(
-                    _from_record({**c, "engine": engine}, source_of(str(c.get("source_url") or c["id"])))
-                )
+    for path in public_case_files():
+        for c in json.loads(path.read_text(encoding="utf-8")):
+            # A folder named after its engine (vllm/, sglang/) holds that engine's startups; any other
+            # folder (sglang-repos/) names the engine in each case.
+            engine = path.parent.name if path.parent.name in ENGINE_FOLDERS else str(c["engine"])
+            cases.append(
+                _from_record({**c, "engine": engine}, source_of(str(c.get("source_url") or c["id"])))
+            )
     return cases
+
+
+# The public folders named after the engine whose startups they hold.
+ENGINE_FOLDERS = ("vllm", "sglang")
+
+
+def public_case_files() -> list[Path]:
+    """Every tests/apriori/public/*/cases.json, engine folders first (their order fixes the reports')."""
+    named = [PUBLIC / e / "cases.json" for e in ENGINE_FOLDERS]
+    others = sorted(p for p in PUBLIC.glob("*/cases.json") if p not in named)
+    return [p for p in named if p.is_file()] + others
 
 
 def deployment(case: Case) -> Deployment:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.accuracy_cases import CONFIG_DIRS, PUBLIC, source_of
+from bench.accuracy_cases import CONFIG_DIRS, PUBLIC, public_case_files, source_of
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.prediction import Prediction
@@ -47,8 +47,21 @@ from kvwatch.core.units import GiB
 from kvwatch.core.versions import version_tuple
 from kvwatch.engines.sglang.predict import BAND, BandTerms, band_terms
 
-# The SGLang cases the general report (bench/accuracy_cases.py) reads too, and its config folders.
+# The SGLang cases the general report (bench/accuracy_cases.py) reads too, and its config folders:
+# tests/apriori/public/sglang and every other public folder whose cases carry a `scoring` block
+# (sglang-repos: startups from committed files).
 CASES = PUBLIC / "sglang" / "cases.json"
+
+
+def case_files() -> list[Path]:
+    """The public cases.json files of SGLang startups (each case with a `scoring` block)."""
+    return [
+        p
+        for p in public_case_files()
+        if p == CASES or any("scoring" in c for c in json.loads(p.read_text(encoding="utf-8")))
+    ]
+
+
 WITHIN_PCT = 5.0
 # The band is sized so that this share of each term's errors falls inside it.
 BAND_QUANTILE = 0.8
@@ -184,11 +197,14 @@ def _classes(raw: dict[str, Any], s: dict[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def load_cases(path: Path = CASES) -> tuple[list[Case], list[tuple[str, str]]]:
-    """(scored cases, [(id, why excluded)])."""
+def load_cases(paths: list[Path] | None = None) -> tuple[list[Case], list[tuple[str, str]]]:
+    """(scored cases, [(id, why excluded)]) of the given case files (default: every SGLang one)."""
     scored: list[Case] = []
     excluded: list[tuple[str, str]] = []
-    for raw in json.loads(path.read_text(encoding="utf-8")):
+    records = [
+        r for p in (case_files() if paths is None else paths) for r in json.loads(p.read_text("utf-8"))
+    ]
+    for raw in records:
         s = raw["scoring"]
         if s.get("excluded"):
             excluded.append((raw["id"], s["excluded"]))

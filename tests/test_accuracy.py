@@ -71,17 +71,22 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # over-predicted: 0.1 GiB less subtracted): LOSO mean 4.68 -> 4.71 %, band 91.5 -> 90.7 % (#294),
 # off-H100 band 85.3 -> 83.8 %; every other case kept or improved. Merged over 122: median 0.51 %,
 # mean 4.57 %, within 5 % 82.8 %, band 91.0 % (median 8.95 %), failed starts 5 of 11.
+# The sglang-repos folder (SGLang startups from committed repo files: 7 judged, two of them failed
+# starts predicted to fail) is new data: 127 startups, median 0.645 %, mean 4.30 %, within 5 %
+# 84.3 %, band 92.1 % (median 7.90 %), off the calibration set 86.3 %, failed starts 7 of 13. Its
+# four new 'Load weight begin' figures move SGLang's fitted context before weights from 0.5 (a
+# median over two groups, tp 1 near 0.3-0.9 GiB and tp >= 4 near 2.3-2.5) from 1.95 to 0.77 GiB.
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
-    "loso_cases": 122,
-    "loso_median": 0.52,
-    "loso_mean": 4.26,
-    "loso_within_5": 0.85,
-    "loso_band": 0.93,
-    "loso_failed_predicted": 5,
-    "loso_off_band": 0.88,
+    "loso_cases": 127,
+    "loso_median": 0.65,
+    "loso_mean": 4.31,
+    "loso_within_5": 0.84,
+    "loso_band": 0.92,
+    "loso_failed_predicted": 7,
+    "loso_off_band": 0.86,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.71,

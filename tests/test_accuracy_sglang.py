@@ -28,12 +28,26 @@ LOSO = acc.leave_one_source_out(SCORED)
 # bench/bench_accuracy.py), with sglang-fails' weights rules (MLA w_kc / w_vc copies, replicated routers,
 # the DSA indexer): median 0.93 %, mean 3.60 %, 16 of 22 within 5 %, 20 of 22 inside the printed band;
 # pool bytes median 2.19 % over 18; weights median 1.42 % over 8 cases.
-MEDIAN_PCT = 1.0
-MEAN_PCT = 3.7
-WITHIN_5_PCT = 72.0
-INSIDE_BAND_PCT = 90.0
-# The pool bytes are printed by 18 of the 22 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
-POOL_MEDIAN_PCT = 2.2
+# The sglang-repos folder (committed logs) then added a DeepSeek-V3.2 B200 failed start (predicted to
+# fail, weights -0.61 %), a Qwen2.5-3B A100 startup (-2.06 %), a Llama-3-8B MI300X 0.3.x bench_latency
+# pool (-0.09 %) and an R1-Distill-Qwen-7B RTX 3090 WSL2 startup (+10.55 %: the Windows desktop shares
+# the card): median 1.21 %, mean 3.67 %, 18 of 25 within 5 %, 23 of 25 inside the printed band; pool
+# bytes median 2.34 % over 20; weights median 1.42 % over 10 (new data, not a model change). Its
+# Qwen3-VL-30B-A3B B200 startup (-1.00 % weights, +0.18 % tokens) moved the fitted context before
+# weights from 0.5 from 1.95 to 1.40 GiB (the median of six): median 1.35 %, mean 3.64 %, 20 of 26
+# within 5 %, 23 of 26 inside the band; pool median 1.52 % over 21, weights median 1.02 % over 11.
+# Its Qwen3-VL-32B H100 failed start (predicted to fail, weights -0.79 %) took that context to
+# 0.85 GiB (the median of seven, in two groups): median 1.49 %, mean 3.95 %, 19 of 26 within 5 %,
+# 23 of 26 inside the band, failed starts 3 of 4; pool median 2.93 %, weights median 1.02 % over 12.
+# Its Qwen3-VL-30B-A3B A100 startup (+5.61 %: a 30,553-token pool, 2.8 GiB beside 58 GiB of weights)
+# and the eighth context figure (0.77 GiB): median 1.55 %, mean 4.07 %, 18 of 27 within 5 %, 24 of 27
+# inside the band; pool median 3.79 % over 22, weights median 1.01 % over 13.
+MEDIAN_PCT = 1.6
+MEAN_PCT = 4.1
+WITHIN_5_PCT = 66.0
+INSIDE_BAND_PCT = 88.0
+# The pool bytes are printed by 22 of the 27 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
+POOL_MEDIAN_PCT = 3.8
 WEIGHTS_MEDIAN_PCT = 1.5
 
 # Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
@@ -49,6 +63,11 @@ KNOWN_OUTSIDE: dict[str, str] = {
         "4.7 GiB go between 'Load weight begin' and the profile for a 1.1 GiB model (0.5.23 dev); "
         "nothing in 0.5.23's sizing code accounts for it"
     ),
+    "sgl-maxuhl-thesis-llama31-8b-24gb-docker": (
+        "+16.67 % against a 14.63 % band since the Qwen3-VL cases of sglang-repos refitted the fits "
+        "(inside before): an unnamed 24 GB card under Docker with 22.39 GiB free before weights "
+        "(Load weight end 7.37 + 15.02 GiB of weights)"
+    ),
 }
 # Failed starts (for want of memory) predicted to start, and why.
 KNOWN_FAILED_MISSES = {
@@ -63,8 +82,9 @@ KNOWN_FAILED_MISSES = {
 
 
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
-    raw = json.loads(CASES.read_text(encoding="utf-8"))
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 44
+    raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
+    assert CASES in acc.case_files()
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 52
     assert all(why for _, why in EXCLUDED)
     assert len(SCORED) >= 26
     assert len({c.source for c in SCORED}) >= 17
@@ -80,7 +100,7 @@ def test_shipped_band_terms_are_the_fitted_ones() -> None:
 
 def test_leave_one_source_out_holds_the_measured_figures() -> None:
     s = acc.summary(LOSO)
-    assert s["tokens_n"] == 22
+    assert s["tokens_n"] == 27
     assert s["tokens_median"] <= MEDIAN_PCT
     assert s["tokens_mean"] <= MEAN_PCT
     assert s["tokens_within5"] >= WITHIN_5_PCT

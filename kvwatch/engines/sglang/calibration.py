@@ -29,10 +29,10 @@ class Calibration:
 
 
 # --- fitted: begin
-FITTED = Calibration(context_gib=1.95, context_gib_04=0.38)
+FITTED = Calibration(context_gib=0.7714, context_gib_04=0.38)
 CASES: dict[str, str] = {
-    "context_gib": "sgl-project/sglang#11716 (1), sgl-project/sglang#39713 (1), udbhav-ag/SGLang_setup (1)",
-    "context_gib_04": "Stars1233/sgl-project.github.io (9), didier-durand/llms-in-clouds (1)",
+    "context_gib": "StevenWang-CY/sglang-attention-reproducibility (4), cli991/qwctest (1), sgl-project/sglang#11716 (1), sgl-project/sglang#39713 (1), udbhav-ag/SGLang_setup (1)",
+    "context_gib_04": "AUGMXNT/llm-tracker.info-vault (1), Stars1233/sgl-project.github.io (9), didier-durand/llms-in-clouds (1), jerryzsj/my-deepseek-r1 (1)",
 }
 # --- fitted: end
 

@@ -30,9 +30,9 @@ class BandTerms:
     budget x mem_fraction_static); ``fraction``: the absolute error of a default mem_fraction_static
     (terms of the heuristic kvwatch does not see: speculative decoding, the vision tower's size,
     a card shared with another process), times the free memory before weights. Each is the 80th
-    percentile of that term's error over the real startups of tests/apriori/public/sglang, written by
-    ``python -m bench accuracy-sglang --fit`` (bench/accuracy_sglang.py), which refits them per
-    held-out source for its leave-one-source-out figures.
+    percentile of that term's error over the real startups of tests/apriori/public/sglang and
+    sglang-repos, written by ``python -m bench accuracy-sglang --fit`` (bench/accuracy_sglang.py),
+    which refits them per held-out source for its leave-one-source-out figures.
     """
 
     weights: float
@@ -40,7 +40,7 @@ class BandTerms:
     fraction: float
 
 
-BAND = BandTerms(weights=0.054, pre_load=0.015, fraction=0.0)
+BAND = BandTerms(weights=0.024, pre_load=0.015, fraction=0.0)
 _band = [BAND]
 
 
