@@ -296,7 +296,7 @@ def write_tables(report: Report, cases: Sequence[Case], models: Models) -> None:
     )
     sg, sg_used = accuracy_fit.fit_sglang(cases)  # needs no model config: every case that prints it
     sg_text = (
-        f"FITTED = Calibration(context_gib={sg.context_gib!r}, context_gib_04={sg.context_gib_04!r})\n"
+        f"FITTED = Calibration(context_gib={sg.context_gib!r}, context_gib_fabric={sg.context_gib_fabric!r})\n"
         "CASES: dict[str, str] = {"
         + ", ".join(f"{json.dumps(k)}: {json.dumps(_sources_of(v, cases))}" for k, v in sg_used.items())
         + "}\n"

@@ -27,14 +27,17 @@ LOSO = acc.leave_one_source_out(SCORED)
 # held-out source; the envelope's widening per uncovered condition is the shipped one, fitted by
 # bench/bench_accuracy.py), with sglang-fails' weights rules (MLA w_kc / w_vc copies, replicated routers,
 # the DSA indexer): median 0.93 %, mean 3.60 %, 16 of 22 within 5 %, 20 of 22 inside the printed band;
-# pool bytes median 2.19 % over 18; weights median 1.42 % over 8 cases.
-MEDIAN_PCT = 1.0
-MEAN_PCT = 3.7
-WITHIN_5_PCT = 72.0
+# pool bytes median 2.19 % over 18; weights median 1.42 % over 8 cases. Then sglang-misses (the memory
+# before weights by communication class, not release; the fp32 rotary cache in the weights): mean
+# 3.13 %, 17 of 22 within 5 %, pool median 1.78 %, weights median 1.17 %; the median rose to 1.61 %
+# (sglang#10407's +0.08 % had cancelled a 1.95 GiB TP 1 context against TP 4's; now -1.56 %).
+MEDIAN_PCT = 1.65
+MEAN_PCT = 3.2
+WITHIN_5_PCT = 77.0
 INSIDE_BAND_PCT = 90.0
 # The pool bytes are printed by 18 of the 22 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
-POOL_MEDIAN_PCT = 2.2
-WEIGHTS_MEDIAN_PCT = 1.5
+POOL_MEDIAN_PCT = 1.8
+WEIGHTS_MEDIAN_PCT = 1.2
 
 # Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
 # startups (clean 80 GB cards, free memory before weights within 0.3 % of kvwatch's estimate) took

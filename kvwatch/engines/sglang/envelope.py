@@ -30,12 +30,12 @@ ENVELOPE = Envelope(
     term_bands={},
     widening={
         "card": 0.0,
-        "release": 0.0174,
-        "architecture": 0.0515,
-        "modality": 0.0174,
-        "quantization": 0.0515,
-        "parallelism": 0.0174,
-        "connector": 0.0174,
+        "release": 0.0163,
+        "architecture": 0.0481,
+        "modality": 0.0163,
+        "quantization": 0.0481,
+        "parallelism": 0.0163,
+        "connector": 0.0163,
     },
     cases={
         "architecture=MoE": "vllm-project/vllm#21348 (1)",
