@@ -226,6 +226,19 @@ def _started(outcome: str) -> bool:
     return text.startswith(("started", "pool allocated")) or "failed later" in text
 
 
+def _pre_load(o: dict[str, Any]) -> float | None:
+    """SGLang's free memory before weights: 'Load weight begin. avail mem', else 'Load weight end'
+    avail + its mem usage, which SGLang prints as the difference of the two probes (0.4.3.post4
+    model_executor/model_runner.py:319-395)."""
+    begin = o.get("load_weight_begin_avail_gib")
+    if isinstance(begin, int | float):
+        return float(begin)
+    end, usage = o.get("load_weight_end_avail_gib"), o.get("weight_mem_usage_gib")
+    if isinstance(end, int | float) and isinstance(usage, int | float):
+        return round(float(end) + float(usage), 2)
+    return None
+
+
 def _from_record(c: dict[str, Any], source: str) -> Case:
     o = c.get("observed") or {}
     s = c.get("settings") or {}
@@ -291,7 +304,7 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
         observed = {
             "weights": o.get("weight_mem_usage_gib"),
             "kv_tokens": tokens,
-            "pre_load": o.get("load_weight_begin_avail_gib"),
+            "pre_load": _pre_load(o),
         }
         if s.get("max_total_tokens"):
             skip = skip or "pool capped by --max-total-tokens"

@@ -176,10 +176,11 @@ def fit_with_cases(
 
 
 def fit_sglang(cases: Sequence[Case]) -> tuple[sglang_calibration.Calibration, dict[str, list[str]]]:
-    """SGLang's context before weights: the median of card total - 'Load weight begin. avail mem'
-    over the cases that print it on a catalogued card, with or without a config.json at hand (it
-    needs none), for 0.4.x and from 0.5 apart; a release family no case prints takes the median
-    of all (none at all: zero)."""
+    """SGLang's context before weights: the median of card total - the free memory before weights
+    ('Load weight begin. avail mem', else 'Load weight end' avail + mem usage) over the cases that
+    print it on a catalogued card, with or without a config.json at hand (it needs none), one rank
+    or a PCIe-only card apart from TP >= 2 over a fabric (calibration.fabric_communication); a class
+    no case prints takes the median of all (none at all: zero)."""
     used = [
         c
         for c in cases
@@ -190,13 +191,16 @@ def fit_sglang(cases: Sequence[Case]) -> tuple[sglang_calibration.Calibration, d
         values = [c.gpu_total_bytes / GiB - c.observed["pre_load"] for c in group if c.gpu_total_bytes]
         return float(f"{statistics.median(values):.4g}") if values else None
 
-    old = [c for c in used if (v := version_tuple(c.engine_version)) is not None and v < (0, 5)]
-    new = [c for c in used if c not in old]
+    fabric = [c for c in used if sglang_calibration.fabric_communication(c.tp or 1, c.gpu_name)]
+    local = [c for c in used if c not in fabric]
     every = median(used) or 0.0
     fitted = sglang_calibration.Calibration(
-        context_gib=median(new) or every, context_gib_04=median(old) or every
+        context_gib=median(local) or every, context_gib_fabric=median(fabric) or every
     )
-    return fitted, {"context_gib": [c.id for c in new or used], "context_gib_04": [c.id for c in old or used]}
+    return fitted, {
+        "context_gib": [c.id for c in local or used],
+        "context_gib_fabric": [c.id for c in fabric or used],
+    }
 
 
 def rounded(cal: Calibration) -> Calibration:

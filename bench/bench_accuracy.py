@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import accuracy_fit
+from bench import accuracy_fit, accuracy_sglang
 from bench.accuracy_cases import Case, deployment, load_cases, predictable
 from bench.accuracy_loso import NEWEST, Models, Report, Row, checked, floor_rows, kv_key, run
 from kvwatch.capacity.envelope import AXES, Envelope, card_family, conditions, release_bucket
@@ -296,7 +296,7 @@ def write_tables(report: Report, cases: Sequence[Case], models: Models) -> None:
     )
     sg, sg_used = accuracy_fit.fit_sglang(cases)  # needs no model config: every case that prints it
     sg_text = (
-        f"FITTED = Calibration(context_gib={sg.context_gib!r}, context_gib_04={sg.context_gib_04!r})\n"
+        f"FITTED = Calibration(context_gib={sg.context_gib!r}, context_gib_fabric={sg.context_gib_fabric!r})\n"
         "CASES: dict[str, str] = {"
         + ", ".join(f"{json.dumps(k)}: {json.dumps(_sources_of(v, cases))}" for k, v in sg_used.items())
         + "}\n"
@@ -307,6 +307,10 @@ def write_tables(report: Report, cases: Sequence[Case], models: Models) -> None:
         text = envelope_source(engine, env, report, cases, models)
         _replace_block(engines / engine / "envelope.py", "# --- envelope: begin", "# --- envelope: end", text)
         paths.append(engines / engine / "envelope.py")
+    sglang_cases, _ = accuracy_sglang.load_cases()
+    _, band = accuracy_sglang.in_sample(sglang_cases)
+    _replace_block(engines / "sglang" / "predict.py", "# --- band: begin", "# --- band: end", f"BAND = {band!r}\n")
+    paths.append(engines / "sglang" / "predict.py")
     _replace_block(DOC, DOC_BEGIN, DOC_END, doc_table(report))
     ruff = Path(sys.executable).parent / "ruff"
     if ruff.is_file():

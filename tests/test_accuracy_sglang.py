@@ -42,13 +42,19 @@ LOSO = acc.leave_one_source_out(SCORED)
 # Its Qwen3-VL-30B-A3B A100 startup (+5.61 %: a 30,553-token pool, 2.8 GiB beside 58 GiB of weights)
 # and the eighth context figure (0.77 GiB): median 1.55 %, mean 4.07 %, 18 of 27 within 5 %, 24 of 27
 # inside the band; pool median 3.79 % over 22, weights median 1.01 % over 13.
-MEDIAN_PCT = 1.6
-MEAN_PCT = 4.1
-WITHIN_5_PCT = 66.0
-INSIDE_BAND_PCT = 88.0
+# Then sglang-misses (the memory
+# before weights by communication class, not release; the fp32 rotary cache in the weights): mean
+# 3.13 %, 17 of 22 within 5 %, pool median 1.78 %, weights median 1.17 %; the median rose to 1.61 %
+# (sglang#10407's +0.08 % had cancelled a 1.95 GiB TP 1 context against TP 4's; now -1.56 %).
+# Merged with the sglang-repos cases, over 27: median 0.99 %, mean 2.91 %, 21 of 27 within 5 %, 25 of
+# 27 inside the band, pool median 1.98 % over 22, weights median 0.78 % over 13, failed starts 3 of 4.
+MEDIAN_PCT = 1.0
+MEAN_PCT = 3.0
+WITHIN_5_PCT = 77.0
+INSIDE_BAND_PCT = 92.0
 # The pool bytes are printed by 22 of the 27 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
-POOL_MEDIAN_PCT = 3.8
-WEIGHTS_MEDIAN_PCT = 1.5
+POOL_MEDIAN_PCT = 2.0
+WEIGHTS_MEDIAN_PCT = 0.8
 
 # Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
 # startups (clean 80 GB cards, free memory before weights within 0.3 % of kvwatch's estimate) took
@@ -62,11 +68,6 @@ KNOWN_OUTSIDE: dict[str, str] = {
     "sgl-pr39713-qwen3-0.6b-h100-mfs083-prefill-graph-oom": (
         "4.7 GiB go between 'Load weight begin' and the profile for a 1.1 GiB model (0.5.23 dev); "
         "nothing in 0.5.23's sizing code accounts for it"
-    ),
-    "sgl-maxuhl-thesis-llama31-8b-24gb-docker": (
-        "+16.67 % against a 14.63 % band since the Qwen3-VL cases of sglang-repos refitted the fits "
-        "(inside before): an unnamed 24 GB card under Docker with 22.39 GiB free before weights "
-        "(Load weight end 7.37 + 15.02 GiB of weights)"
     ),
 }
 # Failed starts (for want of memory) predicted to start, and why.

@@ -680,9 +680,12 @@ def test_safetensors_index_total_size_wins(tmp_path: Path) -> None:
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 16060522496}}))
     m = load_model(d)
     assert m.safetensors_total_size == 16060522496
-    # SGLang's prediction takes the checkpoint's bytes, split over the ranks.
-    p = predict(m, Deployment(engine="sglang", gpu_memory_bytes=H100, tp=2, max_model_len=8192))
-    assert p.weights_bytes == 16060522496 // 2
+    # SGLang's prediction takes the checkpoint's bytes, split over the ranks, plus the fp32 rotary
+    # cos/sin table each rank builds beside them.
+    sd = Deployment(engine="sglang", gpu_memory_bytes=H100, tp=2, max_model_len=8192)
+    p = predict(m, sd)
+    assert weight_extras.rope_cache(m, sd) == 131072 * 128 * 4
+    assert p.weights_bytes == 16060522496 // 2 + weight_extras.rope_cache(m, sd)
     assert p.inputs["weights"] == "derived"
     # vLLM's is its loader's: the same bytes plus the rotary cache both ranks build (tests/apriori:
     # 'Model loading took 7.51 GiB' for this model at TP=2).
@@ -872,10 +875,9 @@ def test_weights_dtype_naming_the_checkpoints_own_scheme_counts_items() -> None:
     named = predict(m, Deployment(gpu_memory_bytes=H100, max_model_len=8192, weights_dtype="mxfp4"))
     assert named.weights_bytes == own.weights_bytes
     # a different width is a what-if over every parameter
-    what_if = predict(
-        m, Deployment(engine="sglang", gpu_memory_bytes=H100, max_model_len=8192, weights_dtype="fp8")
-    )
-    assert what_if.weights_bytes == m.param_count * 1
+    fp8 = Deployment(engine="sglang", gpu_memory_bytes=H100, max_model_len=8192, weights_dtype="fp8")
+    what_if = predict(m, fp8)
+    assert what_if.weights_bytes == m.param_count * 1 + weight_extras.rope_cache(m, fp8)
     # vLLM's loader keeps the embeddings and head in 16 bits whatever the linears' width.
     vllm_fp8 = predict(m, Deployment(gpu_memory_bytes=H100, max_model_len=8192, weights_dtype="fp8"))
     assert m.param_count < vllm_fp8.weights_bytes < m.param_count * 1.1

@@ -18,7 +18,7 @@ from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.sglang import budget, request_table, states, weight_extras
+from kvwatch.engines.sglang import budget, calibration, request_table, states, weight_extras
 
 CONFIGS = Path(__file__).parent / "model_configs"
 H100_MIB, H20_MIB, B200_MIB = 81559, 97871, 183359
@@ -240,6 +240,7 @@ def test_predicted_weights_carry_what_sglang_holds_beyond_the_checkpoint() -> No
         + weight_extras.router_replicas(v32, d)
         + weight_extras.dsa_indexer_replicas(v32, d)
         + weight_extras.mla_up_proj_copies(v32, d)
+        + weight_extras.rope_cache(v32, d)
     )
     assert weight_extras.mla_up_proj_copies(v32, d) == 512 * 128 * 256 * 61 * 2
     assert p.weights_bytes == split + extras
@@ -392,3 +393,34 @@ def test_the_request_table_is_what_goes_between_the_weights_and_memory_pool_end(
     table = request_table.request_table(d, o["max_total_num_tokens"], o["context_len"]).bytes / GiB
     assert table <= drop + 0.03
     assert drop - table < 0.3
+
+
+def test_weights_carry_the_fp32_rotary_cache_on_cuda() -> None:
+    # Llama 3.1 8B's 131,072 x 128 cos/sin table, fp32 on CUDA (0.4.7 layers/rotary_embedding.py:82-93):
+    # MaxUhl98/Thesis's RTX 4090 loads 15.02 GiB, the checkpoint's split 14.96.
+    m = _model("meta-llama--Meta-Llama-3.1-8B")
+    d = _sglang("0.4.7", "RTX-4090-24GB", 24564)
+    assert weight_extras.rope_cache(m, d) == 131072 * 128 * 4
+    p = predict(m, d)
+    assert p.weights_bytes == weights_per_rank(m, 1, 1).per_rank_bytes + 131072 * 128 * 4
+    assert p.weights_bytes is not None and abs(p.weights_bytes / GiB - 15.02) < 0.005
+    # Off CUDA the table is cast to the model dtype (bf16).
+    assert weight_extras.rope_cache(m, _sglang("0.5.4", "MI300X-192GB", 196592)) == 131072 * 128 * 2
+
+
+def test_memory_before_weights_follows_the_communication_set_up_not_the_release() -> None:
+    # One rank keeps the one-rank figure in 0.4 and 0.5 alike; TP 4 over NVSwitch takes the fabric
+    # figure (NCCL, custom all-reduce); TP 4 on PCIe-only L4s (custom all-reduce off) one rank's.
+    cal = calibration.current()
+    assert cal.context_gib < cal.context_gib_fabric
+    one = int(cal.context_gib * GiB)
+    fabric = int(cal.context_gib_fabric * GiB)
+    assert calibration.context_bytes(cal, 1, "H100-SXM-80GB") == one
+    assert calibration.context_bytes(cal, 1, "L40S-48GB") == one
+    assert calibration.context_bytes(cal, 4, "H100-SXM-80GB") == fabric
+    assert calibration.context_bytes(cal, 4, "L4-24GB") == one
+    assert calibration.context_bytes(cal, 2, None) == fabric
+    m = _model("meta-llama--Meta-Llama-3.1-8B")
+    assert predict(m, _sglang("0.4.2", "H100-SXM-80GB", tp=1)).non_torch_bytes == one
+    assert predict(m, _sglang("0.5.7", "H100-SXM-80GB", tp=1)).non_torch_bytes == one
+    assert predict(m, _sglang("0.4.9", "H100-SXM-80GB", tp=4)).non_torch_bytes == fabric

@@ -16,7 +16,6 @@ from kvwatch.capacity.envelope import conditions, label, not_calibrated_note
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.core.units import format_bytes
-from kvwatch.core.versions import version_tuple
 from kvwatch.engines.sglang import budget, calibration, request_table, weight_extras
 from kvwatch.engines.sglang.envelope import CURRENT
 
@@ -40,7 +39,9 @@ class BandTerms:
     fraction: float
 
 
-BAND = BandTerms(weights=0.024, pre_load=0.015, fraction=0.0)
+# --- band: begin
+BAND = BandTerms(weights=0.02, pre_load=0.007, fraction=0.0)
+# --- band: end
 _band = [BAND]
 
 
@@ -108,6 +109,13 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 "sparse-attention indexer: wq_b and wk whole on every rank, weights_proj in fp32 "
                 f"(+{format_bytes(indexer)} per rank)"
             )
+        rope = weight_extras.rope_cache(model, d)
+        if rope:
+            weights_rank = basis.weights_bytes = weights_rank + rope
+            assumptions.append(
+                f"rotary cos/sin cache: {model.dims.rope_positions if model.dims else 0:,} positions, "
+                f"built beside the weights on every rank (+{format_bytes(rope)} per rank)"
+            )
         copies = weight_extras.mla_up_proj_copies(model, d)
         if copies:
             weights_rank = basis.weights_bytes = weights_rank + copies
@@ -157,7 +165,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 inputs["non_torch"] = "given"
             else:
                 # Before the weights load (calibration.py: FITTED on the startups that print it).
-                non_torch = calibration.context_bytes(calibration.current(), version_tuple(d.engine_version))
+                non_torch = calibration.context_bytes(calibration.current(), d.tp, d.gpu_name)
                 inputs["non_torch"] = "estimated"
                 assumptions.append(
                     f"CUDA context + torch.distributed before weights = {format_bytes(non_torch)} (estimate)"

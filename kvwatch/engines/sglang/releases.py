@@ -5,7 +5,7 @@ Every row is a ``Rule`` (core/versions.py) of sides oldest first: ``Side(since, 
 ``source`` the engine file:line it was read from (``pip download sglang==X --no-deps``; paths under
 python/sglang/srt/). ``RULE.at(version)`` is the value for a release; None -- no release given or
 printed -- and any release newer than the last side take the newest. budget.py, weight_extras.py,
-request_table.py, states.py and calibration.py read these rows instead of comparing versions
+request_table.py and states.py read these rows instead of comparing versions
 themselves; tests/test_releases.py checks every row cites its source and that its sides run in
 release order inside the releases kvwatch knows.
 """
@@ -220,15 +220,6 @@ STATE_PADDING_SLOT: Rule[bool] = Rule(
     Side("0.5.17", True, "0.5.17 kv_cache_configurator.py:1911, :1978; 0.5.23 :3368-3409"),
 )
 
-# --- the fitted memory before the weights (calibration.py) ---------------------------------------
-
-CONTEXT_04: Rule[bool] = Rule(
-    "context_04",
-    "the memory in use before the weights load is the 0.4 class's (calibration.context_gib_04, FITTED)",
-    Side(None, True, "0.4.8.post1 model_executor/model_runner.py (0.4.x startups, fitted)"),
-    Side("0.5", False, "0.5.2 model_executor/model_runner.py (0.5.x startups, fitted)"),
-)
-
 RULES: tuple[Rule[Any], ...] = (
     FRACTION_FORMULA,
     NO_GPU_FRACTION,
@@ -255,5 +246,4 @@ RULES: tuple[Rule[Any], ...] = (
     MAMBA2_FIXED_STATE_SLOTS,
     STATE_SLOTS_DP_DIVIDED,
     STATE_PADDING_SLOT,
-    CONTEXT_04,
 )

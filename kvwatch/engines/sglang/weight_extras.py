@@ -119,3 +119,18 @@ def mla_up_proj_copies(model: ModelGeometry, d: Deployment) -> int:
         sum(1 for layer in stage if layer.kind == "mla") for stage in stage_layers(model.layers, d.pp)
     )
     return dims.mla_kv_up_params * layers * width // attention_tp(d)
+
+
+def rope_cache(model: ModelGeometry, d: Deployment) -> int:
+    """Bytes of the rotary cos/sin cache every rank builds beside the weights, which 'Load weight end.
+    mem usage' counts: one [rope positions, rotary_dim] table per stage (get_rope caches one instance
+    per shape, 0.5.7 layers/rotary_embedding.py:2497-2545), kept in fp32 on CUDA "for numerical
+    stability" and cast to the model dtype elsewhere (0.4.3.post4 layers/rotary_embedding.py:81-86;
+    0.4.7 :82-93; 0.5.7 :112-133). Llama 3.1's 131,072 x 128 table is the 64 MiB the RTX 4090 startup
+    (MaxUhl98/Thesis) loads above the checkpoint."""
+    dims = model.dims
+    if dims is None or dims.rope_positions <= 0 or dims.rotary_dim <= 0:
+        return 0
+    card = gpus.find(d.gpu_name)
+    cuda = card is None or card.vendor == "nvidia"
+    return dims.rope_positions * dims.rotary_dim * (4 if cuda else model.dtype_bytes)
