@@ -309,7 +309,9 @@ def write_tables(report: Report, cases: Sequence[Case], models: Models) -> None:
         paths.append(engines / engine / "envelope.py")
     sglang_cases, _ = accuracy_sglang.load_cases()
     _, band = accuracy_sglang.in_sample(sglang_cases)
-    _replace_block(engines / "sglang" / "predict.py", "# --- band: begin", "# --- band: end", f"BAND = {band!r}\n")
+    _replace_block(
+        engines / "sglang" / "predict.py", "# --- band: begin", "# --- band: end", f"BAND = {band!r}\n"
+    )
     paths.append(engines / "sglang" / "predict.py")
     _replace_block(DOC, DOC_BEGIN, DOC_END, doc_table(report))
     ruff = Path(sys.executable).parent / "ruff"
