@@ -95,34 +95,30 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 + f" are not split over all {d.tp} ranks (+{format_bytes(extra)} per rank)"
             )
     if weights_rank is not None and d.weights_bytes is None:
-        routers = weight_extras.router_replicas(model, d)
-        if routers:
-            weights_rank = basis.weights_bytes = weights_rank + routers
-            assumptions.append(
-                f"MoE routers are replicated on every rank, not split over tp={d.tp} "
-                f"(+{format_bytes(routers)} per rank)"
-            )
-        indexer = weight_extras.dsa_indexer_replicas(model, d)
-        if indexer:
-            weights_rank = basis.weights_bytes = weights_rank + indexer
-            assumptions.append(
-                "sparse-attention indexer: wq_b and wk whole on every rank, weights_proj in fp32 "
-                f"(+{format_bytes(indexer)} per rank)"
-            )
-        rope = weight_extras.rope_cache(model, d)
-        if rope:
-            weights_rank = basis.weights_bytes = weights_rank + rope
-            assumptions.append(
+        # What a rank holds beyond the checkpoint's even split, each with the note that names it.
+        extras = (
+            (
+                weight_extras.router_replicas(model, d),
+                f"MoE routers are replicated on every rank, not split over tp={d.tp}",
+            ),
+            (
+                weight_extras.dsa_indexer_replicas(model, d),
+                "sparse-attention indexer: wq_b and wk whole on every rank, weights_proj in fp32",
+            ),
+            (
+                weight_extras.rope_cache(model, d),
                 f"rotary cos/sin cache: {model.dims.rope_positions if model.dims else 0:,} positions, "
-                f"built beside the weights on every rank (+{format_bytes(rope)} per rank)"
-            )
-        copies = weight_extras.mla_up_proj_copies(model, d)
-        if copies:
-            weights_rank = basis.weights_bytes = weights_rank + copies
-            assumptions.append(
-                f"MLA: SGLang keeps per-head copies of kv_b_proj (w_kc, w_vc) beside it "
-                f"(+{format_bytes(copies)} per rank)"
-            )
+                "built beside the weights on every rank",
+            ),
+            (
+                weight_extras.mla_up_proj_copies(model, d),
+                "MLA: SGLang keeps per-head copies of kv_b_proj (w_kc, w_vc) beside it",
+            ),
+        )
+        for extra_bytes, note in extras:
+            if extra_bytes:
+                weights_rank = basis.weights_bytes = weights_rank + extra_bytes
+                assumptions.append(f"{note} (+{format_bytes(extra_bytes)} per rank)")
     if d.available_kv_bytes is not None:
         available = d.available_kv_bytes
         inputs["available_kv"] = "given"
