@@ -414,6 +414,7 @@ def deployment(case: Case) -> Deployment:
         "dp_attention": case.dp_attention,
         "kv_connector": case.kv_connector,
         "kv_cache_dtype": kv_dtype,
+        "memory_in_use_bytes": _memory_in_use(s),
     }
     if case.engine == "sglang":
         return Deployment(
@@ -441,6 +442,20 @@ def deployment(case: Case) -> Deployment:
         **_speculative(s),
         **common,
     )
+
+
+def _memory_in_use(settings: dict[str, Any]) -> int | None:
+    """What other processes held on the card before launch, as ``--gpu-memory-in-use`` takes it:
+    only a figure the source states (nvidia-smi before starting, the user's own words), so only with
+    its ``gpu_memory_in_use_source`` quote. Never the engine's own free-memory line: that is the
+    outcome being predicted, not something the user knew."""
+    gib = settings.get("gpu_memory_in_use_gib")
+    source = settings.get("gpu_memory_in_use_source")
+    if isinstance(gib, bool) or not isinstance(gib, int | float) or gib < 0:
+        return None
+    if not isinstance(source, str) or not source.strip():
+        return None
+    return int(gib * GiB)
 
 
 def _speculative(settings: dict[str, Any]) -> dict[str, Any]:

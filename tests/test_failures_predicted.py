@@ -3,11 +3,14 @@ engine's own check, read in the release's source (cited per test), and checks kv
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from bench import accuracy_cases
 from bench import accuracy_sglang as acc_sglang
 from bench.accuracy_cases import _card
 from kvwatch.analysis.predict import predict
@@ -266,3 +269,31 @@ def test_sglang_request_table_beyond_the_reserve_is_scouts_failed_start() -> Non
     assert (
         "req_to_token" in p.failure and f"{raw['observed']['oom_tried_to_allocate_gib']:.2f} GiB" in p.failure
     )
+
+
+def _imageworks_failed_record() -> dict[str, object]:
+    cases = json.loads((Path(__file__).parent / "apriori" / "public" / "vllm" / "cases.json").read_text())
+    rows = cases if isinstance(cases, list) else cases["cases"]
+    return next(
+        c for c in rows if c["id"] == "imageworks-llava-1.5-7b-awq-rtx4080-v0.10.2-util0.85-failed-freemem"
+    )
+
+
+def test_the_bench_passes_a_stated_memory_in_use_as_predict_does() -> None:
+    """A case's ``gpu_memory_in_use_gib`` reaches the Deployment as ``--gpu-memory-in-use`` would,
+    but only with the quote it came from: the recorded imageworks case states none (its 13.58 GiB
+    free is the engine's own line, the outcome), so the bench predicts it with nothing in use."""
+    record = _imageworks_failed_record()
+    recorded = accuracy_cases._from_record(record, "mrpid12org/imageworks")
+    assert accuracy_cases.deployment(recorded).memory_in_use_bytes is None
+    stated = copy.deepcopy(record)
+    settings = cast(dict[str, object], stated["settings"])
+    settings["gpu_memory_in_use_gib"] = 2.41
+    assert accuracy_cases.deployment(accuracy_cases._from_record(stated, "t")).memory_in_use_bytes is None
+    settings["gpu_memory_in_use_source"] = "a user's nvidia-smi before launch (test record)"
+    case = accuracy_cases._from_record(stated, "t")
+    d = accuracy_cases.deployment(case)
+    assert d.memory_in_use_bytes == int(2.41 * GiB)
+    p = predict(case.geometry(), d)
+    assert p.fits is False and p.failure is not None
+    assert p.failure.startswith("Free memory on device (13.58/15.99 GiB) on startup is less than desired")
