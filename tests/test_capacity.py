@@ -1071,3 +1071,55 @@ def test_sglang_mamba2_models_keep_fixed_slots_while_the_radix_cache_is_off(
     available = 40 * GiB
     tokens = budget.pool(m, d, 2, available).tokens
     assert (tokens == (available - 512 * per_req) // budget.cell_size(m, d, 2)) is fixed
+
+
+def _bnb_qwen(skip: list[str] | None) -> Any:
+    """Qwen2.5-7B as a bitsandbytes 4-bit checkpoint, with an Unsloth-style skip list."""
+    cfg = raw("Qwen--Qwen2.5-7B")
+    quant: dict[str, Any] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    if skip is not None:
+        quant["llm_int8_skip_modules"] = skip
+    cfg["quantization_config"] = quant
+    return geometry_from_config(cfg)
+
+
+def test_bnb_skip_modules_stay_16_bit_on_their_own_stage() -> None:
+    """vLLM gives every linear llm_int8_skip_modules names UnquantizedLinearMethod (0.8.5
+    quantization/bitsandbytes.py:123-145): the skipped layer's MLP loads in bf16 on the PP stage
+    holding that layer; an HF-only projection name ('gate_proj', fused to gate_up_proj in vLLM)
+    matches nothing."""
+    from kvwatch.engines.vllm.weights import weights_per_stage
+
+    d = Deployment(engine="vllm", engine_version="0.8.5", pp=2, max_model_len=4096)
+    base = weights_per_stage(_bnb_qwen(None).dims, d, None)[0]
+    # vllm#12974's example list (unsloth/DeepSeek-R1-Distill-Llama-8B-unsloth-bnb-4bit).
+    pr = ["lm_head", "multi_modal_projector", "merger", "modality_projection", "model.layers.1.mlp"]
+    one = weights_per_stage(_bnb_qwen(pr).dims, d, None)[0]
+    mlp = 3 * 3584 * 18944  # gate, up, down of one Qwen2.5-7B layer, no biases
+    assert one[1] == base[1]
+    assert one[0] - base[0] == pytest.approx(mlp * (2 - (0.5 + 2 / 64)), abs=2)
+    late = weights_per_stage(_bnb_qwen(["model.layers.20.mlp"]).dims, d, None)[0]
+    assert late[0] == base[0] and late[1] - base[1] == one[0] - base[0]
+    assert weights_per_stage(_bnb_qwen(["gate_proj"]).dims, d, None)[0] == base
+    every = weights_per_stage(_bnb_qwen(["mlp"]).dims, d, None)[0]
+    assert sum(every) - sum(base) == pytest.approx(28 * (one[0] - base[0]), abs=60)
+    # The checkpoint-level count agrees.
+    from kvwatch.capacity.weights import weight_bytes
+
+    assert weight_bytes(_bnb_qwen(pr))[0] - weight_bytes(_bnb_qwen(None))[0] == pytest.approx(
+        mlp * (16 - 4.5) / 8, abs=2
+    )
+
+
+def test_bnb_4bit_profile_holds_a_dequantised_shard() -> None:
+    """bitsandbytes' matmul_4bit dequantises the shard's weight to bf16 for a multi-row input
+    (0.45.5 autograd/_functions.py:462, :521-533); vLLM calls it per output shard and copies the
+    result into the layer's output (0.8.5 quantization/bitsandbytes.py:320-375)."""
+    from kvwatch.engines.vllm.memory import activation
+
+    dims = _bnb_qwen(None).dims
+    # The first of two PP stages runs the forward only (the last one's sampler can hide it).
+    d = Deployment(engine="vllm", engine_version="0.8.5", pp=2, max_model_len=4096)
+    bnb = activation(dims, d, None, 256, 2048)[0].bytes
+    awq = activation(replace(dims, quant_method="awq"), d, None, 256, 2048)[0].bytes
+    assert bnb - awq == (18944 * 3584 + 18944 * 2048) * 2

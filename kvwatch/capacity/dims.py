@@ -68,6 +68,12 @@ class ModelDims:
     # index_n_heads); the param count puts both inside the attention.
     dsa_indexer_linear_params: int = 0
     dsa_indexer_gate_params: int = 0
+    # bitsandbytes only: per decoder layer, the (attention, dense MLP) linear params the checkpoint's
+    # llm_int8_skip_modules leave in the model dtype (bnb_skipped_params); empty when none are.
+    bnb_skipped: tuple[tuple[int, int], ...] = ()
+    # quantization_config.quant_method as written, lower case ('' when none): the scheme above does
+    # not tell a bitsandbytes 4-bit checkpoint, which dequantises per matmul, from AWQ / GPTQ.
+    quant_method: str = ""
 
 
 def _int(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -146,6 +152,61 @@ def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
     if not method:
         raise UnmodelledError("config.json quantization_config has no quant_method: kvwatch cannot weigh it")
     raise UnmodelledError(f"quantization_config.quant_method {method!r} is not one kvwatch can weigh")
+
+
+def _quant_method(config: object) -> str:
+    return str(config.get("quant_method") or "").lower() if isinstance(config, Mapping) else ""
+
+
+def _bnb_skipped_linear(prefix: str, skip: list[str]) -> bool:
+    """vLLM's rule (0.8.5 quantization/bitsandbytes.py:123-145, is_layer_skipped_bnb; the same from
+    0.7.3, vllm#12974): a linear whose prefix has a skip entry as one of its dot components, or as
+    one of its leading dotted paths, gets UnquantizedLinearMethod and loads in the model dtype."""
+    parts = prefix.split(".")
+    heads = {".".join(parts[: k + 1]) for k in range(len(parts))}
+    return any(entry in parts or entry in heads for entry in skip)
+
+
+def bnb_skipped_params(
+    cfg: Mapping[str, Any], params: Mapping[str, int], num_layers: int
+) -> tuple[tuple[int, int], ...]:
+    """Per layer, the (attention, dense MLP) params a bitsandbytes checkpoint keeps unquantised.
+
+    Unsloth's dynamic 4-bit checkpoints list whole modules ("model.layers.1.mlp", vllm#12974) or
+    projections in llm_int8_skip_modules; vLLM matches them against its own linears' prefixes
+    (model.layers.N.self_attn.qkv_proj / o_proj, model.layers.N.mlp.gate_up_proj / down_proj), so a
+    name only the HF checkpoint has (q_proj, gate_proj) matches nothing there. Attention is costed as
+    the average layer's, split qkv : o by the head counts, the gated MLP 2 : 1; MoE layers' experts
+    are not matched (their names differ per model)."""
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, Mapping) or _quant_method(quant) != "bitsandbytes":
+        return ()
+    raw = quant.get("llm_int8_skip_modules")
+    skip = [str(x) for x in raw] if isinstance(raw, list) else []
+    layers = max(num_layers, 1)
+    if not skip or not num_layers:
+        return ()
+    heads = _int(cfg, "num_attention_heads") or 1
+    kv = _int(cfg, "num_key_value_heads") or heads
+    attn = params.get(ATTENTION, 0) // layers
+    qkv = attn * (heads + 2 * kv) // (2 * heads + 2 * kv)
+    mlp = 0 if _int(cfg, "n_routed_experts", "num_experts", "num_local_experts") else params.get(DENSE_MLP, 0)
+    mlp //= layers
+    out: list[tuple[int, int]] = []
+    for i in range(num_layers):
+        base = f"model.layers.{i}"
+        a = sum(
+            n
+            for name, n in (("qkv_proj", qkv), ("o_proj", attn - qkv))
+            if _bnb_skipped_linear(f"{base}.self_attn.{name}", skip)
+        )
+        m = sum(
+            n
+            for name, n in (("gate_up_proj", mlp * 2 // 3), ("down_proj", mlp - mlp * 2 // 3))
+            if _bnb_skipped_linear(f"{base}.mlp.{name}", skip)
+        )
+        out.append((a, m))
+    return tuple(out) if any(a or m for a, m in out) else ()
 
 
 def _rope_positions(cfg: Mapping[str, Any], max_position: int) -> int:
@@ -276,4 +337,6 @@ def dims_from_config(
             else 0
         ),
         dsa_indexer_gate_params=hidden * _int(cfg, "index_n_heads") if _int(cfg, "index_head_dim") else 0,
+        bnb_skipped=bnb_skipped_params(cfg, params, num_layers),
+        quant_method=_quant_method(cfg.get("quantization_config")),
     )

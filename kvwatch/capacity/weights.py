@@ -301,16 +301,33 @@ def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tupl
     for group, count in params.items():
         bits = scheme[1] if scheme is not None and group in scheme[2] else base_bits
         total_bits += count * bits
+    total_bits += _bnb_kept_bits(model, scheme, (ATTENTION, DENSE_MLP))
     # Vision / audio towers, in the model dtype (checkpoints keep them unquantised).
     total_bits += (model.dims.vision_params if model.dims is not None else 0) * base_bits
     return int(total_bits // 8), scheme[0] if scheme is not None else model.dtype
+
+
+def _bnb_kept_bits(
+    model: ModelGeometry, scheme: tuple[str, float, frozenset[str]] | None, groups: tuple[str, ...]
+) -> float:
+    """The bits a bitsandbytes checkpoint's llm_int8_skip_modules add over quantising those linears:
+    they stay in the model dtype (dims.bnb_skipped; vLLM quantization/bitsandbytes.py:123-145)."""
+    if scheme is None or model.dims is None or not model.dims.bnb_skipped:
+        return 0.0
+    extra = model.dtype_bytes * 8 - scheme[1]
+    kept = 0
+    for a, m in model.dims.bnb_skipped:
+        kept += (a if ATTENTION in groups and ATTENTION in scheme[2] else 0) + (
+            m if DENSE_MLP in groups and DENSE_MLP in scheme[2] else 0
+        )
+    return kept * extra
 
 
 def weight_bytes_of(model: ModelGeometry, group: str) -> int:
     """Bytes of one parameter group (dims.ATTENTION, ...) as the checkpoint stores it."""
     scheme = _quant_scheme(model.quantization)
     bits = scheme[1] if scheme is not None and group in scheme[2] else model.dtype_bytes * 8
-    return int(model.params.get(group, 0) * bits // 8)
+    return int((model.params.get(group, 0) * bits + _bnb_kept_bits(model, scheme, (group,))) // 8)
 
 
 def weights_per_rank(

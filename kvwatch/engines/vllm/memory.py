@@ -228,6 +228,21 @@ def _moe_workspace(dims: ModelDims, tp: int, tokens: int, act: int) -> int:
     return (ws13 + ws2) * act
 
 
+def _bnb_dequant(dims: ModelDims, tp: int, tokens: int) -> int:
+    """The transient of a bitsandbytes 4-bit matmul in the profile forward: vLLM casts the input to
+    bf16 and calls matmul_4bit once per output shard, copying each result into the layer's output
+    (0.8.5 quantization/bitsandbytes.py:320-375); for more than one row bitsandbytes dequantises the
+    shard's whole weight to bf16 and runs a dense linear (bitsandbytes 0.45.5
+    autograd/_functions.py:462 and :521-533). At the peak, the largest shard -- the MLP's gate (or
+    up) projection, intermediate / tp x hidden -- is alive in bf16 beside its result (tokens x
+    the wider of the gate's and down's outputs). MoE experts (no dense intermediate) are not sized.
+    """
+    inter = dims.intermediate_size // tp
+    if dims.quant_method != "bitsandbytes" or dims.checkpoint_quant != "w4a16" or not inter:
+        return 0
+    return (inter * dims.hidden_size + max(inter, dims.hidden_size) * tokens) * 2
+
+
 def activation(
     dims: ModelDims, d: Deployment, gpu: GpuSpec | None, max_num_seqs: int, tokens: int
 ) -> list[Term]:
@@ -257,6 +272,7 @@ def activation(
     coefficient = cal.forward_h if v1 else FORWARD_H_V0
     forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
     forward += 0 if kept else moe
+    forward += _bnb_dequant(dims, d.tp, tokens)
     sampler = tokens * dims.hidden_size * act + _sampler_bytes(
         dims, d, rows, act, (gpu.sm_count if gpu and gpu.sm_count else 132)
     )

@@ -12,6 +12,8 @@ Rules (vllm 0.19.0):
 - Linears split 1/tp; norms and the rotary cos/sin cache (max positions x rotary dim, in the
   activation dtype; rotary_embedding get_rope) are replicated on every rank.
 - PP (distributed/utils.py get_pp_indices): the embedding on the first stage, the head on the last.
+- bitsandbytes: the linears llm_int8_skip_modules names (Unsloth's dynamic 4-bit) stay in the
+  activation dtype, on their own layer's stage (dims.bnb_skipped).
 - Vision / audio towers (dims.tower_params, estimated from the config when no safetensors index is
   at hand) in the activation dtype, split over TP, on the first stage.
 """
@@ -116,8 +118,14 @@ def weights_per_stage(
     per_layer = (dims.linear_params * linear + dims.expert_params * experts) / layers / d.tp
     per_layer += dims.other_params * act / layers
     out: list[int] = []
+    first = 0
     for i, n in enumerate(stage_layers(dims.num_layers, d.pp)):
         b = n * per_layer + rope
+        # bitsandbytes llm_int8_skip_modules: those linears load unquantised (UnquantizedLinearMethod,
+        # 0.8.5 quantization/bitsandbytes.py:123-129), on the stage that holds their layer.
+        kept = sum(a + m for a, m in dims.bnb_skipped[first : first + n])
+        b += kept * (act - linear) / d.tp
+        first += n
         if i == 0:
             b += embed + towers
         if i == d.pp - 1 and (not dims.tied_embeddings or d.pp > 1):
