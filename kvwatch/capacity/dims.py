@@ -168,7 +168,7 @@ def _bnb_skipped_linear(prefix: str, skip: list[str]) -> bool:
 
 
 def bnb_skipped_params(
-    cfg: Mapping[str, Any], params: Mapping[str, int], num_layers: int
+    cfg: Mapping[str, JsonValue], params: Mapping[str, int], num_layers: int
 ) -> tuple[tuple[int, int], ...]:
     """Per layer, the (attention, dense MLP) params a bitsandbytes checkpoint keeps unquantised.
 
