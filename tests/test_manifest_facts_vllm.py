@@ -118,6 +118,8 @@ GETTERS: dict[str, tuple[Callable[[Observed], Any], float]] = {
     "pipeline_parallel_size": (lambda o: o.snapshot.settings.pipeline_parallel_size, 0),
     "max_model_len": (lambda o: o.snapshot.settings.max_model_len, 0),
     "max_num_batched_tokens": (lambda o: o.snapshot.settings.max_num_batched_tokens, 0),
+    # The hybrid KV groups' padding line ('may waste at most 3.45% KV cache memory'), kept on the pool.
+    "padding_waste_pct_max": (lambda o: pct(o.snapshot.pool.padding_waste_ratio), 1e-9),
 }
 
 SKIPPED: dict[str, str] = {
@@ -125,7 +127,6 @@ SKIPPED: dict[str, str] = {
     "profiling_seconds": "profiling duration is not a KV-cache fact; kvwatch records no timings",
     "preemption_mode": "V0 only ever reports RECOMPUTE/SWAP in prose; kvwatch counts preemptions, not modes",
     "last_seq_group": "a request id: free text that must never become a metric or label",
-    "padding_waste_pct_max": "the hybrid-layer padding warning bounds waste, it sizes nothing; no event carries it",
     "startup_failed": (
         "the excerpt ends in a generic 'EngineCore failed to start' traceback whose cause (a plugin rejecting "
         "hybrid models) is not in the excerpt; kvwatch types only KV-memory failures"
