@@ -336,6 +336,19 @@ def find(name: str | None) -> GpuSpec | None:
     return None if name is None else _INDEX.get(_key(name))
 
 
+def tp_over_fabric(tp: int, name: str | None) -> bool:
+    """Whether tensor-parallel ranks on this card talk over an NVLink / NVSwitch / xGMI fabric: TP >= 2
+    on a card not known to be PCIe-only (an unlisted card counts as one: the class the engines'
+    startups on such cards measured). On PCIe-only cards there are no NVLink SHARP buffers and the
+    engines turn custom all-reduce off beyond two GPUs, so both engines' communication memory
+    follows this (engines/vllm/memory.fabric_non_torch, engines/sglang/calibration.fabric_communication).
+    """
+    if tp < 2:
+        return False
+    card = find(name)
+    return card is None or card.interconnect != "pcie"
+
+
 def lookup(name: str) -> GpuSpec:
     """The catalogue entry for a name or alias (case, spaces and dashes ignored)."""
     spec = _INDEX.get(_key(name))

@@ -57,10 +57,7 @@ def fabric_communication(tp: int, gpu_name: str | None) -> bool:
     distributed/device_communicators/custom_all_reduce.py:148-153) and NCCL's NVLink SHARP buffers
     need the switch, so a PCIe-only card's ranks keep one rank's figure (llms-in-clouds' 4 x L4).
     """
-    if tp < 2:
-        return False
-    card = gpus.find(gpu_name) if gpu_name else None
-    return card is None or card.interconnect != "pcie"
+    return gpus.tp_over_fabric(tp, gpu_name)
 
 
 def context_bytes(calibration: Calibration, tp: int, gpu_name: str | None) -> int:

@@ -310,10 +310,7 @@ def fabric_non_torch(d: Deployment) -> bool:
     or without P2P (:164-170): their increase is TP 1's. The LAMBO 4x RTX 3090 startups leave
     0.1-1.3 GiB for activation and non-torch together, where the fabric class needs 2.2 GiB.
     """
-    if d.tp < 2:
-        return False
-    card = gpus.find(d.gpu_name)
-    return card is None or card.interconnect != "pcie"
+    return gpus.tp_over_fabric(d.tp, d.gpu_name)
 
 
 def non_torch(d: Deployment) -> Term:
