@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--fit" in args:
         print(f"BAND = {terms!r}")
     if terms != BAND:
-        print("the band terms predict.py ships are not the ones these cases give: run --fit and update them")
+        print("the band terms predict.py ships are not the ones these cases give: python -m bench.bench_accuracy --write")
         return 1
     return 0
 

@@ -30,8 +30,8 @@ class BandTerms:
     (terms of the heuristic kvwatch does not see: speculative decoding, the vision tower's size,
     a card shared with another process), times the free memory before weights. Each is the 80th
     percentile of that term's error over the real startups of tests/apriori/public/sglang and
-    sglang-repos, written by ``python -m bench accuracy-sglang --fit`` (bench/accuracy_sglang.py),
-    which refits them per held-out source for its leave-one-source-out figures.
+    sglang-repos, fitted by bench/accuracy_sglang.py (which refits them per held-out source for its
+    leave-one-source-out figures) and written here by ``python -m bench.bench_accuracy --write``.
     """
 
     weights: float
@@ -249,7 +249,7 @@ def _request_table_check(
     pool_bytes: int,
     assumptions: list[str],
 ) -> str | None:
-    """The req_to_token table against the memory left beside the pool (budget.RequestTable): the
+    """The req_to_token table against the memory left beside the pool (request_table.RequestTable): the
     startup's CUDA out of memory when the table and the pool together exceed the free memory after
     the weights, None otherwise. Notes the table's size either way."""
     table = request_table.request_table(d, tokens, context_len)
