@@ -477,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--fit" in args:
         print(f"BAND = {terms!r}")
     if terms != BAND:
-        print("the band terms predict.py ships are not the ones these cases give: python -m bench.bench_accuracy --write")
+        print(
+            "the band terms predict.py ships are not the ones these cases give: python -m bench.bench_accuracy --write"
+        )
         return 1
     return 0
 
