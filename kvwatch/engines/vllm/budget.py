@@ -208,11 +208,12 @@ def layer_spec(layer: LayerSpec, d: Deployment, elem_bytes: int, block: int, hyb
     )
 
 
-def state_blocks_per_request(d: Deployment) -> int:
+def state_blocks_per_request(model: ModelGeometry, d: Deployment) -> int:
     """Blocks a state layer's group takes per request: 2 in mamba_cache_mode 'align', which prefix
     caching (on by default) selects from 0.21 (0.21.0 model_executor/models/config.py:357-377; 0.33.0
-    :763-771); 1 before."""
-    return releases.MAMBA_BLOCKS_PER_REQUEST.at(d.engine_version)
+    :763-771); 1 before; plus one per token a drafter proposes (MambaSpec, 0.25.1
+    v1/kv_cache_interface.py:688-697)."""
+    return releases.MAMBA_BLOCKS_PER_REQUEST.at(d.engine_version) + speculative_tokens(model, d)
 
 
 def state_block(model: ModelGeometry, d: Deployment, elem_bytes: int, block: int) -> tuple[int, int] | None:
@@ -263,7 +264,7 @@ def plan(
         block = state[0]
         notes.append(
             f"hybrid linear-attention/Mamba model: attention block raised to {block} tokens so a page "
-            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(d) + speculative_tokens(model, d)} "
+            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(model, d)} "
             "block(s) a request"
         )
     elif any(layer.kind in ("linear", "mamba") for layer in model.layers):
@@ -284,7 +285,7 @@ def plan(
             # MambaSpec.num_speculative_blocks = num_speculative_tokens: a state layer keeps one
             # block more per proposed token (0.25.1 model_executor/layers/mamba/abstract.py:44-60,
             # v1/kv_cache_interface.py:688-697; 0.20.1 :527-547).
-            blocks = state_blocks_per_request(d) + speculative_tokens(model, d)
+            blocks = state_blocks_per_request(model, d)
             specs += [
                 Spec("state", None, page, block, blocks)
                 for layer in stage
