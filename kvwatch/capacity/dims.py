@@ -183,15 +183,14 @@ def bnb_skipped_params(
         return ()
     raw = quant.get("llm_int8_skip_modules")
     skip = [str(x) for x in raw] if isinstance(raw, list) else []
-    layers = max(num_layers, 1)
-    if not skip or not num_layers:
+    if not skip or num_layers < 1:
         return ()
     heads = _int(cfg, "num_attention_heads") or 1
     kv = _int(cfg, "num_key_value_heads") or heads
-    attn = params.get(ATTENTION, 0) // layers
+    attn = params.get(ATTENTION, 0) // num_layers
     qkv = attn * (heads + 2 * kv) // (2 * heads + 2 * kv)
     mlp = 0 if _int(cfg, "n_routed_experts", "num_experts", "num_local_experts") else params.get(DENSE_MLP, 0)
-    mlp //= layers
+    mlp //= num_layers
     out: list[tuple[int, int]] = []
     for i in range(num_layers):
         base = f"model.layers.{i}"
