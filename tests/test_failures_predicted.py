@@ -297,3 +297,53 @@ def test_the_bench_passes_a_stated_memory_in_use_as_predict_does() -> None:
     p = predict(case.geometry(), d)
     assert p.fits is False and p.failure is not None
     assert p.failure.startswith("Free memory on device (13.58/15.99 GiB) on startup is less than desired")
+
+
+@pytest.mark.parametrize(
+    ("version", "mode"),
+    [
+        ("0.10.2", "checked"),
+        ("0.8.5", "counted"),
+        ("0.6.4", "counted"),
+        ("0.6.5", "baseline"),
+        ("0.6.3", "baseline"),
+    ],
+)
+def test_the_printed_other_processes_limit_is_where_the_start_starts_failing(version: str, mode: str) -> None:
+    """``predict`` says how much memory other processes may hold before the start fails (a desktop on a
+    consumer card, another server): a little less than that limit starts, a little more fails, by the
+    release's own rule (checked at start, counted as non-torch, or an OOM allocating the cache)."""
+    m = load_model(LLAMA31_8B)
+    d = Deployment(
+        engine="vllm",
+        engine_version=version,
+        gpu_name="RTX-4090-24GB",
+        gpu_memory_bytes=int(23.55 * GiB),
+        max_model_len=8192,
+        gpu_memory_utilization=0.9,
+    )
+    assert memory.others_memory(d) == mode
+    alone = predict(m, d)
+    limit = alone.others_limit_bytes
+    assert limit is not None and limit > 0 and alone.others_limit_note
+    assert alone.to_json_dict()["other_processes_limit_bytes"] == limit
+    step = 64 * 2**20
+    assert predict(m, d.with_(memory_in_use_bytes=limit - step)).failure is None
+    assert predict(m, d.with_(memory_in_use_bytes=limit + step)).failure is not None
+    # Given memory in use already, the limit is still the total others may hold, not what is left.
+    held = predict(m, d.with_(memory_in_use_bytes=GiB))
+    assert held.others_limit_bytes is not None and abs(held.others_limit_bytes - limit) <= step
+
+
+def test_no_other_processes_limit_where_the_start_fails_anyway() -> None:
+    m = load_model(LLAMA31_8B)
+    d = Deployment(
+        engine="vllm",
+        engine_version="0.10.2",
+        gpu_name="RTX-4090-24GB",
+        gpu_memory_bytes=int(23.55 * GiB),
+        max_model_len=131072,
+        gpu_memory_utilization=0.9,
+    )
+    p = predict(m, d)
+    assert p.failure is not None and p.others_limit_bytes is None

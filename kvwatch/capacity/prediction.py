@@ -72,6 +72,11 @@ class Prediction:
     # The conditions no calibration case covers ('A100 class', 'release 0.10', 'vision tower'): each
     # widened the band (capacity/envelope.py).
     not_calibrated: tuple[str, ...] = ()
+    # The most memory other processes (a desktop, another server, a vGPU reserve) may hold on each GPU
+    # at launch before this start fails, and how the release fails past it; None where not modelled
+    # or the start fails anyway.
+    others_limit_bytes: int | None = None
+    others_limit_note: str | None = None
 
     @property
     def error_band_ratio(self) -> float | None:
@@ -137,6 +142,7 @@ class Prediction:
             "memory": dict[str, JsonValue](self.memory_terms()),
             "exact": self.exact,
             "failure": self.failure,
+            "other_processes_limit_bytes": self.others_limit_bytes,
             "inputs": dict(self.inputs),
             "assumptions": list(self.assumptions),
         }

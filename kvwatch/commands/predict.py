@@ -302,6 +302,15 @@ def render(p: Prediction, engine: Engine) -> str:
     if not p.fits and p.estimated_max_model_len:
         verdict += f" (longest that fits: {p.estimated_max_model_len:,} tokens)"
     rows.append(("fits max_model_len", verdict))
+    if p.others_limit_bytes is not None:
+        # A desktop, another server or a vGPU reserve on the card: how much of it this start survives.
+        rows.append(
+            (
+                "other processes",
+                f"start fails if they hold more than {format_bytes(p.others_limit_bytes)} per GPU at launch: "
+                f"{p.others_limit_note}",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     bar = budget_bar(p)

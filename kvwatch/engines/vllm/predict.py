@@ -218,6 +218,33 @@ def _others_failure(d: Deployment, total: int, util: float, in_use: int, activat
     return None
 
 
+def _others_limit(
+    d: Deployment, total: int, util: float, limiting: int, needed: int, activation: int
+) -> tuple[int, str]:
+    """The most memory other processes may hold on a GPU at launch before this start fails, and how
+    it fails past that, by what the release does with it (memory.others_memory; _others_failure's
+    rules): 'checked' refuses to start below utilisation x total free; 'counted' takes it out of the
+    KV budget byte for byte until one request no longer fits; 'baseline' sizes the cache as if it
+    were free and runs out of memory allocating it, less the activation peak the profile freed."""
+    wanted = budget.requested_bytes(total, util)
+    mode = memory.others_memory(d)
+    release = f"vLLM {d.engine_version or 'newest'}"
+    if mode == "checked":
+        return total - wanted, (
+            f"{release} refuses to start with less than {format_bytes(wanted)} free, "
+            "and its own CUDA context takes a little more"
+        )
+    if mode == "counted":
+        already = d.memory_in_use_bytes if d.non_torch_bytes is None else 0
+        return max(limiting - needed, 0) + (already or 0), (
+            f"{release} counts it as its own non-torch memory: the KV cache shrinks by as much, "
+            "until one request of max_model_len no longer fits"
+        )
+    return max(total - wanted + activation, 0), (
+        f"{release} sizes the cache as if {format_bytes(wanted)} were free: its allocation runs out of memory"
+    )
+
+
 def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     """vLLM's budget: requested = total x utilisation, minus weights, the profiled peak, non-torch and,
     from 0.20, the CUDA-graph estimate; then the KV groups and blocks of kv_cache_utils."""
@@ -321,6 +348,9 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         # The startup check runs before the model loads; the out-of-memory after every other check.
         if start_failure is not None and (failure is None or memory.others_memory(d) == "checked"):
             failure, fits, estimated = start_failure, False, None
+    others_limit = others_note = None
+    if fits and total is not None and util is not None and d.available_kv_bytes is None:
+        others_limit, others_note = _others_limit(d, total, util, limiting, needed, activation or 0)
     pool_bytes = plan.num_blocks * plan.page_bytes * plan.tensors
     envelope = CURRENT.get()
     uncovered = envelope.uncovered(conditions(model, d, envelope.newest_read))
@@ -356,6 +386,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         exact=plan.exact,
         failure=failure,
         not_calibrated=tuple(label(axis, value) for axis, value in uncovered) if band is not None else (),
+        others_limit_bytes=others_limit,
+        others_limit_note=others_note,
     )
 
 
