@@ -66,8 +66,10 @@ KNOWN_OUTSIDE: dict[str, str] = {
         "default -- most likely the user's own setting"
     ),
     "sgl-pr39713-qwen3-0.6b-h100-mfs083-prefill-graph-oom": (
-        "4.7 GiB go between 'Load weight begin' and the profile for a 1.1 GiB model (0.5.23 dev); "
-        "nothing in 0.5.23's sizing code accounts for it"
+        "a dev build of 2026-09-16 (scored as 0.5.20) sized the pool from 4.7 GiB less than kvwatch: "
+        "1.95 GiB in use before the weights (0.51 fitted) and 3.52 GiB between the weights and the profile "
+        "(the printed pool and 'Memory pool end'); no 0.5.19-0.5.23 code allocates either for a dense "
+        "Qwen3 at defaults, and the arithmetic itself is SGLang's (tests/test_sglang_budget.py)"
     ),
 }
 # Failed starts (for want of memory) predicted to start, and why.

@@ -95,7 +95,8 @@ def test_prefill_graph_reserve_from_0_5_10() -> None:
     assert [budget.piecewise_capture_sizes(n) for n in (2048, 4096, 8192, 16384)] == [42, 50, 58, 74]
     qwen = load_model(Path(__file__).parent / "apriori" / "configs" / "Qwen--Qwen3-0.6B.json")
     new = budget.default_mem_fraction_static(_sglang("0.5.23", "H100-SXM-80GB"), qwen)
-    # 512 + 8192 x 1.5 + 128 + 256 x 2 + 58 x 8: the 0.83 SGLang printed (sglang PR #39713).
+    # 512 + 8192 x 1.5 + 128 + 256 x 2 + 58 x 8: the 0.83 SGLang printed (sglang PR #39713, a
+    # build of 2026-09-16 between 0.5.19 and 0.5.20, whose memory_hook.py has the same terms).
     assert new.reserved_mb == 13904 and new.value == 0.83
     assert budget.default_mem_fraction_static(_sglang("0.5.9", "H100-SXM-80GB"), qwen).value == 0.835
     # MLA reserves 1.5 GiB; DP attention turns the graphs off before sizing (0.5.10 - 0.5.22).
@@ -424,3 +425,23 @@ def test_memory_before_weights_follows_the_communication_set_up_not_the_release(
     assert predict(m, _sglang("0.4.2", "H100-SXM-80GB", tp=1)).non_torch_bytes == one
     assert predict(m, _sglang("0.5.7", "H100-SXM-80GB", tp=1)).non_torch_bytes == one
     assert predict(m, _sglang("0.4.9", "H100-SXM-80GB", tp=4)).non_torch_bytes == fabric
+
+
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.20", "0.5.23"])
+def test_pr39713_pool_is_sglangs_arithmetic(version: str) -> None:
+    """sglang PR #39713's Qwen3-0.6B on an H100 (a build between 0.5.19 and 0.5.20): the default
+    fraction (arg_groups/memory_hook.py:281-327, :357-399 @0.5.23), the cell and the page floor
+    (model_executor/pool_configurator.py:491-498, :637-647 @0.5.23: budget // cell, no fixed overhead
+    without page sharding) turn the budget its printed pool implies back into its 556,202 tokens. What
+    kvwatch gets wrong there is the free memory at the profile (the case's notes), not this arithmetic."""
+    qwen = load_model(Path(__file__).parent / "apriori" / "configs" / "Qwen--Qwen3-0.6B.json")
+    d = _sglang(version, "H100-SXM-80GB")
+    frac = budget.default_mem_fraction_static(d, qwen)
+    assert (frac.reserved_mb, frac.value) == (13904, 0.83)
+    assert budget.page_size(qwen, d) == 1
+    cell = budget.cell_size(qwen, d, 2)
+    assert cell == 28 * 8 * (128 + 128) * 2 == 114688
+    budget_bytes = 556202 * cell  # 59.41 GiB; the log's K 29.70 GB + V 29.70 GB
+    assert budget.pool(qwen, d, 2, budget_bytes).tokens == 556202
+    assert budget.pool(qwen, d, 2, budget_bytes - 1).tokens == 556201
+    assert round(budget.buffer_cell_size(qwen, d, 2) * (556202 + 1) / 2 / GiB, 2) == 29.70
