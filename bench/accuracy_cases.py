@@ -210,10 +210,15 @@ def _failure_not_sizing(c: dict[str, Any]) -> str | None:
     ``failed_unknown`` is the other: the source shows no error at all, so nothing says the start
     failed for memory (sglang#3416: the maintainer calls it environmental and the same deployment
     started from the docker image; sglang#14700: the error after weight loading is not in the
-    excerpt). Both reports then judge one set of failures."""
+    excerpt). Both reports then judge one set of failures. A third: the source says the same
+    deployment fails only some of the time (``scoring.intermittent``, its words quoted): the outcome
+    is not a function of anything kvwatch is given (sglang PR#39713's CI workers, whose prefill-graph
+    capture ran out of memory on some runs and started on others)."""
     scoring = c.get("scoring") or {}
     if scoring.get("outcome") == "failed_unknown":
         return f"cause not recorded: {str(scoring.get('outcome_note') or 'the error is not in the source')[:100]}"
+    if isinstance(scoring.get("intermittent"), str) and scoring["intermittent"].strip():
+        return f"intermittent per the source: {scoring['intermittent'][:100]}"
     return other_failure(c.get("error"))
 
 

@@ -126,6 +126,8 @@ def print_report(report: Report, models: Models, cases: Sequence[Case]) -> None:
         flag = "" if r.consistent else "  (settings contradict the log: left out)"
         if not c.started:
             flag += f"  failed start; predicted {'fail' if (out or r).predicted_fail else 'START'}"
+            if c.other_failure:
+                flag += " (not a sizing failure: not counted)"
         print(
             f"{c.id[:50]:50s} {c.engine:6s} {(c.engine_version or '-')[:8]:8s} {card_family(c.gpu_name)[:12]:12s} | "
             f"{obs if obs is not None else '-':>9} | {cells[0]:>17s} | {cells[1]:>23s}{flag}"

@@ -347,3 +347,16 @@ def test_no_other_processes_limit_where_the_start_fails_anyway() -> None:
     )
     p = predict(m, d)
     assert p.failure is not None and p.others_limit_bytes is None
+
+
+def test_a_failure_the_source_calls_intermittent_is_listed_not_counted() -> None:
+    """The same deployment that starts on some runs: its outcome is not a function of kvwatch's
+    inputs, so it is not a failed start to call (its pool, where printed, is still judged)."""
+    record: dict[str, object] = {"error": "CUDA out of memory", "scoring": {"outcome": "failed_after_pool"}}
+    assert accuracy_cases._failure_not_sizing(record) is None
+    record["scoring"] = {"outcome": "failed_after_pool", "intermittent": "fails intermittently"}
+    reason = accuracy_cases._failure_not_sizing(record)
+    assert reason is not None and "intermittent" in reason
+    cases = {c.id: c for c in accuracy_cases.load_cases()}
+    pr = cases["sgl-pr39713-qwen3-0.6b-h100-mfs083-prefill-graph-oom"]
+    assert pr.other_failure is not None and not pr.started
