@@ -360,3 +360,29 @@ def test_a_failure_the_source_calls_intermittent_is_listed_not_counted() -> None
     cases = {c.id: c for c in accuracy_cases.load_cases()}
     pr = cases["sgl-pr39713-qwen3-0.6b-h100-mfs083-prefill-graph-oom"]
     assert pr.other_failure is not None and not pr.started
+
+
+@pytest.mark.parametrize("version", ["0.4.7", "0.5.9", "0.5.23"])
+def test_sglang_sizes_from_the_free_memory_it_measures(version: str) -> None:
+    """SGLang's pool is mem_fraction_static of the free memory before weights, less the weights
+    (get_available_gpu_memory; 0.5.23 distributed/bootstrap.py:207): what other processes hold comes
+    off that free memory, so the pool shrinks by mfs of it, and the printed limit is where the start
+    stops starting by SGLang's own failures."""
+    m = load_model(LLAMA31_8B)
+    d = Deployment(
+        engine="sglang",
+        engine_version=version,
+        gpu_name="RTX-4090-24GB",
+        gpu_memory_bytes=int(23.55 * GiB),
+        max_model_len=8192,
+    )
+    alone, shared = predict(m, d), predict(m, d.with_(memory_in_use_bytes=GiB))
+    mfs = alone.mem_fraction_static
+    assert mfs is not None and shared.mem_fraction_static == mfs
+    assert abs((alone.available_kv_bytes - shared.available_kv_bytes) - mfs * GiB) <= 1
+    assert any("other processes" in a for a in shared.assumptions)
+    limit = alone.others_limit_bytes
+    assert limit is not None and alone.others_limit_note and "SGLang" in alone.others_limit_note
+    step = 64 * 2**20
+    assert predict(m, d.with_(memory_in_use_bytes=limit - step)).failure is None
+    assert predict(m, d.with_(memory_in_use_bytes=limit + step)).failure is not None

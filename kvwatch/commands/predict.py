@@ -123,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu-memory-in-use",
         metavar="SIZE",
-        help="vLLM: memory other processes hold on each GPU before launch (nvidia-smi's Memory-Usage)",
+        help="memory other processes hold on each GPU before launch (nvidia-smi's Memory-Usage): a desktop, another server",
     )
     parser.add_argument(
         "--disable-hybrid-kv-cache-manager", action="store_true", help="vLLM: treat sliding layers as full"

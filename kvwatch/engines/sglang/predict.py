@@ -167,6 +167,15 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                     f"CUDA context + torch.distributed before weights = {format_bytes(non_torch)} (estimate)"
                 )
             pre_load = total - non_torch
+            if d.memory_in_use_bytes:
+                # SGLang sizes from the free memory it measures before the weights (get_available_gpu_memory
+                # at dist init: 0.4.5 model_executor/model_runner.py init_torch_distributed; 0.5.23
+                # distributed/bootstrap.py:207), so what other processes hold is simply not there.
+                pre_load -= d.memory_in_use_bytes
+                assumptions.append(
+                    f"free memory before weights: less the {format_bytes(d.memory_in_use_bytes)} other processes "
+                    "hold (SGLang measures the free memory, so its pool and its reserve shrink with it)"
+                )
         usable = int(pre_load * mfs)
         activation = pre_load - usable
         available = usable - weights_rank
@@ -191,20 +200,16 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             assumptions.append(
                 not_calibrated_note(uncovered, "SGLang", d.engine_version, envelope.newest_read)
             )
-    sg = budget.pool(model, d, elem, available)
-    assumptions.extend(sg.notes)
+    sg, pool_bytes, failure = _pool_outcome(
+        model, d, elem, available, max_model_len, pre_load, weights_rank, assumptions
+    )
     if d.page_size is None and d.block_size is None:
         inputs["page_size"] = "engine_default"
     tokens = sg.tokens
-    pool_bytes = max(tokens, 0) * (
-        sg.cell_bytes + budget.buffer_cell_size(model, d, elem) - budget.cell_size(model, d, elem)
-    )
-    failure = None
-    if tokens <= 0:
-        failure = "Not enough memory. Please try to increase --mem-fraction-static."
-    else:
-        failure = _request_table_check(
-            model, d, tokens, max_model_len, pre_load, weights_rank, pool_bytes, assumptions
+    others_limit = None
+    if failure is None and pre_load is not None and usable is not None and mfs is not None:
+        others_limit = _others_limit(
+            model, d, elem, max_model_len, pre_load, mfs, usable - available, weights_rank
         )
     fits = tokens >= max_model_len
     estimated = None if fits else max(tokens, 0)
@@ -236,7 +241,69 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         failure=failure,
         available_kv_band_bytes=band,
         not_calibrated=tuple(label(axis, value) for axis, value in uncovered) if band is not None else (),
+        others_limit_bytes=others_limit,
+        others_limit_note=(
+            f"SGLang {d.engine_version or 'newest'} sizes from the free memory it measures: the pool "
+            f"shrinks by {mfs} of what they hold, the reserve beside it by the rest"
+            if others_limit is not None
+            else None
+        ),
     )
+
+
+def _pool_outcome(
+    model: ModelGeometry,
+    d: Deployment,
+    elem: int,
+    available: int,
+    context_len: int,
+    pre_load: int | None,
+    weights: int | None,
+    notes: list[str],
+) -> tuple[budget.SglangPool, int, str | None]:
+    """The pool a KV budget gives, the bytes SGLang allocates for it, and the start's failure if any:
+    no token left ('Not enough memory'), or the request table beyond what is left beside the pool."""
+    sg = budget.pool(model, d, elem, available)
+    notes.extend(sg.notes)
+    pool_bytes = max(sg.tokens, 0) * (
+        sg.cell_bytes + budget.buffer_cell_size(model, d, elem) - budget.cell_size(model, d, elem)
+    )
+    if sg.tokens <= 0:
+        return sg, pool_bytes, "Not enough memory. Please try to increase --mem-fraction-static."
+    return (
+        sg,
+        pool_bytes,
+        _request_table_check(model, d, sg.tokens, context_len, pre_load, weights, pool_bytes, notes),
+    )
+
+
+def _others_limit(
+    model: ModelGeometry,
+    d: Deployment,
+    elem: int,
+    context_len: int,
+    pre_load: int,
+    mfs: float,
+    off_budget: int,
+    weights: int | None,
+) -> int | None:
+    """The most memory other processes may hold at launch before this start fails: the free memory
+    SGLang measures shrinks by it, the budget by mfs of it, and the first of _pool_outcome's failures
+    bounds it. Bisected to a MiB over that same arithmetic (the page floor and the request table make
+    it a step function, not a line)."""
+
+    def fails(in_use: int) -> bool:
+        free = pre_load - in_use
+        budget_bytes = int(free * mfs) - off_budget
+        return _pool_outcome(model, d, elem, budget_bytes, context_len, free, weights, [])[2] is not None
+
+    low, high = 0, max(pre_load, 0)
+    if fails(low):
+        return None
+    while high - low > 2**20:
+        mid = (low + high) // 2
+        low, high = (mid, high) if not fails(mid) else (low, mid)
+    return low
 
 
 def _request_table_check(
