@@ -72,6 +72,9 @@ class Case:
     # A failed start whose recorded error is not a memory failure (a kernel's TypeError): nothing
     # kvwatch sizes can predict it; the report names it instead of counting it.
     other_failure: str | None = None
+    # The tokens observed are the figure V0's error prints ('maximum number of tokens that can be
+    # stored in KV cache'): its own check's, one PP virtual engine's blocks from 0.8, not the pool.
+    kv_tokens_from_v0_error: bool = False
 
     def geometry(self) -> ModelGeometry:
         """The model's geometry, read from the config once per case (every fold of the
@@ -303,6 +306,7 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
             if o.get("available_kv_gib") is not None
             else (o.get("kv_cache_tokens") or o.get("kv_capacity_tokens_in_error")),
         }
+
     else:
         # The full-attention pool of a hybrid SWA model is the one kvwatch sizes in tokens.
         tokens = o.get("swa_full_layer_tokens") or o.get("kv_tokens") or o.get("max_total_num_tokens")
@@ -339,6 +343,10 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
         other_failure=None if _started(str(c.get("outcome") or "")) else _failure_not_sizing(c),
         kv_connector=str(transfer) if transfer else None,
         skip=skip,
+        kv_tokens_from_v0_error=engine == "vllm"
+        and o.get("available_kv_gib") is None
+        and not o.get("kv_cache_tokens")
+        and bool(o.get("kv_capacity_tokens_in_error")),
     )
 
 

@@ -29,6 +29,8 @@ from kvwatch.engines.sglang import envelope as sglang_envelope
 from kvwatch.engines.sglang.predict import BAND, BandTerms, band_terms
 from kvwatch.engines.vllm import calibration
 from kvwatch.engines.vllm import envelope as vllm_envelope
+from kvwatch.engines.vllm import memory as vllm_memory
+from kvwatch.engines.vllm import predict as vllm_predict
 from kvwatch.engines.vllm.calibration import Calibration
 
 # The share of out-of-sample errors a band is sized to hold (term bands, the floor and the widenings
@@ -150,6 +152,10 @@ def evaluate(case: Case, models: Callable[[Case], ModelGeometry]) -> Row:
         "kv": p.available_kv_bytes / g,
         "kv_tokens": float(p.kv_pool_tokens),
     }
+    d = deployment(case)
+    if case.kv_tokens_from_v0_error and p.kv_pool_blocks is not None and vllm_memory.runs_v0(d):
+        # Like with like: the figure V0's error prints, not the whole pool (PP divides it from 0.8).
+        predicted["kv_tokens"] = float(vllm_predict.v0_check_tokens(d, p.kv_pool_blocks, p.block_size))
     band = p.available_kv_band_bytes
     row = Row(
         case,

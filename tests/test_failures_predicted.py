@@ -10,7 +10,7 @@ from typing import cast
 
 import pytest
 
-from bench import accuracy_cases
+from bench import accuracy_cases, accuracy_loso
 from bench import accuracy_sglang as acc_sglang
 from bench.accuracy_cases import _card
 from kvwatch.analysis.predict import predict
@@ -386,3 +386,16 @@ def test_sglang_sizes_from_the_free_memory_it_measures(version: str) -> None:
     step = 64 * 2**20
     assert predict(m, d.with_(memory_in_use_bytes=limit - step)).failure is None
     assert predict(m, d.with_(memory_in_use_bytes=limit + step)).failure is not None
+
+
+def test_the_bench_judges_v0_errors_figure_against_v0_checks_own() -> None:
+    """vllm#14452's 60k start printed 58384 tokens (3649 blocks x 16, one of two PP virtual engines'
+    share of 7299): the bench compares it with the same share of kvwatch's pool, not the whole pool."""
+    cases = {c.id: c for c in accuracy_cases.load_cases()}
+    case = cases["gh14452-qwq-32b-unsloth-bnb-4bit-2xrtx5090-pp2-v0.8.5dev-60k-failed"]
+    assert case.kv_tokens_from_v0_error and case.observed["kv_tokens"] == 58384
+    row = accuracy_loso.evaluate(case, accuracy_loso.Models())
+    assert row.prediction is not None and row.prediction.kv_pool_blocks is not None
+    assert row.predicted["kv_tokens"] == 16 * (row.prediction.kv_pool_blocks // 2)
+    started = cases["gh10517-llama31-8b-rtx3090-v0.6.4-20k"]
+    assert not started.kv_tokens_from_v0_error

@@ -31,7 +31,7 @@ ENVELOPE = Envelope(
         "architecture": 0.017,
         "modality": 0.0374,
         "quantization": 0.0136,
-        "parallelism": 0.3537,
+        "parallelism": 0.0845,
         "connector": 0.0374,
     },
     cases={

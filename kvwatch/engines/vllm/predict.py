@@ -186,8 +186,14 @@ def _v0_max_seq_len(plan: budget.VllmPool, d: Deployment) -> int:
     memory', and max_model_len must fit in block_size x the blocks of one virtual engine. From 0.8
     the check divides the blocks among the PP virtual engines as each scheduler does (0.8.5
     worker.py:554-569, core/scheduler.py:452); up to 0.7.3 it counts them all (0.7.3 worker.py:542)."""
+    return v0_check_tokens(d, plan.num_blocks, plan.block_size)
+
+
+def v0_check_tokens(d: Deployment, num_blocks: int, block_size: int) -> int:
+    """The 'maximum number of tokens that can be stored in KV cache' V0's error prints for a pool of
+    ``num_blocks``: one virtual engine's share from 0.8 (_v0_max_seq_len)."""
     engines = d.pp if releases.V0_BLOCKS_PER_VIRTUAL_ENGINE.at(d.engine_version) else 1
-    return plan.block_size * (plan.num_blocks // engines)
+    return block_size * (num_blocks // engines)
 
 
 def _others_failure(d: Deployment, total: int, util: float, in_use: int, activation: int) -> str | None:
