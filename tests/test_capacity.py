@@ -1148,7 +1148,9 @@ def test_qwen3_vl_30b_weights_land_on_sglangs_load_weight_end() -> None:
     d = Deployment(
         engine="sglang", engine_version="0.5.5.post3", gpu_memory_bytes=80 * GiB, max_model_len=40960
     )
-    weights = predict(m, d).weights_bytes / GiB
+    weights_bytes = predict(m, d).weights_bytes
+    assert weights_bytes is not None
+    weights = weights_bytes / GiB
     assert 58.15 * 0.995 < weights < 58.22
 
 
