@@ -48,12 +48,18 @@ LOSO = acc.leave_one_source_out(SCORED)
 # (sglang#10407's +0.08 % had cancelled a 1.95 GiB TP 1 context against TP 4's; now -1.56 %).
 # Merged with the sglang-repos cases, over 27: median 0.99 %, mean 2.91 %, 21 of 27 within 5 %, 25 of
 # 27 inside the band, pool median 1.98 % over 22, weights median 0.78 % over 13, failed starts 3 of 4.
-MEDIAN_PCT = 1.0
-MEAN_PCT = 3.0
-WITHIN_5_PCT = 77.0
-INSIDE_BAND_PCT = 92.0
-# The pool bytes are printed by 22 of the 27 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
-POOL_MEDIAN_PCT = 2.0
+# sglang-data then counted a Qwen2.5-VL / Qwen3-VL tower's patch mergers, patch and position tables
+# in its weights (Qwen3-VL-30B-A3B A100 +8.37 -> +0.06 %, B200 +0.88 -> +0.60 %) and added five
+# committed startups (three Qwen3-VL-2B on an RTX 5060 Ti, +1.93 to +3.69 %; Qwen3-VL-32B fp8 KV on
+# H100, +1.83 %; Qwen3-14B TP 4 on 4 x RTX 4090, +1.32 %), all inside their bands: over 32, median
+# 1.24 % (the new cases' errors sit above the old median), mean 2.58 %, 27 of 32 within 5 %, 30 of 32
+# inside the band, pool median 1.87 % over 27, weights median 0.79 % over 18, failed starts 3 of 4.
+MEDIAN_PCT = 1.25
+MEAN_PCT = 2.6
+WITHIN_5_PCT = 84.0
+INSIDE_BAND_PCT = 93.0
+# The pool bytes are printed by 27 of the 32 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
+POOL_MEDIAN_PCT = 1.9
 WEIGHTS_MEDIAN_PCT = 0.8
 
 # Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
@@ -87,10 +93,10 @@ KNOWN_FAILED_MISSES = {
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
     raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
     assert CASES in acc.case_files()
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 52
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 57
     assert all(why for _, why in EXCLUDED)
-    assert len(SCORED) >= 26
-    assert len({c.source for c in SCORED}) >= 17
+    assert len(SCORED) >= 31
+    assert len({c.source for c in SCORED}) >= 18
 
 
 def test_every_scored_case_is_predicted() -> None:
@@ -103,7 +109,7 @@ def test_shipped_band_terms_are_the_fitted_ones() -> None:
 
 def test_leave_one_source_out_holds_the_measured_figures() -> None:
     s = acc.summary(LOSO)
-    assert s["tokens_n"] == 27
+    assert s["tokens_n"] == 32
     assert s["tokens_median"] <= MEDIAN_PCT
     assert s["tokens_mean"] <= MEAN_PCT
     assert s["tokens_within5"] >= WITHIN_5_PCT

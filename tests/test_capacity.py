@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
-from kvwatch.capacity.dims import ATTENTION, EMBED, LM_HEAD
+from kvwatch.capacity.dims import ATTENTION, EMBED, LM_HEAD, tower_params
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
@@ -1123,3 +1123,39 @@ def test_bnb_4bit_profile_holds_a_dequantised_shard() -> None:
     bnb = activation(dims, d, None, 256, 2048)[0].bytes
     awq = activation(replace(dims, quant_method="awq"), d, None, 256, 2048)[0].bytes
     assert bnb - awq == (18944 * 3584 + 18944 * 2048) * 2
+
+
+# --- vision towers: the patch merger(s) of Qwen2.5-VL / Qwen3-VL --------------------------------
+PUBLIC_CONFIGS = Path(__file__).parent / "apriori" / "public" / "configs"
+
+
+def test_qwen3_vl_tower_counts_its_mergers_patch_and_position_tables() -> None:
+    # Qwen3-VL-30B-A3B's vision_config: 27 blocks of 1152 (GELU MLP of 4304), merge 2 -> the
+    # merger's width 1152 x 4 = 4608, out 2048, 3 deepstack mergers beside the final one
+    # (SGLang 0.5.5.post3 models/qwen3_vl.py:182-219, 251-293), Conv3d 3 x 2 x 16 x 16 x 1152,
+    # 2304 learned positions.
+    cfg = json.loads((PUBLIC_CONFIGS / "Qwen--Qwen3-VL-30B-A3B-Instruct.json").read_text())
+    blocks = 27 * (4 * 1152 * 1152 + 2 * 1152 * 4304)
+    mergers = 4 * (4608 * 4608 + 4608 * 2048)
+    assert tower_params(cfg, 2048) == blocks + mergers + 3 * 2 * 16 * 16 * 1152 + 2304 * 1152
+
+
+def test_qwen3_vl_30b_weights_land_on_sglangs_load_weight_end() -> None:
+    # sglang-repos cases: 'Load weight end. ... mem usage=58.15 GB' (A100) and 58.22 GB (B200) for
+    # Qwen3-VL-30B-A3B-Instruct at TP 1; a tower counted as blocks + one H x text-hidden projection
+    # came to 57.77 GiB, 0.38 GiB (and 8 % of the A100's 2.8 GiB pool) short.
+    m = load_model(PUBLIC_CONFIGS / "Qwen--Qwen3-VL-30B-A3B-Instruct.json")
+    d = Deployment(
+        engine="sglang", engine_version="0.5.5.post3", gpu_memory_bytes=80 * GiB, max_model_len=40960
+    )
+    weights_bytes = predict(m, d).weights_bytes
+    assert weights_bytes is not None
+    weights = weights_bytes / GiB
+    assert 58.15 * 0.995 < weights < 58.22
+
+
+def test_a_tower_without_a_patch_merger_keeps_one_projection() -> None:
+    cfg: dict[str, Any] = {
+        "vision_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27}
+    }
+    assert tower_params(cfg, 2560) == 27 * (4 * 1152 * 1152 + 2 * 1152 * 4304) + 1152 * 2560

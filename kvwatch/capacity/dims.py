@@ -265,8 +265,37 @@ def tower_params(config: Mapping[str, JsonValue], text_hidden: int) -> int:
         inter = inter or 4 * hidden
         act = str(tower.get("hidden_act") or tower.get("hidden_activation") or "")
         matrices = 3 if "silu" in act or "swiglu" in act else 2
-        total += layers * (4 * hidden * hidden + matrices * hidden * inter) + hidden * text_hidden
+        total += layers * (4 * hidden * hidden + matrices * hidden * inter)
+        total += _tower_projector(tower, hidden, text_hidden)
     return total
+
+
+def _tower_projector(tower: Mapping[str, Any], hidden: int, text_hidden: int) -> int:
+    """Parameters of a tower's projector into the text model, with its patch and position tables.
+
+    A Qwen2.5-VL / Qwen3-VL tower (``spatial_merge_size`` m and ``out_hidden_size`` D in its
+    config) projects through a patch merger of two linears, (H m^2)^2 + (H m^2) x D (SGLang
+    0.5.5.post3 models/qwen2_5_vl.py:174-200, models/qwen3_vl.py:182-219), one more per
+    ``deepstack_visual_indexes`` entry (qwen3_vl.py:280-293), beside a Conv3d patch embedding of
+    in_channels x temporal_patch_size x patch_size^2 x H and Qwen3-VL's learned position table
+    of num_position_embeddings x H (qwen3_vl.py:92-107, 251-252). Qwen3-VL-30B-A3B's tower:
+    411M in its blocks and 127M here, the Hub's 31.1B with the 30.5B text model. Any other
+    tower: one H x text hidden projection.
+    """
+    merge = _int(tower, "spatial_merge_size")
+    out = _int(tower, "out_hidden_size")
+    if not (merge and out):
+        return hidden * text_hidden
+    wide = hidden * merge * merge
+    deepstack = tower.get("deepstack_visual_indexes")
+    mergers = 1 + (len(deepstack) if isinstance(deepstack, list) else 0)
+    patch = _int(tower, "patch_size")
+    patch_embed = (
+        (_int(tower, "in_channels") or 3) * (_int(tower, "temporal_patch_size") or 1) * patch * patch * hidden
+    )
+    return (
+        mergers * (wide * wide + wide * out) + patch_embed + _int(tower, "num_position_embeddings") * hidden
+    )
 
 
 def vision_shape(config: Mapping[str, JsonValue]) -> tuple[int, int]:
