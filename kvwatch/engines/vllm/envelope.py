@@ -26,7 +26,7 @@ ENVELOPE = Envelope(
     },
     term_bands={"weights": 0.0078, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 1.2304},
     widening={
-        "card": 0.0931,
+        "card": 0.0845,
         "release": 0.0442,
         "architecture": 0.017,
         "modality": 0.0374,
