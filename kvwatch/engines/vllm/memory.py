@@ -23,6 +23,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import GiB, MiB
 from kvwatch.engines.vllm import calibration, releases
 
@@ -35,7 +36,7 @@ def default_utilization(version: str | None) -> float:
 
 
 def is_v1(version: str | None) -> bool:
-    """V1 is the default engine from 0.8.0 (V0 before; VLLM_USE_V1=0 is not modelled)."""
+    """V1 is the default engine from 0.8.0 (V0 before; VLLM_USE_V1=0 is ``runs_v0``'s)."""
     return releases.V1_ENGINE.at(version)
 
 
@@ -47,8 +48,20 @@ def runs_v0(d: Deployment) -> bool:
     (engine/arg_utils.py:1476-1482), 'ray'/'mp'/'external_launcher' in 0.9.0 (:1378-1384); 0.9.1
     adds the default (ParallelConfig.distributed_executor_backend, :1434-1440; 0.10.0 :1439-1445).
     kvwatch models the default backend.
+
+    ``d.v0_engine`` (VLLM_USE_V1=0 in the environment) selects V0 on 0.8-0.10: arg_utils' oracle
+    honours an explicit 0 (0.8.4 engine/arg_utils.py:1160-1162, ``try_v1 = envs.VLLM_USE_V1 or not
+    envs.is_set("VLLM_USE_V1")``); 0.11 ships no V0 engine (releases.V0_SELECTABLE), so there it is
+    bad input.
     """
     if not is_v1(d.engine_version):
+        return True
+    if d.v0_engine:
+        if not releases.V0_SELECTABLE.at(d.engine_version):
+            raise ConfigError(
+                f"VLLM_USE_V1=0 (--v0-engine): vLLM {d.engine_version or 'newest'} has no V0 engine "
+                "(removed in 0.11.0)"
+            )
         return True
     # No release given means the newest, which runs V1 at any PP.
     return d.pp >= 2 and d.engine_version is not None and releases.V0_AT_PP.at(d.engine_version)
