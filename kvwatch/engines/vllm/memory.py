@@ -25,7 +25,7 @@ from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.vllm import calibration, releases
+from kvwatch.engines.vllm import calibration, multimodal, releases
 
 # --- engine defaults -----------------------------------------------------------------------------
 
@@ -256,8 +256,26 @@ def _bnb_dequant(dims: ModelDims, tp: int, tokens: int) -> int:
     return (inter * dims.hidden_size + max(inter, dims.hidden_size) * tokens) * 2
 
 
+def v0_multimodal(
+    dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, max_model_len: int | None
+) -> multimodal.Profile | None:
+    """V0's dummy multimodal batch (multimodal.v0_profile) where the deployment runs V0 and the
+    processor's max_pixels is known; None otherwise (the profile then sizes text tokens only)."""
+    if not runs_v0(d) or d.image_max_pixels is None:
+        return None
+    length = max_model_len or d.max_model_len or tokens
+    return multimodal.v0_profile(
+        dims, d.image_max_pixels, max_num_seqs, tokens, length, activation_dtype_bytes(dims, d)
+    )
+
+
 def activation(
-    dims: ModelDims, d: Deployment, gpu: GpuSpec | None, max_num_seqs: int, tokens: int
+    dims: ModelDims,
+    d: Deployment,
+    gpu: GpuSpec | None,
+    max_num_seqs: int,
+    tokens: int,
+    max_model_len: int | None = None,
 ) -> list[Term]:
     """The torch peak increase of the profile run, per pipeline stage (gpu_worker.py:372-386).
 
@@ -266,9 +284,17 @@ def activation(
     forward's hidden states are still referenced. Peak = persistent (cuBLAS workspace, MoE workspace,
     PP buffers) + max(forward transient, hidden out + sampler). Stages that do not sample hold the
     received and sent intermediate tensors, 2 x tokens x H (gpu_model_runner.py:5441).
+
+    V0 with a Qwen2-VL-style tower (v0_multimodal): the batch is clamped to the sequences that hold
+    max_mm_tokens each, the forward runs over the dummy prompts' tokens (more than the budget when a
+    prompt's placeholders outgrow its share), the float32 pixel values stay on the card through it,
+    and the tower's own transient joins the max (multimodal.py).
     """
     act = activation_dtype_bytes(dims, d)
     v1 = not runs_v0(d)
+    mm = v0_multimodal(dims, d, max_num_seqs, tokens, max_model_len)
+    if mm is not None:
+        max_num_seqs, tokens = mm.seqs, mm.forward_tokens
     rows = min(tokens, max_num_seqs)
     hopper = gpu is None or gpu.sm_major >= 9
     cal = calibration.current()
@@ -282,6 +308,7 @@ def activation(
     persistent += moe if kept else 0
     if dims.has_vision_tower:
         persistent += int(cal.vision_encoder_gib * GiB)
+    persistent += mm.pixel_bytes if mm is not None else 0
     coefficient = cal.forward_h if v1 else FORWARD_H_V0
     forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
     forward += 0 if kept else moe
@@ -290,12 +317,17 @@ def activation(
         dims, d, rows, act, (gpu.sm_count if gpu and gpu.sm_count else 132)
     )
     pp_buffers = 2 * tokens * dims.hidden_size * act if d.pp > 1 else 0
+    encoder = mm.encoder_bytes if mm is not None else 0
     out: list[Term] = []
     for stage in range(d.pp):
         last = stage == d.pp - 1
+        # The tower runs on the first stage, before the decoder layers (its transient freed by then).
         body = max(forward, sampler) if last else forward
+        note = "sampler" if last and sampler >= forward else "forward"
+        if stage == 0 and encoder > body:
+            body, note = encoder, "vision encoder"
         total = persistent + body + pp_buffers
-        out.append(Term(total, "sampler" if last and sampler >= forward else "forward"))
+        out.append(Term(total, note))
     return out
 
 
