@@ -82,6 +82,11 @@ def default_batch_limits(
     0.21.0-0.27.1 have no such branch (0.21.0 :2217-2266, 0.27.1 :2515-2544). V0 (< 0.8) schedules
     256 sequences and, without chunked prefill, max(max_model_len, 2048) tokens (config.py
     SchedulerConfig). ``v0``: the release runs V0 (None: its default engine; True for a fallback).
+
+    The card's memory is what NVML reports (platforms/cuda.py NvmlCudaPlatform.get_device_total_memory,
+    0.25.1 :764-767, 0.13.0 :523-526); where NVML raises -- a unified-memory card such as GB10
+    (gpus.GpuSpec.nvml_memory) -- the table takes 0 bytes (0.13.0 engine/arg_utils.py:1786-1792,
+    0.25.1 :2415-2421) and the small defaults apply.
     """
     if (not is_v1(version)) if v0 is None else v0:
         # Beyond 32K tokens V0 turns chunked prefill on by default (0.6.4 engine/arg_utils.py:995-1020,
@@ -89,6 +94,9 @@ def default_batch_limits(
         chunk = releases.V0_CHUNKED_PREFILL_TOKENS.at(version)
         return 256, chunk if max_model_len > 32768 else max(max_model_len, 2048)
     total = total_bytes or 0
+    card = gpus.find(gpu_name)
+    if card is not None and not card.nvml_memory:
+        total = 0
     big = releases.BIG_CARD_TOKENS.at(version)
     if total >= 160 * GiB and big:
         return 1024, 16384
