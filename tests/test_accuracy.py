@@ -80,9 +80,12 @@ MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
-    "loso_cases": 127,
-    "loso_median": 0.52,
-    "loso_mean": 4.07,
+    # 128 from 127: vllm-router's gpt-oss-20b on GB10 judged on its base model's config (+20.6 %, the
+    # weights 12.82 GiB modelled against the 13.72 logged); the extra case moves the median's pair
+    # and the mean.
+    "loso_cases": 128,
+    "loso_median": 0.60,
+    "loso_mean": 4.21,
     "loso_within_5": 0.85,
     "loso_band": 0.92,
     "loso_failed_predicted": 7,
