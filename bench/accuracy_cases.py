@@ -452,6 +452,10 @@ def deployment(case: Case) -> Deployment:
         block_size=_user(s, "block_size"),
         # The log's 'FlashInfer is not available' (vLLM 0.8-0.11.0): the profile's sampler sorts.
         flashinfer_sampler=False if s.get("flashinfer_sampler") is False else None,
+        # VLLM_USE_V1=0 in the engine's environment (a launcher's or the user's): the V0 engine.
+        v0_engine=s.get("vllm_use_v1") == 0,
+        # The checkpoint's preprocessor_config.json max_pixels, where the case quotes it.
+        image_max_pixels=s.get("image_max_pixels") if isinstance(s.get("image_max_pixels"), int) else None,
         **_speculative(s),
         **common,
     )

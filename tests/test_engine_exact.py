@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.analysis.predictor import Predictor
+from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.core.events import EngineSettings, PoolSized
@@ -419,3 +420,17 @@ def test_batched_tokens_default_on_a_160_gib_card_by_release(version: str, token
 def test_capture_sizes_reach_1024_on_sm100_from_028(version: str, sm: int, sizes: int) -> None:
     """0.28.0 config/vllm.py:1936-1943: the top capture size is 1024 on the SM100 family, 512 elsewhere."""
     assert memory.capture_sizes(1024, 8192, version, sm) == sizes
+
+
+@pytest.mark.parametrize("version", ["0.13.0", "0.25.1"])
+def test_a_card_nvml_reports_no_memory_of_gets_the_small_defaults(version: str) -> None:
+    """vLLM reads the card's memory from NVML for its batch defaults (0.25.1 platforms/cuda.py:764-767)
+    and takes 0 when that raises (0.25.1 engine/arg_utils.py:2415-2421, 0.13.0 :1786-1792). A DGX
+    Spark's NVML answers NOT_SUPPORTED, so its 121.69 GiB still gets 256 / 2048 -- the
+    TW-10519/VLLM-ROUTER log on GB10 (0.13.0): 'Chunked prefill is enabled with
+    max_num_batched_tokens=2048'. A discrete 80 GB card keeps 1024 / 8192."""
+    gb10 = gpus.lookup("gb10")
+    assert not gb10.nvml_memory
+    assert memory.default_batch_limits(version, gb10.total_bytes, gb10.name, 8192) == (256, 2048)
+    h100 = gpus.lookup("h100")
+    assert memory.default_batch_limits(version, h100.total_bytes, h100.name, 8192) == (1024, 8192)

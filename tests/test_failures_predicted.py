@@ -17,6 +17,7 @@ from kvwatch.analysis.predict import predict
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import card_family
 from kvwatch.capacity.geometry import load_model
+from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import GiB
 from kvwatch.engines.sglang import request_table as sglang_request_table
 from kvwatch.engines.vllm import memory
@@ -39,6 +40,26 @@ def test_pipeline_parallel_falls_back_to_v0_until_0_9_1(version: str, pp: int, v
     """0.8.5 engine/arg_utils.py:1476-1482 and 0.9.0 :1378-1384 fall back to V0 for PP without a
     named executor backend; 0.9.1 :1434-1440 accepts the default one."""
     assert memory.runs_v0(Deployment(engine="vllm", engine_version=version, pp=pp)) is v0
+
+
+@pytest.mark.parametrize(
+    ("version", "v0"), [("0.7.3", True), ("0.8.4", True), ("0.9.2", True), ("0.10.2", True), ("0.8.4", False)]
+)
+def test_vllm_use_v1_0_selects_v0_while_the_release_ships_it(version: str, v0: bool) -> None:
+    """VLLM_USE_V1=0 (--v0-engine): 0.8.4 engine/arg_utils.py:1160-1162 disables V1 for an explicit
+    0 (0.10.2 :1125-1127); unset, 0.8+ runs V1 at PP 1. GPUStack at 6de0e9c set it for every vLLM
+    it launched (gpustack/worker/backends/base.py:185-196; gpustack#1800)."""
+    d = Deployment(engine="vllm", engine_version=version, v0_engine=v0)
+    assert memory.runs_v0(d) is (v0 or version == "0.7.3")
+    # V0's scheduler default (no chunked prefill up to 32K): max(max_model_len, 2048) tokens.
+    assert memory.batch_limits(d, 8192)[1] == (8192 if memory.runs_v0(d) else 2048)
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.19.0", None])
+def test_vllm_use_v1_0_is_bad_input_once_v0_is_gone(version: str | None) -> None:
+    """0.11.0's wheel ships no vllm/worker/model_runner.py: there is no V0 engine to select."""
+    with pytest.raises(ConfigError, match="has no V0 engine"):
+        memory.runs_v0(Deployment(engine="vllm", engine_version=version, v0_engine=True))
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,13 @@ class Deployment:
     # (engines/vllm/memory.sampler_path); None = installed, as in the vllm/vllm-openai image;
     # False: not installed or disabled (--no-flashinfer, or the log's fallback line).
     flashinfer_sampler: bool | None = None
+    # vLLM 0.8-0.10 started with VLLM_USE_V1=0 in its environment: the V0 engine (its scheduler
+    # defaults and profile run) instead of the release's default V1 (engines/vllm/memory.runs_v0).
+    v0_engine: bool = False
+    # The image processor's max_pixels (the checkpoint's preprocessor_config.json, or vLLM's
+    # --mm-processor-kwargs): the largest dummy image V0's profile feeds a Qwen2-VL-style tower
+    # (engines/vllm/multimodal.py); None = not known, that profile is not sized.
+    image_max_pixels: int | None = None
     # Data-parallel ranks, and whether attention is data-parallel inside the TP group (SGLang
     # --enable-dp-attention); a KV-transfer connector (vLLM --kv-transfer-config, SGLang disaggregation).
     # Neither is modelled yet: each is a condition the calibration envelope names (capacity/envelope.py).

@@ -60,6 +60,9 @@ class ModelDims:
     # The vision tower's depth and width (0 without one): SGLang's default static fraction reads them.
     vision_layers: int = 0
     vision_hidden: int = 0
+    # A vision tower that cuts images into a temporal x spatial patch grid (vision_config's
+    # patch_size, spatial_merge_size, temporal_patch_size: Qwen2-VL and its successors); None else.
+    vision_grid: VisionGrid | None = None
     # MLA only: the parameters of one layer's latent up-projection (kv_b_proj: kv_lora_rank x heads x
     # (qk_nope_head_dim + v_head_dim)), which an engine may keep a second copy of, split per head.
     mla_kv_up_params: int = 0
@@ -289,12 +292,51 @@ def _tower_projector(tower: Mapping[str, Any], hidden: int, text_hidden: int) ->
     wide = hidden * merge * merge
     deepstack = tower.get("deepstack_visual_indexes")
     mergers = 1 + (len(deepstack) if isinstance(deepstack, list) else 0)
-    patch = _int(tower, "patch_size")
+    patch = _int(tower, "patch_size", "spatial_patch_size")
     patch_embed = (
-        (_int(tower, "in_channels") or 3) * (_int(tower, "temporal_patch_size") or 1) * patch * patch * hidden
+        (_int(tower, "in_chans", "in_channels") or 3)
+        * (_int(tower, "temporal_patch_size") or 1)
+        * patch
+        * patch
+        * hidden
     )
     return (
         mergers * (wide * wide + wide * out) + patch_embed + _int(tower, "num_position_embeddings") * hidden
+    )
+
+
+@dataclass(frozen=True)
+class VisionGrid:
+    """The patch grid of a Qwen2-VL-style vision tower, as its config.json's vision_config names it."""
+
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    in_channels: int
+    hidden_size: int
+    intermediate_size: int
+
+
+def vision_grid(config: Mapping[str, JsonValue]) -> VisionGrid | None:
+    """The tower's patch grid where vision_config gives patch_size, spatial_merge_size and
+    temporal_patch_size (the three attributes vLLM's Qwen2-VL processing info reads, 0.8.4
+    model_executor/models/qwen2_vl.py:833-837); None for any other tower."""
+    tower = config.get("vision_config")
+    if not isinstance(tower, Mapping):
+        return None
+    patch = _int(tower, "patch_size", "spatial_patch_size")
+    merge = _int(tower, "spatial_merge_size")
+    temporal = _int(tower, "temporal_patch_size")
+    if not (patch and merge and temporal):
+        return None
+    hidden = _int(tower, *_TOWER_KEYS["hidden"])
+    return VisionGrid(
+        patch_size=patch,
+        merge_size=merge,
+        temporal_patch_size=temporal,
+        in_channels=_int(tower, "in_chans", "in_channels") or 3,
+        hidden_size=hidden,
+        intermediate_size=_int(tower, *_TOWER_KEYS["inter"]) or 4 * hidden,
     )
 
 
@@ -317,6 +359,7 @@ def dims_from_config(
     has_vision_tower: bool,
     vision_params: int = 0,
     vision_shape: tuple[int, int] = (0, 0),
+    grid: VisionGrid | None = None,
 ) -> ModelDims:
     """The shapes of a text config (``params`` is its itemised count by the groups above)."""
     cfg: Mapping[str, Any] = config  # a document of any shape, read dynamically
@@ -354,6 +397,7 @@ def dims_from_config(
         vision_params=vision_params,
         vision_layers=vision_shape[0],
         vision_hidden=vision_shape[1],
+        vision_grid=grid,
         rope_positions=_rope_positions(cfg, max_position),
         rotary_dim=rotary,
         mla_kv_up_params=_int(cfg, "kv_lora_rank")

@@ -25,7 +25,7 @@ from kvwatch.capacity.architectures import (
     unread_layout,
     wrapper_text_model_type,
 )
-from kvwatch.capacity.dims import dims_from_config, tower_params, vision_shape
+from kvwatch.capacity.dims import dims_from_config, tower_params, vision_grid, vision_shape
 from kvwatch.capacity.dtypes import served_dtype
 from kvwatch.capacity.model import LayerKind, LayerSpec, ModelGeometry
 from kvwatch.capacity.states import state_layer
@@ -440,6 +440,7 @@ def _geometry(
         has_vision_tower=isinstance(raw.get("vision_config"), dict),
         vision_params=tower_params(raw, hidden),
         vision_shape=vision_shape(raw),
+        grid=vision_grid(raw),
     )
     return ModelGeometry(
         dims=dims,

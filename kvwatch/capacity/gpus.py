@@ -44,6 +44,10 @@ class GpuSpec:
     # vLLM's custom all-reduce is off on more than two GPUs not all NVLink-connected (0.19.0
     # distributed/device_communicators/custom_all_reduce.py:152-160) and NVLink SHARP needs the switch.
     interconnect: str = ""
+    # Whether NVML reports the card's memory (nvmlDeviceGetMemoryInfo). A unified-memory device
+    # answers NOT_SUPPORTED (GB10: NVIDIA's DGX Spark known issues, 'nvidia-smi reports memory usage
+    # Not Supported'), and an engine that sizes its defaults from NVML sees no memory at all.
+    nvml_memory: bool = True
 
     @property
     def memory_mib(self) -> int:
@@ -146,6 +150,10 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         total_source="CUDA total 121.69 GiB on DGX Spark (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47)",
         sm_count=48,
         sm_major=12,
+        # nvmlDeviceGetMemoryInfo -> NVML_ERROR_NOT_SUPPORTED on a DGX Spark (XuehaiPan/nvitop#208,
+        # driver 580.173.02; kubernetes-sigs/dra-driver-nvidia-gpu#1073; snowflakedb/ArcticTraining#345
+        # citing docs.nvidia.com/dgx/dgx-spark/known-issues.html).
+        nvml_memory=False,
     ),
     GpuSpec(
         "A100-SXM-80GB",

@@ -134,6 +134,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="vLLM 0.8-0.11.0 without FlashInfer (the log's 'FlashInfer is not available'): the sampler sorts",
     )
     parser.add_argument(
+        "--v0-engine",
+        action="store_true",
+        help="vLLM 0.8-0.10 started with VLLM_USE_V1=0: the V0 engine's scheduler defaults and profile run",
+    )
+    parser.add_argument(
         "--speculative-config",
         metavar="JSON",
         help='vLLM\'s --speculative-config as typed, e.g. \'{"method":"mtp","num_speculative_tokens":3}\': '
@@ -227,6 +232,7 @@ def read_request(args: argparse.Namespace) -> Request:
         ),
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
         flashinfer_sampler=False if args.no_flashinfer else None,
+        v0_engine=args.v0_engine,
     )
     reading = engine_flags(args, engine)
     own = {k: cast(DeploymentValue, v) for k, v in reading.fields.items()}

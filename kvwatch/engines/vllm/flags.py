@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from kvwatch.core.errors import ConfigError
 from kvwatch.engines.flags import Flag, fraction, human_int, positive_int, text
+from kvwatch.engines.vllm.multimodal import max_pixels_flag
 
 if TYPE_CHECKING:
     from kvwatch.capacity.deployment import DeploymentValue
@@ -43,6 +44,8 @@ FLAGS: tuple[Flag, ...] = (
         inverse=("--no-disable-hybrid-kv-cache-manager",),
     ),
     Flag(("--kv-cache-memory", "--kv-cache-memory-bytes"), "available_kv_bytes", _kv_memory),
+    # --mm-processor-kwargs (ModelConfig.mm_processor_kwargs): its max_pixels sizes V0's dummy images.
+    Flag(("--mm-processor-kwargs",), "image_max_pixels", max_pixels_flag),
 )
 
 

@@ -23,8 +23,9 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
+from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.vllm import calibration, releases
+from kvwatch.engines.vllm import calibration, multimodal, releases
 
 # --- engine defaults -----------------------------------------------------------------------------
 
@@ -35,7 +36,7 @@ def default_utilization(version: str | None) -> float:
 
 
 def is_v1(version: str | None) -> bool:
-    """V1 is the default engine from 0.8.0 (V0 before; VLLM_USE_V1=0 is not modelled)."""
+    """V1 is the default engine from 0.8.0 (V0 before; VLLM_USE_V1=0 is ``runs_v0``'s)."""
     return releases.V1_ENGINE.at(version)
 
 
@@ -47,8 +48,20 @@ def runs_v0(d: Deployment) -> bool:
     (engine/arg_utils.py:1476-1482), 'ray'/'mp'/'external_launcher' in 0.9.0 (:1378-1384); 0.9.1
     adds the default (ParallelConfig.distributed_executor_backend, :1434-1440; 0.10.0 :1439-1445).
     kvwatch models the default backend.
+
+    ``d.v0_engine`` (VLLM_USE_V1=0 in the environment) selects V0 on 0.8-0.10: arg_utils' oracle
+    honours an explicit 0 (0.8.4 engine/arg_utils.py:1160-1162, ``try_v1 = envs.VLLM_USE_V1 or not
+    envs.is_set("VLLM_USE_V1")``); 0.11 ships no V0 engine (releases.V0_SELECTABLE), so there it is
+    bad input.
     """
     if not is_v1(d.engine_version):
+        return True
+    if d.v0_engine:
+        if not releases.V0_SELECTABLE.at(d.engine_version):
+            raise ConfigError(
+                f"VLLM_USE_V1=0 (--v0-engine): vLLM {d.engine_version or 'newest'} has no V0 engine "
+                "(removed in 0.11.0)"
+            )
         return True
     # No release given means the newest, which runs V1 at any PP.
     return d.pp >= 2 and d.engine_version is not None and releases.V0_AT_PP.at(d.engine_version)
@@ -69,6 +82,11 @@ def default_batch_limits(
     0.21.0-0.27.1 have no such branch (0.21.0 :2217-2266, 0.27.1 :2515-2544). V0 (< 0.8) schedules
     256 sequences and, without chunked prefill, max(max_model_len, 2048) tokens (config.py
     SchedulerConfig). ``v0``: the release runs V0 (None: its default engine; True for a fallback).
+
+    The card's memory is what NVML reports (platforms/cuda.py NvmlCudaPlatform.get_device_total_memory,
+    0.25.1 :764-767, 0.13.0 :523-526); where NVML raises -- a unified-memory card such as GB10
+    (gpus.GpuSpec.nvml_memory) -- the table takes 0 bytes (0.13.0 engine/arg_utils.py:1786-1792,
+    0.25.1 :2415-2421) and the small defaults apply.
     """
     if (not is_v1(version)) if v0 is None else v0:
         # Beyond 32K tokens V0 turns chunked prefill on by default (0.6.4 engine/arg_utils.py:995-1020,
@@ -76,6 +94,9 @@ def default_batch_limits(
         chunk = releases.V0_CHUNKED_PREFILL_TOKENS.at(version)
         return 256, chunk if max_model_len > 32768 else max(max_model_len, 2048)
     total = total_bytes or 0
+    card = gpus.find(gpu_name)
+    if card is not None and not card.nvml_memory:
+        total = 0
     big = releases.BIG_CARD_TOKENS.at(version)
     if total >= 160 * GiB and big:
         return 1024, 16384
@@ -243,8 +264,26 @@ def _bnb_dequant(dims: ModelDims, tp: int, tokens: int) -> int:
     return (inter * dims.hidden_size + max(inter, dims.hidden_size) * tokens) * 2
 
 
+def v0_multimodal(
+    dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, max_model_len: int | None
+) -> multimodal.Profile | None:
+    """V0's dummy multimodal batch (multimodal.v0_profile) where the deployment runs V0 and the
+    processor's max_pixels is known; None otherwise (the profile then sizes text tokens only)."""
+    if not runs_v0(d) or d.image_max_pixels is None:
+        return None
+    length = max_model_len or d.max_model_len or tokens
+    return multimodal.v0_profile(
+        dims, d.image_max_pixels, max_num_seqs, tokens, length, activation_dtype_bytes(dims, d)
+    )
+
+
 def activation(
-    dims: ModelDims, d: Deployment, gpu: GpuSpec | None, max_num_seqs: int, tokens: int
+    dims: ModelDims,
+    d: Deployment,
+    gpu: GpuSpec | None,
+    max_num_seqs: int,
+    tokens: int,
+    max_model_len: int | None = None,
 ) -> list[Term]:
     """The torch peak increase of the profile run, per pipeline stage (gpu_worker.py:372-386).
 
@@ -253,9 +292,17 @@ def activation(
     forward's hidden states are still referenced. Peak = persistent (cuBLAS workspace, MoE workspace,
     PP buffers) + max(forward transient, hidden out + sampler). Stages that do not sample hold the
     received and sent intermediate tensors, 2 x tokens x H (gpu_model_runner.py:5441).
+
+    V0 with a Qwen2-VL-style tower (v0_multimodal): the batch is clamped to the sequences that hold
+    max_mm_tokens each, the forward runs over the dummy prompts' tokens (more than the budget when a
+    prompt's placeholders outgrow its share), the float32 pixel values stay on the card through it,
+    and the tower's own transient joins the max (multimodal.py).
     """
     act = activation_dtype_bytes(dims, d)
     v1 = not runs_v0(d)
+    mm = v0_multimodal(dims, d, max_num_seqs, tokens, max_model_len)
+    if mm is not None:
+        max_num_seqs, tokens = mm.seqs, mm.forward_tokens
     rows = min(tokens, max_num_seqs)
     hopper = gpu is None or gpu.sm_major >= 9
     cal = calibration.current()
@@ -269,6 +316,7 @@ def activation(
     persistent += moe if kept else 0
     if dims.has_vision_tower:
         persistent += int(cal.vision_encoder_gib * GiB)
+    persistent += mm.pixel_bytes if mm is not None else 0
     coefficient = cal.forward_h if v1 else FORWARD_H_V0
     forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
     forward += 0 if kept else moe
@@ -277,12 +325,17 @@ def activation(
         dims, d, rows, act, (gpu.sm_count if gpu and gpu.sm_count else 132)
     )
     pp_buffers = 2 * tokens * dims.hidden_size * act if d.pp > 1 else 0
+    encoder = mm.encoder_bytes if mm is not None else 0
     out: list[Term] = []
     for stage in range(d.pp):
         last = stage == d.pp - 1
+        # The tower runs on the first stage, before the decoder layers (its transient freed by then).
         body = max(forward, sampler) if last else forward
+        note = "sampler" if last and sampler >= forward else "forward"
+        if stage == 0 and encoder > body:
+            body, note = encoder, "vision encoder"
         total = persistent + body + pp_buffers
-        out.append(Term(total, "sampler" if last and sampler >= forward else "forward"))
+        out.append(Term(total, note))
     return out
 
 

@@ -95,8 +95,21 @@ def _terms(
         stage_act = [memory.Term(d.activation_bytes or 0, "given")] * d.pp
         inputs["activation"] = "given" if d.activation_bytes is not None else "estimated"
     else:
-        stage_act = memory.activation(dims, d, card, seqs, tokens)
+        stage_act = memory.activation(dims, d, card, seqs, tokens, basis.max_model_len)
         inputs["activation"] = "estimated"
+        mm = memory.v0_multimodal(dims, d, seqs, tokens, basis.max_model_len)
+        if mm is not None:
+            notes.append(
+                f"V0 multimodal profile: max_mm_tokens {mm.mm_tokens:,} (one image and one video at "
+                f"max_pixels {d.image_max_pixels:,}) clamps the dummy batch to {mm.seqs} sequence(s); "
+                f"the forward runs over {mm.forward_tokens:,} tokens, {format_bytes(mm.pixel_bytes)} "
+                "of float32 pixel values held"
+            )
+        elif memory.runs_v0(d) and dims.vision_grid is not None:
+            notes.append(
+                "V0 multimodal profile not sized: the image processor's max_pixels is not known "
+                "(preprocessor_config.json; give it as -- --mm-processor-kwargs '{\"max_pixels\": N}')"
+            )
         notes.append(
             f"activation peak: the profile run modelled ({stage_act[-1].note} pass; max_num_seqs {seqs}, "
             f"max_num_batched_tokens {tokens}, sampler path "
@@ -313,7 +326,9 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     limiting = budget.check_bytes(plan, limiting, d.engine_version) if limiting > 0 else limiting
     if memory.runs_v0(d) and memory.is_v1(d.engine_version):
         assumptions.append(
-            f"engine: V0 (vLLM {d.engine_version} falls back to V0 for PP {d.pp} with the default executor backend)"
+            f"engine: V0 (VLLM_USE_V1=0 on vLLM {d.engine_version})"
+            if d.v0_engine
+            else f"engine: V0 (vLLM {d.engine_version} falls back to V0 for PP {d.pp} with the default executor backend)"
         )
     v0_tokens = _v0_max_seq_len(plan, d) if memory.runs_v0(d) and limiting > 0 else None
     if limiting <= 0 or v0_tokens == 0:

@@ -31,9 +31,20 @@ UTILIZATION_DEFAULT: Rule[float] = Rule(
 )
 V1_ENGINE: Rule[bool] = Rule(
     "v1_engine",
-    "the V1 engine (scheduler, profile run, sampler) is the default; VLLM_USE_V1=0 is not modelled",
+    "the V1 engine (scheduler, profile run, sampler) is the default (VLLM_USE_V1=0: V0_SELECTABLE)",
     Side(None, False, "0.7.3 envs.py VLLM_USE_V1 (default 0)"),
     Side("0.8", True, "0.8.0 envs.py VLLM_USE_V1 (default 1)"),
+)
+V0_SELECTABLE: Rule[bool] = Rule(
+    "v0_selectable",
+    "VLLM_USE_V1=0 starts the V0 engine (its worker/model_runner.py still ships)",
+    Side(
+        None,
+        True,
+        "V0 is the default before 0.8 (0.7.3 envs.py); 0.8.4 envs.py:527-528 and engine/arg_utils.py:1160-1162 "
+        "('If VLLM_USE_V1=0, we disable V1'); 0.9.2 envs.py:637-638; 0.10.2 envs.py:745-746, arg_utils.py:1125-1127",
+    ),
+    Side("0.11", False, "0.11.0 wheel: vllm/worker/model_runner.py is gone (V0 removed)"),
 )
 V0_AT_PP: Rule[bool] = Rule(
     "v0_at_pp",
@@ -231,6 +242,7 @@ NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
 RULES: tuple[Rule[Any], ...] = (
     UTILIZATION_DEFAULT,
     V1_ENGINE,
+    V0_SELECTABLE,
     V0_AT_PP,
     V0_CHUNKED_PREFILL_TOKENS,
     V0_BLOCKS_PER_VIRTUAL_ENGINE,
