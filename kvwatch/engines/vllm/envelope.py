@@ -26,13 +26,13 @@ ENVELOPE = Envelope(
     },
     term_bands={"weights": 0.0078, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 1.2304},
     widening={
-        "card": 0.0845,
+        "card": 0.0849,
         "release": 0.0442,
         "architecture": 0.017,
-        "modality": 0.0374,
-        "quantization": 0.0136,
+        "modality": 0.0387,
+        "quantization": 0.0156,
         "parallelism": 0.0845,
-        "connector": 0.0374,
+        "connector": 0.0387,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",
