@@ -13,10 +13,11 @@ import pytest
 from bench import accuracy_cases, accuracy_loso
 from bench import accuracy_sglang as acc_sglang
 from bench.accuracy_cases import _card
-from kvwatch.analysis.predict import predict
+from kvwatch.analysis.predict import engine_of, predict
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import card_family
 from kvwatch.capacity.geometry import load_model
+from kvwatch.commands.predict import render
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import GiB
 from kvwatch.engines.sglang import request_table as sglang_request_table
@@ -420,3 +421,29 @@ def test_the_bench_judges_v0_errors_figure_against_v0_checks_own() -> None:
     assert row.predicted["kv_tokens"] == 16 * (row.prediction.kv_pool_blocks // 2)
     started = cases["gh10517-llama31-8b-rtx3090-v0.6.4-20k"]
     assert not started.kv_tokens_from_v0_error
+
+
+def test_a_fit_the_band_does_not_promise_is_said() -> None:
+    """gpustack#1800 (vLLM 0.8.4 V0, Qwen2.5-VL-7B on an RTX 3090 at GPUStack's 8192 tokens) failed
+    with 2400 tokens of KV; kvwatch's modelled figure fits one request, its band's low end does not:
+    predict says so instead of a bare yes. A comfortable fit says nothing more."""
+    m = load_model(PUBLIC_CONFIGS / "Qwen--Qwen2.5-VL-7B-Instruct.json")
+    d = Deployment(
+        engine="vllm",
+        engine_version="0.8.4",
+        gpu_name="RTX-3090-24GB",
+        gpu_memory_bytes=int(23.58 * GiB),
+        max_model_len=8192,
+        v0_engine=True,
+        image_max_pixels=12845056,
+    )
+    p = predict(m, d)
+    assert p.fits and p.available_kv_band_bytes is not None and p.needed_kv_bytes is not None
+    assert p.fits_at_band_low is False
+    assert p.available_kv_bytes - p.available_kv_band_bytes < p.needed_kv_bytes <= p.available_kv_bytes
+    assert p.to_json_dict()["fits_at_band_low"] is False
+    assert "not at the band's low end" in render(p, engine_of(d))
+    roomy = predict(m, d.with_(gpu_name="A100-SXM-80GB", gpu_memory_bytes=int(79.15 * GiB)))
+    assert roomy.fits_at_band_low is True and "low end" not in render(roomy, engine_of(d))
+    failing = predict(m, d.with_(max_model_len=32768))
+    assert not failing.fits and failing.fits_at_band_low is None

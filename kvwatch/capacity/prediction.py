@@ -85,6 +85,15 @@ class Prediction:
             return None
         return self.available_kv_band_bytes / self.available_kv_bytes
 
+    @property
+    def fits_at_band_low(self) -> bool | None:
+        """Whether one request of max_model_len still fits at the band's low end. False is a fit the
+        band does not promise: the modelled figure fits, the error it carries out of sample may not
+        (vLLM then refuses to start, SGLang cannot admit such a request). None without a band or fit."""
+        if not self.fits or self.available_kv_band_bytes is None or self.needed_kv_bytes is None:
+            return None
+        return self.available_kv_bytes - self.available_kv_band_bytes >= self.needed_kv_bytes
+
     def memory_terms(self) -> dict[str, int | None]:
         """The budget by kvwatch.export.names.MEMORY_TERMS term (bytes per rank; None = not part of this budget)."""
         return {
@@ -135,6 +144,7 @@ class Prediction:
             "max_model_len": self.max_model_len,
             "max_concurrency": round(self.max_concurrency, 4),
             "fits": self.fits,
+            "fits_at_band_low": self.fits_at_band_low,
             "estimated_max_model_len": self.estimated_max_model_len,
             "needed_kv_bytes": self.needed_kv_bytes,
             "gpu_memory_utilization": self.gpu_memory_utilization,

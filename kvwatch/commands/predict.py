@@ -305,6 +305,12 @@ def render(p: Prediction, engine: Engine) -> str:
         rows.append(("sliding-window pool", f"{p.swa_pool_tokens:,} tokens"))
     rows.append(("max concurrency", f"{p.max_concurrency:.2f}x at {p.max_model_len:,} tokens"))
     verdict = "yes" if p.fits else "NO"
+    if p.fits_at_band_low is False and p.available_kv_band_bytes is not None and p.needed_kv_bytes:
+        low = max(p.available_kv_bytes - p.available_kv_band_bytes, 0)
+        verdict += (
+            f", but not at the band's low end ({format_bytes(low)} against the "
+            f"{format_bytes(p.needed_kv_bytes)} one request needs): measure before relying on it"
+        )
     if not p.fits and p.estimated_max_model_len:
         verdict += f" (longest that fits: {p.estimated_max_model_len:,} tokens)"
     rows.append(("fits max_model_len", verdict))
