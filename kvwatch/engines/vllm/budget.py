@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, ceil_div, stage_layers
@@ -23,6 +24,32 @@ DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MLA_BLOCK_SIZE = 64
 # FP8 DeepSeek-sparse MLA cache entry (vllm MLAAttentionSpec with cache_dtype_str 'fp8_ds_mla').
 FP8_DS_MLA_BYTES = 656
+# Model classes implementing SupportsMambaPrefixCaching, which prefix caching puts in
+# mamba_cache_mode 'all' (0.25.1 model_executor/models/falcon_h1.py:496, granitemoehybrid.py:572,
+# jamba.py:463, mamba.py:173, mamba2.py:170, nemotron_h.py:776, zamba2.py:807; 0.19.0 bamba.py:396).
+# Gated DeltaNet (Qwen3-Next, Qwen3.5), KDA, MiniMax and the rest take 'align'.
+MAMBA_PREFIX_CACHING_ARCHS = frozenset(
+    {
+        "BambaForCausalLM",
+        "FalconH1ForCausalLM",
+        "FalconMambaForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "JambaForCausalLM",
+        "MambaForCausalLM",
+        "Mamba2ForCausalLM",
+        "NemotronHForCausalLM",
+        "Zamba2ForCausalLM",
+    }
+)
+# Architectures whose config hook picks the recurrent state's dtype (MODELS_CONFIG_MAP, 0.19.0
+# model_executor/models/config.py:738-739 and :746-747); every other model keeps mamba_ssm_cache_dtype
+# 'auto', the model dtype (layers/mamba/mamba_utils.py _mamba_state_dtype, 0.25.1 :84-96).
+NEMOTRON_H_ARCHS = frozenset({"NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"})
+QWEN3_5_ARCHS = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
+# Mamba1 has no chunk: vLLM takes 2048 (config/model.py get_mamba_chunk_size, 0.25.1 :1432-1435).
+DEFAULT_MAMBA_CHUNK = 2048
+
+MambaCacheMode = Literal["none", "align", "all"]
 
 
 def logs_tokens_from_concurrency(version: str | None) -> bool:
@@ -144,14 +171,16 @@ class Spec:
     window: int | None
     page_bytes: int
     block_size: int
-    # A state layer's blocks per request (MambaSpec.max_memory_usage_bytes: 1 + speculative blocks
-    # in mode 'none', 2 in 'align', the default with prefix caching; 0.33.0 kv_cache_interface.py:1135).
+    # A state layer's blocks per request (MambaSpec.max_memory_usage_bytes, state_blocks_per_request):
+    # fixed ones, and in mamba_cache_mode 'all' one more per block_size tokens of the request.
     state_blocks: int = 0
+    state_per_token: bool = False
 
     def max_memory_usage(self, max_model_len: int, max_num_batched_tokens: int, dcp: int) -> int:
         """Bytes one request of max_model_len tokens needs in this layer (spec.max_memory_usage_bytes)."""
         if self.kind == "state":
-            return self.state_blocks * self.page_bytes
+            grown = ceil_div(max_model_len, self.block_size) if self.state_per_token else 0
+            return (grown + self.state_blocks) * self.page_bytes
         if self.kind == "sliding" and self.window is not None:
             n = min(self.window - 1 + max_num_batched_tokens, max_model_len)
             return (ceil_div(n, self.block_size) + 1) * self.page_bytes
@@ -208,24 +237,93 @@ def layer_spec(layer: LayerSpec, d: Deployment, elem_bytes: int, block: int, hyb
     )
 
 
-def state_blocks_per_request(model: ModelGeometry, d: Deployment) -> int:
-    """Blocks a state layer's group takes per request: 2 in mamba_cache_mode 'align', which prefix
-    caching (on by default) selects from 0.21 (0.21.0 model_executor/models/config.py:357-377; 0.33.0
-    :763-771); 1 before; plus one per token a drafter proposes (MambaSpec, 0.25.1
-    v1/kv_cache_interface.py:688-697)."""
-    return releases.MAMBA_BLOCKS_PER_REQUEST.at(d.engine_version) + speculative_tokens(model, d)
+def prefix_caching(d: Deployment) -> bool:
+    """Whether a hybrid model runs with prefix caching: --enable-prefix-caching /
+    --no-enable-prefix-caching as given, else the release's default for hybrid models, off up to
+    0.25 and on from 0.26 (releases.HYBRID_PREFIX_CACHING; engine/arg_utils.py
+    _set_default_chunked_prefill_and_prefix_caching_args, 0.25.1 :2514-2515)."""
+    if d.enable_prefix_caching is not None:
+        return d.enable_prefix_caching
+    return releases.HYBRID_PREFIX_CACHING.at(d.engine_version)
+
+
+def mamba_cache_mode(model: ModelGeometry, d: Deployment) -> MambaCacheMode:
+    """vLLM's mamba_cache_mode for a hybrid model (MambaModelConfig.verify_and_update_config).
+
+    Without prefix caching 'none'. With it, from 0.15, a model with Mamba prefix caching support
+    (MAMBA_PREFIX_CACHING_ARCHS) takes 'all' up to 0.27 -- 'align' in 0.20-0.21 under speculative
+    decoding -- and every other model 'align' (0.25.1 model_executor/models/config.py:558-597;
+    0.20.0 :351-377; 0.28.0 :602-609 'align' for all). 0.12-0.14 have no modes: prefix caching keeps
+    a supporting model's state per block ('all', no speculative blocks) and is switched off for the
+    rest (0.14.0 model_executor/models/config.py:332-352); 0.11 switches it off for every hybrid model
+    (0.11.0 :294-296).
+    """
+    version = d.engine_version
+    rule = releases.MAMBA_STATE_BLOCKS.at(version)
+    if rule == "page" or not prefix_caching(d):
+        return "none"
+    supports = model.architecture in MAMBA_PREFIX_CACHING_ARCHS
+    if rule == "mamba_block":
+        return "all" if supports else "none"
+    if not supports or not releases.MAMBA_ALL_MODE_DEFAULT.at(version):
+        return "align"
+    if speculative_tokens(model, d) and releases.SPECULATIVE_ALIGN.at(version):
+        return "align"
+    return "all"
+
+
+def state_blocks_per_request(model: ModelGeometry, d: Deployment) -> tuple[int, bool]:
+    """(blocks, per_token) a state layer's group takes per request: MambaSpec.max_memory_usage_bytes.
+
+    'none': 1 + one per proposed token; 'align': 2 + one per proposed token; 'all': a block per
+    block_size tokens of max_model_len (per_token True), plus the speculative ones from 0.22
+    (0.25.1 v1/kv_cache_interface.py:688-697; 0.21.0 :562-566; releases.ALL_MODE_SPECULATIVE_BLOCKS).
+    0.11 counts one page whatever is proposed (0.11.0 :235), 0.12-0.14 cdiv(max_model_len,
+    mamba_block_size), one block without prefix caching (mamba_block_size = max_model_len) and no
+    speculative blocks (0.14.0 :292-294).
+    """
+    version = d.engine_version
+    rule = releases.MAMBA_STATE_BLOCKS.at(version)
+    mode = mamba_cache_mode(model, d)
+    spec = speculative_tokens(model, d)
+    if rule == "page":
+        return 1, False
+    if rule == "mamba_block":
+        return (0, True) if mode == "all" else (1, False)
+    if mode == "all":
+        return (spec if releases.ALL_MODE_SPECULATIVE_BLOCKS.at(version) else 0), True
+    return (2 if mode == "align" else 1) + spec, False
+
+
+def ssm_fp32(model: ModelGeometry, layer: LayerSpec, d: Deployment) -> bool:
+    """Whether vLLM keeps a state layer's recurrent (temporal) state in float32.
+
+    mamba_ssm_cache_dtype 'auto' keeps it in the conv state's dtype, the model's (layers/mamba/
+    mamba_utils.py:84-96 @0.25.1). Two config hooks change it: Qwen3.5 takes config.json's
+    mamba_ssm_dtype from 0.17 (Qwen3_5ForConditionalGenerationConfig, 0.19.0 model_executor/models/
+    config.py:663-690), Nemotron-H config.json's mamba_ssm_cache_dtype, else float16 up to 0.19 and
+    float32 from 0.20 (NemotronHForCausalLMConfig, 0.19.0 :483-500; 0.25.1 :606-625)."""
+    if model.architecture in QWEN3_5_ARCHS:
+        return layer.state_ssm_fp32 and releases.QWEN3_5_SSM_DTYPE.at(d.engine_version)
+    if model.architecture in NEMOTRON_H_ARCHS:
+        if layer.state_ssm_cache_dtype:
+            return layer.state_ssm_cache_dtype == "float32"
+        return releases.NEMOTRON_H_SSM_FP32.at(d.engine_version)
+    return False
 
 
 def state_block(model: ModelGeometry, d: Deployment, elem_bytes: int, block: int) -> tuple[int, int] | None:
     """(attention block size, state bytes) of a hybrid model whose state shapes the config gives.
 
-    platforms/interface.py _align_hybrid_block_size (0.21.0 :505-668; 0.33.0 :940-1106): the
-    attention page must hold one layer's state, so the block grows to align x ceil(state / (align x
-    attention bytes per token)), align = max(the backend's kernel block, 16, block_size); the state
-    page is padded to that page. The state is in the model dtype (mamba_cache_dtype 'auto'), its
-    recurrent part in fp32 where config.json's mamba_ssm_dtype says so (Qwen3.5: 1056 tokens at TP 1
-    bf16, 2096 with an fp8 KV cache, as their startups log). None: no state layers, a shape the config
-    leaves out, or attention layers of different widths (not modelled).
+    platforms/interface.py _align_hybrid_block_size (0.25.1 :750-912; 0.21.0 :505-668; 0.19.0
+    model_executor/models/config.py HybridAttentionMambaModelConfig): the attention page must hold one
+    layer's state, so the block grows to align x ceil(state / (align x attention bytes per token)),
+    align = max(the backend's kernel block, 16, block_size); in mamba_cache_mode 'all' to a multiple
+    of lcm(the Mamba2 chunk size, align) (0.25.1 :869-877). The state page is padded to that page.
+    The conv state is in the model dtype (mamba_cache_dtype 'auto'), the recurrent one as ssm_fp32
+    says (Qwen3.5: 1056 tokens at TP 1 bf16, 2096 with an fp8 KV cache, as their startups log). None:
+    no state layers, a shape the config leaves out, or attention layers of different widths (not
+    modelled).
     """
     states = [layer for layer in model.layers if layer.kind in ("linear", "mamba")]
     paged = [layer for layer in model.layers if layer.is_paged]
@@ -235,9 +333,36 @@ def state_block(model: ModelGeometry, d: Deployment, elem_bytes: int, block: int
     if len(widths) != 1:
         return None
     per_token = widths.pop()
-    state = max(layer.state_bytes(d.tp, model.dtype_bytes) for layer in states)
+    state = max(layer.state_bytes(d.tp, model.dtype_bytes, ssm_fp32(model, layer, d)) for layer in states)
     align = max(DEFAULT_BLOCK_SIZE, block)
+    if mamba_cache_mode(model, d) == "all":
+        chunk = max(layer.state_chunk for layer in states) or DEFAULT_MAMBA_CHUNK
+        step = math.lcm(chunk, align)
+        return max(block, step * ceil_div(ceil_div(state, per_token), step)), state
     return max(block, align * ceil_div(state, align * per_token)), state
+
+
+def _stage_specs(
+    model: ModelGeometry,
+    d: Deployment,
+    stage: Sequence[LayerSpec],
+    elem_bytes: int,
+    block: int,
+    state: tuple[int, int] | None,
+) -> list[Spec]:
+    """The KVCacheSpecs of one stage's layers: the paged ones, and with a known state shape one
+    MambaSpec per state layer, its page padded to the attention page (mamba_page_size_padded) and
+    MambaSpec.num_speculative_blocks = num_speculative_tokens (0.25.1
+    model_executor/layers/mamba/abstract.py:44-60)."""
+    specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged]
+    if state is not None and specs:
+        blocks, per_token = state_blocks_per_request(model, d)
+        specs += [
+            Spec("state", None, specs[0].page_bytes, block, blocks, per_token)
+            for layer in stage
+            if layer.kind in ("linear", "mamba")
+        ]
+    return specs
 
 
 def plan(
@@ -262,10 +387,14 @@ def plan(
     state = state_block(model, d, elem_bytes, block)
     if state is not None:
         block = state[0]
+        blocks, per_token = state_blocks_per_request(model, d)
+        taken = (
+            f"a block per {block} tokens" + (f" + {blocks}" if blocks else "") if per_token else f"{blocks}"
+        )
         notes.append(
             f"hybrid linear-attention/Mamba model: attention block raised to {block} tokens so a page "
-            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(model, d)} "
-            "block(s) a request"
+            f"holds one layer's state ({state[1]:,} B); mamba_cache_mode '{mamba_cache_mode(model, d)}' "
+            f"(prefix caching {'on' if prefix_caching(d) else 'off'}): state layers take {taken} block(s) a request"
         )
     elif any(layer.kind in ("linear", "mamba") for layer in model.layers):
         exact = False
@@ -279,18 +408,7 @@ def plan(
         paged = [layer for layer in stage if layer.is_paged]
         if not paged:
             continue
-        specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in paged]
-        if state is not None:
-            page = specs[0].page_bytes
-            # MambaSpec.num_speculative_blocks = num_speculative_tokens: a state layer keeps one
-            # block more per proposed token (0.25.1 model_executor/layers/mamba/abstract.py:44-60,
-            # v1/kv_cache_interface.py:688-697; 0.20.1 :527-547).
-            blocks = state_blocks_per_request(model, d)
-            specs += [
-                Spec("state", None, page, block, blocks)
-                for layer in stage
-                if layer.kind in ("linear", "mamba")
-            ]
+        specs = _stage_specs(model, d, stage, elem_bytes, block, state)
         own = stage_available[i] if stage_available is not None else available
         pool = _plan_stage(specs, own, max_model_len, max_num_batched_tokens, d, block, notes)
         if best is None or pool.num_blocks < best.num_blocks:
@@ -409,6 +527,10 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     check counts them (needed_rule); 0.14-0.16 check the global groups, every stage at once."""
     model = with_drafter(model, d)
     block = block_size_for(model, d)
+    # A hybrid model checks at the raised block and counts its state groups too (the check sums
+    # every group, 0.25.1 v1/core/kv_cache_utils.py:1801-1860).
+    state = state_block(model, d, elem_bytes, block)
+    block = state[0] if state is not None else block
     rule = needed_rule(d.engine_version)
     mnbt = in_flight_tokens(d, mnbt)
     global_groups = releases.GLOBAL_GROUPS_CHECK.at(d.engine_version)
@@ -417,9 +539,7 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     )
     worst = 0
     for stage in stages:
-        specs = [
-            layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged
-        ]
+        specs = _stage_specs(model, d, stage, elem_bytes, block, state)
         if specs:
             worst = max(worst, _stage_needed(specs, d, block, model_len, mnbt, rule))
     return worst
