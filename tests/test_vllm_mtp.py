@@ -18,7 +18,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import geometry_from_config
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.cli import main
-from kvwatch.engines.vllm import budget, weights
+from kvwatch.engines.vllm import budget, calibration, memory, weights
 
 ROOT = Path(__file__).parent
 QWEN35_27B = ROOT / "apriori/public/configs/Qwen--Qwen3.5-27B.json"
@@ -163,3 +163,21 @@ def test_the_mtp_layer_runs_on_the_last_pipeline_stage() -> None:
     stages = budget._stages(model, d)
     assert [len(s) for s in stages] == [32, 33]
     assert stages[0] == list(model.layers[:32]) and stages[1][-1].kind == "full"
+
+
+def test_language_model_only_builds_no_tower_and_profiles_no_encoder() -> None:
+    """phivan3008/meeting-translator (vLLM 0.27.1) serves Qwen3.6-27B with 'language_model_only': True:
+    every modality's limit reads 0, _mark_tower_model skips the vision tower (0.19.0
+    model_executor/models/interfaces.py:249-290) and the encoder budget is 0, so profile_run runs no
+    encoder (0.19.0 v1/worker/gpu_model_runner.py:5734)."""
+    model = _model(QWEN35_27B)
+    assert model.dims is not None and model.dims.has_vision_tower and model.dims.vision_params > 0
+    d = Deployment(engine="vllm", engine_version="0.27.1", gpu_memory_bytes=80 * GIB, max_model_len=4096)
+    text = replace(d, language_model_only=True)
+    full = weights.weights_per_stage(model.dims, d, None)[0][0]
+    lean = weights.weights_per_stage(model.dims, text, None)[0][0]
+    assert full - lean == int(model.dims.vision_params * 2)
+    seqs, tokens = memory.batch_limits(d, 4096)
+    a = memory.activation(model.dims, d, None, seqs, tokens)[0].bytes
+    b = memory.activation(model.dims, text, None, seqs, tokens)[0].bytes
+    assert a - b == int(calibration.current().vision_encoder_gib * GIB)

@@ -99,6 +99,9 @@ class Deployment:
     # vLLM --enable-prefix-caching / --no-enable-prefix-caching (None = the release's default): it
     # sets how many blocks a hybrid model's Mamba / linear-attention state takes per request.
     enable_prefix_caching: bool | None = None
+    # vLLM --language-model-only (0.17+): a multimodal checkpoint served as text only -- its
+    # vision/audio towers are not built and the profile runs no encoder.
+    language_model_only: bool | None = None
     # The engine's own flags that move the non-KV terms (None = the release's default):
     # --max-num-seqs, --enforce-eager, --dtype (activation dtype), --quantization (runtime).
     max_num_seqs: int | None = None

@@ -32,6 +32,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--gpu-memory-utilization",), "gpu_memory_utilization", fraction),
     Flag(("--enforce-eager",), "enforce_eager", switch=True, inverse=("--no-enforce-eager",)),
     Flag(
+        ("--language-model-only",),
+        "language_model_only",
+        switch=True,
+        inverse=("--no-language-model-only",),
+    ),
+    Flag(
         ("--enable-prefix-caching",),
         "enable_prefix_caching",
         switch=True,
