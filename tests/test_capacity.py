@@ -1249,3 +1249,18 @@ def test_vllm_nemotron_h_ssm_state_dtype_by_release(version: str, fp32: bool) ->
     assert predict(named, replace(d, engine_version="0.19.0")).block_size == 16 * -(
         -mamba.state_bytes(8, 2, ssm_fp32=True) // (16 * 512)
     )
+
+
+@pytest.mark.parametrize(("version", "fits"), [("0.18.0", True), ("0.19.0", False)])
+def test_vllm_fit_check_reads_a_gdn_models_first_group_in_014_to_018(version: str, fits: bool) -> None:
+    """Qwen3.5's layer 0 is Gated DeltaNet, so its first KV cache group is a state group (vLLM groups
+    same-spec layers in order of first appearance, 0.18.0 v1/core/kv_cache_utils.py:956-1040): the
+    0.14-0.18 check (group 0's blocks only, :1329-1362) asks one state block of 10 layers, which 2 GiB
+    holds; 0.19 sums every group (0.19.0 :1332-1367): 249 attention blocks + 3 state groups x 1."""
+    m = model("Qwen--Qwen3.5-35B-A3B")
+    d = Deployment(engine_version=version, max_model_len=262144, available_kv_bytes=2 * GiB)
+    p = predict(m, d)
+    assert p.block_size == 1056
+    assert p.fits is fits
+    page = 1056 * 2 * 256 * 2 * 2
+    assert p.needed_kv_bytes == 10 * page * (1 if fits else -(-262144 // 1056) + 3)

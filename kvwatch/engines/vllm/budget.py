@@ -350,19 +350,24 @@ def _stage_specs(
     block: int,
     state: tuple[int, int] | None,
 ) -> list[Spec]:
-    """The KVCacheSpecs of one stage's layers: the paged ones, and with a known state shape one
-    MambaSpec per state layer, its page padded to the attention page (mamba_page_size_padded) and
-    MambaSpec.num_speculative_blocks = num_speculative_tokens (0.25.1
-    model_executor/layers/mamba/abstract.py:44-60)."""
-    specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged]
-    if state is not None and specs:
-        blocks, per_token = state_blocks_per_request(model, d)
-        specs += [
-            Spec("state", None, specs[0].page_bytes, block, blocks, per_token)
-            for layer in stage
-            if layer.kind in ("linear", "mamba")
-        ]
-    return specs
+    """The KVCacheSpecs of one stage's layers, in layer order: the paged ones, and with a known state
+    shape one MambaSpec per state layer, its page padded to the attention page
+    (mamba_page_size_padded) and MambaSpec.num_speculative_blocks = num_speculative_tokens (0.25.1
+    model_executor/layers/mamba/abstract.py:44-60). The order is the groups' order: vLLM groups
+    same-spec layers in order of first appearance (0.18.0 v1/core/kv_cache_utils.py:956-1040,
+    defaultdict over kv_cache_spec), so a model whose first layer is Gated DeltaNet / Mamba has a
+    state group first -- the group 0.14-0.18's fit check reads alone (needed_rule 'first_group')."""
+    paged = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged]
+    if state is None or not paged:
+        return paged
+    blocks, per_token = state_blocks_per_request(model, d)
+    mamba = Spec("state", None, paged[0].page_bytes, block, blocks, per_token)
+    attention = iter(paged)
+    return [
+        next(attention) if layer.is_paged else mamba
+        for layer in stage
+        if layer.is_paged or layer.kind in ("linear", "mamba")
+    ]
 
 
 def plan(
