@@ -18,7 +18,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import geometry_from_config
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.cli import main
-from kvwatch.engines.vllm import budget, calibration, memory, weights
+from kvwatch.engines.vllm import budget, calibration, hybrid, memory, weights
 
 ROOT = Path(__file__).parent
 QWEN35_27B = ROOT / "apriori/public/configs/Qwen--Qwen3.5-27B.json"
@@ -96,9 +96,9 @@ def test_proposed_tokens_widen_the_conv_state_and_the_blocks_a_request_keeps() -
 
 def test_mtp_without_a_token_count_proposes_the_checkpoint_n_predict() -> None:
     model = _model(QWEN35_27B)
-    assert budget.speculative_tokens(model, Deployment(engine="vllm", speculative_method="mtp")) == 1
-    assert budget.speculative_tokens(model, Deployment(engine="vllm", speculative_method="qwen3_5_mtp")) == 1
-    assert budget.speculative_tokens(model, Deployment(engine="vllm")) == 0
+    assert hybrid.speculative_tokens(model, Deployment(engine="vllm", speculative_method="mtp")) == 1
+    assert hybrid.speculative_tokens(model, Deployment(engine="vllm", speculative_method="qwen3_5_mtp")) == 1
+    assert hybrid.speculative_tokens(model, Deployment(engine="vllm")) == 0
 
 
 def test_mtp_weights_load_with_the_target() -> None:

@@ -276,6 +276,7 @@ def deployment_from_settings(
         max_num_seqs=s.max_num_seqs,
         enforce_eager=s.enforce_eager,
         enable_prefix_caching=s.enable_prefix_caching,
+        language_model_only=s.language_model_only,
         flashinfer_sampler=s.flashinfer_sampler,
         dtype=s.dtype,
         quantization=s.quantization,
