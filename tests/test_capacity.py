@@ -733,6 +733,13 @@ def test_vllm_mamba2_prefix_caching_all_mode_aligns_to_the_chunk() -> None:
     assert off.max_concurrency == pytest.approx(
         off.kv_pool_blocks / (-(-8192 // off.block_size) + 2 * state_groups)
     )
+    # From 0.32 a MambaMixer2 layer keeps a prefill-checkpoint block more in 'align' (0.32.0
+    # layers/mamba/mamba_mixer2.py:1107, v1/kv_cache_interface.py:1079).
+    late = predict(m, replace(d, engine_version="0.32.0"))
+    assert late.kv_pool_blocks is not None
+    assert late.max_concurrency == pytest.approx(
+        late.kv_pool_blocks / (-(-8192 // late.block_size) + 3 * state_groups)
+    )
 
 
 def test_linear_attention_without_its_state_shape_is_refused_by_name() -> None:

@@ -35,6 +35,19 @@ MAMBA_PREFIX_CACHING_ARCHS = frozenset(
         "Zamba2ForCausalLM",
     }
 )
+# Models built on MambaMixer2 (0.33.0 model_executor/models/falcon_h1.py, granitemoehybrid.py,
+# mamba2.py, nemotron_h.py, zamba2.py; bamba.py in 0.19.0), whose align-mode state keeps a
+# prefill-checkpoint block from 0.32 (releases.MAMBA2_PREFILL_CHECKPOINT).
+MAMBA2_MIXER_ARCHS = frozenset(
+    {
+        "BambaForCausalLM",
+        "FalconH1ForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "Mamba2ForCausalLM",
+        "NemotronHForCausalLM",
+        "Zamba2ForCausalLM",
+    }
+)
 # Architectures whose config hook picks the recurrent state's dtype (MODELS_CONFIG_MAP, 0.19.0
 # model_executor/models/config.py:738-739 and :746-747); every other model keeps mamba_ssm_cache_dtype
 # 'auto', the model dtype (layers/mamba/mamba_utils.py _mamba_state_dtype, 0.25.1 :84-96).
@@ -152,7 +165,14 @@ def state_blocks_per_request(model: ModelGeometry, d: Deployment) -> tuple[int, 
         return (0, True) if mode == "all" else (1, False)
     if mode == "all":
         return (spec if releases.ALL_MODE_SPECULATIVE_BLOCKS.at(version) else 0), True
-    return (2 if mode == "align" else 1) + spec, False
+    if mode == "none":
+        return 1 + spec, False
+    # 'align': 2 + spec + num_prefill_checkpoint_blocks, 1 for a MambaMixer2 layer from 0.32
+    # (0.33.0 v1/kv_cache_interface.py:1135-1139, layers/mamba/mamba_mixer2.py:1108-1118). A Gated
+    # DeltaNet layer exports checkpoints only on some prefill backends (0.33.0
+    # layers/mamba/gdn/qwen_gdn_linear_attn.py:740-760): not counted.
+    checkpoint = model.architecture in MAMBA2_MIXER_ARCHS and releases.MAMBA2_PREFILL_CHECKPOINT.at(version)
+    return 2 + spec + int(checkpoint), False
 
 
 def ssm_fp32(model: ModelGeometry, layer: LayerSpec, d: Deployment) -> bool:

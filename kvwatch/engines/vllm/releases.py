@@ -213,6 +213,16 @@ ALL_MODE_SPECULATIVE_BLOCKS: Rule[bool] = Rule(
     Side(None, False, "0.21.0 v1/kv_cache_interface.py:562-566"),
     Side("0.22", True, "0.22.0 v1/kv_cache_interface.py:582-588; 0.28.0 :687-692"),
 )
+MAMBA2_PREFILL_CHECKPOINT: Rule[bool] = Rule(
+    "mamba2_prefill_checkpoint",
+    "a MambaMixer2 layer keeps one prefill-checkpoint block more a request in mamba_cache_mode 'align'",
+    Side(None, False, "0.31.0 v1/kv_cache_interface.py:1083-1091 (the field, 0 for every layer)"),
+    Side(
+        "0.32",
+        True,
+        "0.32.0 model_executor/layers/mamba/mamba_mixer2.py:1107; 0.33.0 :1117, v1/kv_cache_interface.py:1135-1139",
+    ),
+)
 NEMOTRON_H_SSM_FP32: Rule[bool] = Rule(
     "nemotron_h_ssm_fp32",
     "Nemotron-H keeps its Mamba2 recurrent state in float32 when neither the user nor config.json names a dtype",
@@ -310,6 +320,7 @@ RULES: tuple[Rule[Any], ...] = (
     MAMBA_ALL_MODE_DEFAULT,
     SPECULATIVE_ALIGN,
     ALL_MODE_SPECULATIVE_BLOCKS,
+    MAMBA2_PREFILL_CHECKPOINT,
     NEMOTRON_H_SSM_FP32,
     QWEN3_5_SSM_DTYPE,
     NEEDED_RULE,
