@@ -446,6 +446,10 @@ def deployment(case: Case) -> Deployment:
         max_num_seqs=_user(s, "max_num_seqs"),
         max_num_batched_tokens=_user(s, "max_num_batched_tokens"),
         enforce_eager=s.get("enforce_eager"),
+        enable_prefix_caching=s.get("enable_prefix_caching")
+        if isinstance(s.get("enable_prefix_caching"), bool)
+        else None,
+        language_model_only=s.get("language_model_only") is True or None,
         dtype=s.get("dtype") if isinstance(s.get("dtype"), str) else None,
         # --quantization fp8 on a 16-bit checkpoint (online); a checkpoint's own scheme is in its config.
         quantization="fp8" if quantization.startswith("fp8") and "checkpoint" not in quantization else None,

@@ -21,6 +21,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
 from kvwatch.capacity.dims import ATTENTION, EMBED, LM_HEAD, tower_params
 from kvwatch.capacity.geometry import geometry_from_config, load_model
+from kvwatch.capacity.states import state_layer
 from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
 from kvwatch.core.jsontypes import JsonObject
@@ -642,12 +643,103 @@ def test_vllm_raises_the_attention_block_to_hold_a_state_layer(name: str, kv_dty
     p = predict(model(name), d)
     assert p.block_size == block
     assert p.exact
-    # One full-attention layer in four: groups of n_full layers, one of attention and three of state;
-    # the state groups take two blocks a request (mamba_cache_mode 'align', prefix caching on).
+    # One full-attention layer in four: groups of n_full layers, one of attention and three of state.
+    # 0.25.1 leaves prefix caching off for a hybrid model (config/model.py:1883-1888): mamba_cache_mode
+    # 'none', one block a request per state group; --enable-prefix-caching: 'align', two.
     full = model(name).count("full")
     page = block * p.bytes_per_token // full
     assert p.kv_pool_blocks == 10 * GiB // (page * full)
-    assert p.max_concurrency == pytest.approx(p.kv_pool_blocks / (-(-32768 // block) + 3 * 2))  # type: ignore[operator]
+    assert p.max_concurrency == pytest.approx(p.kv_pool_blocks / (-(-32768 // block) + 3 * 1))  # type: ignore[operator]
+    on = predict(model(name), replace(d, enable_prefix_caching=True))
+    assert on.kv_pool_blocks == p.kv_pool_blocks
+    assert on.max_concurrency == pytest.approx(p.kv_pool_blocks / (-(-32768 // block) + 3 * 2))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("version", "prefix", "per_request"),
+    [
+        # sostrowsk/dgx-spark-local-llm qwen36.log (vLLM 0.25.1, GB10): the engine config line says
+        # enable_prefix_caching=False (not set by the user), 'Add 3 padding layers', 74.22 GiB ->
+        # 'Maximum concurrency for 262,144 tokens per request: 12.84x' = 3300 blocks / 257: 245
+        # attention blocks of 1072 tokens + 3 state groups x (1 + 3 MTP tokens).
+        ("0.25.1", None, 245 + 3 * 4),
+        # From 0.26 prefix caching is on for hybrid models (config/model.py:1895-1897): 'align'.
+        ("0.26.0", None, 245 + 3 * 5),
+        ("0.25.1", True, 245 + 3 * 5),
+        ("0.26.0", False, 245 + 3 * 4),
+    ],
+)
+def test_vllm_state_blocks_follow_prefix_caching_by_release(
+    version: str, prefix: bool | None, per_request: int
+) -> None:
+    d = Deployment(
+        available_kv_bytes=int(74.22 * GiB),
+        max_model_len=262144,
+        engine_version=version,
+        speculative_method="mtp",
+        num_speculative_tokens=3,
+        enable_prefix_caching=prefix,
+    )
+    p = predict(model("Qwen--Qwen3.5-35B-A3B"), d)
+    assert (p.block_size, p.kv_groups) == (1072, 4)
+    assert p.kv_pool_blocks == 3299  # the log's 74.22 GiB is rounded: vLLM had 3300
+    assert p.max_concurrency == pytest.approx(3299 / per_request)
+    if version == "0.25.1" and prefix is None:
+        assert f"{p.max_concurrency:.2f}" == "12.84"
+
+
+def test_vllm_0201_prefix_caching_puts_gdn_state_in_align_mode() -> None:
+    """noonghunna/club-3090#91 (vLLM 0.20.1, 2x RTX 3090, TP 2): --enable-prefix-caching, MTP 3,
+    fp8_e5m2 KV, 262,144 tokens: 'GPU KV cache size: 619,479 tokens', '2.36x' = 423 blocks / 179:
+    164 attention blocks of 1600 tokens + 3 state groups x (2 + 3) -- 'align', not 'none'."""
+    cfg = json.loads((Path(__file__).parent / "apriori/public/configs/Qwen--Qwen3.5-27B.json").read_text())
+    d = Deployment(
+        engine_version="0.20.1",
+        tp=2,
+        max_model_len=262144,
+        kv_cache_dtype="fp8_e5m2",
+        enable_prefix_caching=True,
+        speculative_method="mtp",
+        num_speculative_tokens=3,
+        available_kv_bytes=423 * 1600 * 1024 * 17,
+    )
+    p = predict(geometry_from_config(cfg), d)
+    assert (p.block_size, p.kv_pool_blocks) == (1600, 423)
+    assert p.kv_pool_tokens == 619479
+    assert f"{p.max_concurrency:.2f}" == "2.36"
+
+
+def test_vllm_mamba2_prefix_caching_all_mode_aligns_to_the_chunk() -> None:
+    """Nemotron-H with prefix caching (0.26: on by default) takes mamba_cache_mode 'all': the block is
+    a multiple of lcm(chunk_size 128, 16) holding a state layer, and each state group takes a block
+    per block_size tokens (0.25.1 platforms/interface.py:869-877, v1/kv_cache_interface.py:689-693);
+    from 0.28 every model takes 'align' (model_executor/models/config.py:602-609)."""
+    m = model("nvidia--Nemotron-H-56B-Base-8K")
+    mamba = next(layer for layer in m.layers if layer.kind == "mamba")
+    # 0.26 keeps the recurrent state in float32 (NemotronHForCausalLMConfig, config.json names none).
+    state = mamba.state_bytes(8, 2, ssm_fp32=True)
+    d = Deployment(engine_version="0.26.0", tp=8, max_model_len=8192, available_kv_bytes=20 * GiB)
+    p = predict(m, d)
+    per_token = 1 * 128 * 2 * 2
+    assert p.block_size == 128 * math.ceil(math.ceil(state / per_token) / 128)
+    assert p.block_size % 128 == 0 and p.block_size * per_token >= state
+    blocks = -(-8192 // p.block_size)
+    n_mamba, n_full = m.count("mamba"), m.count("full")
+    state_groups = -(-n_mamba // n_full) if n_mamba >= 1.5 * n_full else 1
+    assert p.max_concurrency == pytest.approx(p.kv_pool_blocks / (blocks * (1 + state_groups)))  # type: ignore[operator]
+    off = predict(m, replace(d, engine_version="0.28.0"))
+    assert off.block_size == 16 * -(-state // (16 * per_token))
+    assert off.kv_pool_blocks is not None
+    assert off.max_concurrency == pytest.approx(
+        off.kv_pool_blocks / (-(-8192 // off.block_size) + 2 * state_groups)
+    )
+    # From 0.32 a MambaMixer2 layer keeps a prefill-checkpoint block more in 'align' (0.32.0
+    # layers/mamba/mamba_mixer2.py:1107, v1/kv_cache_interface.py:1079).
+    late = predict(m, replace(d, engine_version="0.32.0"))
+    assert late.kv_pool_blocks is not None
+    assert late.max_concurrency == pytest.approx(
+        late.kv_pool_blocks / (-(-8192 // late.block_size) + 3 * state_groups)
+    )
 
 
 def test_linear_attention_without_its_state_shape_is_refused_by_name() -> None:
@@ -786,6 +878,7 @@ def test_deployment_from_settings() -> None:
         block_size=16,
         gpu_memory_utilization=0.9,
         model="x",
+        enable_prefix_caching=False,
     )
     memory = MemoryFacts(
         total_bytes=H100,
@@ -796,6 +889,7 @@ def test_deployment_from_settings() -> None:
     d = deployment_from_settings("vllm", settings, memory)
     assert (d.engine_version, d.tp, d.kv_cache_dtype, d.max_model_len) == ("0.11.0", 2, "fp8", 32768)
     assert d.available_kv_bytes == 50 * GiB and d.gpu_memory_bytes == H100
+    assert d.enable_prefix_caching is False  # the engine config line's, for a hybrid model's state blocks
     p = predict(model("meta-llama--Meta-Llama-3.1-8B"), d)
     assert p.kv_pool_blocks == 50 * GiB // (16 * 4 * 128 * 2 * 1) // 32
     d2 = deployment_from_settings(
@@ -1159,3 +1253,57 @@ def test_a_tower_without_a_patch_merger_keeps_one_projection() -> None:
         "vision_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27}
     }
     assert tower_params(cfg, 2560) == 27 * (4 * 1152 * 1152 + 2 * 1152 * 4304) + 1152 * 2560
+
+
+def test_mamba2_conv_state_widens_groups_tp_does_not_divide() -> None:
+    """Granite-4-hybrid spellings (mamba_n_heads, mamba_d_head, mamba_d_state, mamba_n_groups) and
+    one B/C group: at TP 2 both engines take tp - n_groups groups more so each head shard keeps its
+    group (vLLM layers/mamba/mamba_utils.py:174-177 @0.25.1; SGLang configs/mamba_utils.py:219)."""
+    cfg = {
+        "mamba_n_heads": 128,
+        "mamba_d_head": 64,
+        "mamba_d_state": 128,
+        "mamba_n_groups": 1,
+        "mamba_d_conv": 4,
+    }
+    layer = state_layer(cfg, "mamba")
+    d_inner = 128 * 64
+    assert layer.conv_channels(1) == d_inner + 2 * 1 * 128
+    assert layer.conv_channels(2) == (d_inner + 2 * 2 * 128) // 2
+    assert layer.state_bytes(2, 2) == (d_inner + 4 * 128) // 2 * 3 * 2 + 64 * 64 * 128 * 2
+    # Nemotron-H's 8 groups divide TP 8: nothing added.
+    nemo = state_layer(raw("nvidia--Nemotron-H-56B-Base-8K"), "mamba")
+    assert nemo.conv_channels(8) == nemo.state_conv_channels // 8
+
+
+@pytest.mark.parametrize(("version", "fp32"), [("0.19.0", False), ("0.20.0", True), ("0.25.1", True)])
+def test_vllm_nemotron_h_ssm_state_dtype_by_release(version: str, fp32: bool) -> None:
+    """NemotronHForCausalLMConfig: config.json's mamba_ssm_cache_dtype, else float16 up to 0.19
+    (0.19.0 model_executor/models/config.py:494) and float32 from 0.20 (0.20.0 :410)."""
+    m = model("nvidia--Nemotron-H-56B-Base-8K")
+    mamba = next(layer for layer in m.layers if layer.kind == "mamba")
+    d = Deployment(engine_version=version, tp=8, max_model_len=8192, available_kv_bytes=20 * GiB)
+    p = predict(m, d)
+    state = mamba.state_bytes(8, 2, ssm_fp32=fp32)
+    assert p.block_size == 16 * -(-state // (16 * 512))
+    named = geometry_from_config(
+        {**raw("nvidia--Nemotron-H-56B-Base-8K"), "mamba_ssm_cache_dtype": "float32"}
+    )
+    assert predict(named, replace(d, engine_version="0.19.0")).block_size == 16 * -(
+        -mamba.state_bytes(8, 2, ssm_fp32=True) // (16 * 512)
+    )
+
+
+@pytest.mark.parametrize(("version", "fits"), [("0.18.0", True), ("0.19.0", False)])
+def test_vllm_fit_check_reads_a_gdn_models_first_group_in_014_to_018(version: str, fits: bool) -> None:
+    """Qwen3.5's layer 0 is Gated DeltaNet, so its first KV cache group is a state group (vLLM groups
+    same-spec layers in order of first appearance, 0.18.0 v1/core/kv_cache_utils.py:956-1040): the
+    0.14-0.18 check (group 0's blocks only, :1329-1362) asks one state block of 10 layers, which 2 GiB
+    holds; 0.19 sums every group (0.19.0 :1332-1367): 249 attention blocks + 3 state groups x 1."""
+    m = model("Qwen--Qwen3.5-35B-A3B")
+    d = Deployment(engine_version=version, max_model_len=262144, available_kv_bytes=2 * GiB)
+    p = predict(m, d)
+    assert p.block_size == 1056
+    assert p.fits is fits
+    page = 1056 * 2 * 256 * 2 * 2
+    assert p.needed_kv_bytes == 10 * page * (1 if fits else -(-262144 // 1056) + 3)

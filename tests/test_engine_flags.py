@@ -55,6 +55,13 @@ def test_vllm_switch_inverse_and_hybrid_manager() -> None:
     assert r.fields == {"enforce_eager": False, "hybrid_kv_cache_manager": False, "tp": 2}
 
 
+def test_vllm_prefix_caching_flag_both_ways() -> None:
+    # A hybrid model's state blocks per request follow it (engines/vllm/hybrid.mamba_cache_mode).
+    assert read_flags(["--enable-prefix-caching"], VLLM).fields == {"enable_prefix_caching": True}
+    assert read_flags(["--no-enable-prefix-caching"], VLLM).fields == {"enable_prefix_caching": False}
+    assert read_flags(["--language-model-only"], VLLM).fields == {"language_model_only": True}
+
+
 def test_sglang_launch_server_line() -> None:
     r = read_flags(
         [

@@ -506,7 +506,8 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
         "non-default args",
         "non-default args: {'model_tag': 'Qwen/Qwen2.5-7B-Instruct', 'model': 'Qwen/Qwen2.5-7B-Instruct', "
         "'gpu_memory_utilization': 0.95, 'max_model_len': 8192, 'block_size': 32, 'kv_cache_dtype': 'fp8', "
-        "'tensor_parallel_size': 2, 'enable_prefix_caching': False, 'served_model_name': ['qwen']}",
+        "'tensor_parallel_size': 2, 'enable_prefix_caching': False, 'language_model_only': True, "
+        "'served_model_name': ['qwen']}",
         [
             {
                 "kind": "settings",
@@ -519,6 +520,7 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
                 "max_model_len": 8192,
                 "gpu_memory_utilization": 0.95,
                 "enable_prefix_caching": False,
+                "language_model_only": True,
             }
         ],
     ),

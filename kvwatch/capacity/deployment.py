@@ -96,6 +96,12 @@ class Deployment:
     cuda_graph_max_bs: int | None = None
     max_num_batched_tokens: int | None = None
     hybrid_kv_cache_manager: bool = True
+    # vLLM --enable-prefix-caching / --no-enable-prefix-caching (None = the release's default): it
+    # sets how many blocks a hybrid model's Mamba / linear-attention state takes per request.
+    enable_prefix_caching: bool | None = None
+    # vLLM --language-model-only (0.17+): a multimodal checkpoint served as text only -- its
+    # vision/audio towers are not built and the profile runs no encoder.
+    language_model_only: bool | None = None
     # The engine's own flags that move the non-KV terms (None = the release's default):
     # --max-num-seqs, --enforce-eager, --dtype (activation dtype), --quantization (runtime).
     max_num_seqs: int | None = None
@@ -276,6 +282,8 @@ def deployment_from_settings(
         max_num_batched_tokens=s.max_num_batched_tokens,
         max_num_seqs=s.max_num_seqs,
         enforce_eager=s.enforce_eager,
+        enable_prefix_caching=s.enable_prefix_caching,
+        language_model_only=s.language_model_only,
         flashinfer_sampler=s.flashinfer_sampler,
         dtype=s.dtype,
         quantization=s.quantization,

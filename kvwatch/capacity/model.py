@@ -46,6 +46,14 @@ class LayerSpec:
     state_heads: int = 0
     state_head_elems: int = 0
     state_ssm_fp32: bool = False
+    # Mamba2: B/C groups and state size, whose 2 x groups x state conv channels both engines widen
+    # when TP does not divide the groups (see conv_channels), and the SSD kernel's chunk size
+    # (mamba_chunk_size / chunk_size; 0 when the config names none).
+    state_groups: int = 0
+    state_size: int = 0
+    state_chunk: int = 0
+    # config.json's mamba_ssm_cache_dtype (Nemotron-H's name for the recurrent state's dtype), as given.
+    state_ssm_cache_dtype: str = ""
 
     @property
     def is_paged(self) -> bool:
@@ -55,15 +63,23 @@ class LayerSpec:
     def grows(self) -> bool:
         return self.kind in GROWING_KINDS
 
-    def state_bytes(self, tp: int, elem_bytes: int) -> int:
+    def conv_channels(self, tp: int) -> int:
+        """Conv-state channels on one rank. A Mamba2 layer whose groups TP does not divide gets
+        tp - n_groups groups more, so every head shard keeps its group (vLLM
+        model_executor/layers/mamba/mamba_utils.py:174-177 and extra_groups_for_head_shards :201-210
+        @0.25.1; SGLang configs/mamba_utils.py:29 and :219 @0.5.23)."""
+        channels = self.state_conv_channels
+        if self.state_groups and self.state_groups % tp:
+            channels += 2 * (tp - self.state_groups) * self.state_size
+        return channels // tp
+
+    def state_bytes(self, tp: int, elem_bytes: int, ssm_fp32: bool | None = None) -> int:
         """One request's state in this layer on one rank (0 when its shape is not known): the conv
-        window in the model dtype, the recurrent state in fp32 where the config says so."""
-        conv = self.state_conv_channels // tp * self.state_conv_width * elem_bytes
-        ssm = (
-            max(1, self.state_heads // tp)
-            * self.state_head_elems
-            * (4 if self.state_ssm_fp32 else elem_bytes)
-        )
+        window in the model dtype, the recurrent state in fp32 where the config says so (``ssm_fp32``:
+        the engine's own choice instead)."""
+        fp32 = self.state_ssm_fp32 if ssm_fp32 is None else ssm_fp32
+        conv = self.conv_channels(tp) * self.state_conv_width * elem_bytes
+        ssm = max(1, self.state_heads // tp) * self.state_head_elems * (4 if fp32 else elem_bytes)
         return conv + ssm if self.state_heads else 0
 
     def heads_per_rank(self, tp: int) -> int:

@@ -85,6 +85,8 @@ class SettingsFields:
     mem_fraction_static: float | None = None
     enable_prefix_caching: bool | None = None
     enforce_eager: bool | None = None
+    # vLLM --language-model-only: a multimodal checkpoint served as text (no tower, no encoder profile).
+    language_model_only: bool | None = None
     engine_generation: Literal["v0", "v1"] | None = None
     # Whether the top-p/top-k sampler runs FlashInfer's kernels (False: the engine logged that it
     # falls back to its own, a fact of the install that sizes the profile run's sampler).

@@ -22,7 +22,7 @@ def state_bytes_per_request(model: ModelGeometry, d: Deployment) -> int:
             continue
         if not layer.state_heads:
             return 0
-        conv = layer.state_conv_channels // d.tp * layer.state_conv_width * 2
+        conv = layer.conv_channels(d.tp) * layer.state_conv_width * 2
         total += conv + max(1, layer.state_heads // d.tp) * layer.state_head_elems * 4
     return total
 

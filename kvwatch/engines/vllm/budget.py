@@ -17,6 +17,14 @@ from dataclasses import dataclass, replace
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry, ceil_div, stage_layers
 from kvwatch.engines.vllm import releases
+from kvwatch.engines.vllm.hybrid import (
+    drafter_layers,
+    mamba_cache_mode,
+    prefix_caching,
+    state_block,
+    state_blocks_per_request,
+    with_drafter,
+)
 
 DEFAULT_BLOCK_SIZE = 16
 # MLA backends force their own block size (FlashMLA 64; vllm/platforms/cuda.py).
@@ -65,57 +73,6 @@ def in_flight_tokens(d: Deployment, max_num_batched_tokens: int) -> int:
     return max_concurrent_batches(d) * max_num_batched_tokens
 
 
-def is_mtp(method: str | None) -> bool:
-    """Whether a speculative method is a multi-token-prediction head of the target's checkpoint:
-    'mtp' and every '<model>_mtp' of MTPModelTypes (0.25.1 config/speculative.py:36-57; 0.20.1
-    :34-51), which vLLM folds into 'mtp' (0.25.1 :652-656)."""
-    return method is not None and (method == "mtp" or method.endswith("_mtp"))
-
-
-def speculative_tokens(model: ModelGeometry, d: Deployment) -> int:
-    """Tokens the drafter proposes a step: the user's num_speculative_tokens, else for MTP the
-    checkpoint's n_predict (mtp_num_hidden_layers / num_nextn_predict_layers, 0.25.1
-    config/speculative.py:498-515 and :919-926); 0 without speculative decoding."""
-    if d.num_speculative_tokens is not None:
-        return d.num_speculative_tokens
-    if is_mtp(d.speculative_method):
-        return max(model.mtp_layers, 1)
-    return 0
-
-
-def with_drafter(model: ModelGeometry, d: Deployment) -> ModelGeometry:
-    """The target's layers as speculation changes them: every GDN / Mamba conv state widened by
-    the proposed tokens (0.25.1 model_executor/layers/mamba/mamba_utils.py:218-228, num_spec from
-    qwen3_5.py:530-542; 0.20.1 qwen3_5.py:729-741)."""
-    num_spec = speculative_tokens(model, d)
-    if not num_spec:
-        return model
-    layers = tuple(
-        replace(layer, state_conv_width=layer.state_conv_width + num_spec)
-        if layer.kind in ("linear", "mamba") and layer.state_conv_width
-        else layer
-        for layer in model.layers
-    )
-    return replace(model, layers=layers)
-
-
-def drafter_layers(model: ModelGeometry, d: Deployment) -> list[LayerSpec]:
-    """The drafter's attention layers, whose caches join the pool beside the target's.
-
-    They register in the same forward context, so get_kv_cache_spec gives them specs of their own
-    and they join the KV cache groups (0.25.1 v1/worker/gpu_model_runner.py load_model :5231-5235
-    loads the drafter with the target). An MTP drafter is the checkpoint's mtp_num_hidden_layers
-    full-attention decoder layers (0.25.1 model_executor/models/qwen3_5_mtp.py:79 and :105-112;
-    0.20.1 :73 and :100-104), shaped as the target's full-attention layers; it runs on the last
-    stage (its lm_head only there, :218-231). A non-MTP drafter's own layers (EAGLE, DFlash: a
-    separate checkpoint) are not read.
-    """
-    if not is_mtp(d.speculative_method):
-        return []
-    attention = next((layer for layer in model.layers if layer.kind in ("full", "mla")), None)
-    return [attention] * model.mtp_layers if attention is not None else []
-
-
 def _stages(model: ModelGeometry, d: Deployment) -> list[list[LayerSpec]]:
     """The target's layers per pipeline stage, the drafter's on the last."""
     stages = stage_layers(model.layers, d.pp)
@@ -144,14 +101,16 @@ class Spec:
     window: int | None
     page_bytes: int
     block_size: int
-    # A state layer's blocks per request (MambaSpec.max_memory_usage_bytes: 1 + speculative blocks
-    # in mode 'none', 2 in 'align', the default with prefix caching; 0.33.0 kv_cache_interface.py:1135).
+    # A state layer's blocks per request (MambaSpec.max_memory_usage_bytes, state_blocks_per_request):
+    # fixed ones, and in mamba_cache_mode 'all' one more per block_size tokens of the request.
     state_blocks: int = 0
+    state_per_token: bool = False
 
     def max_memory_usage(self, max_model_len: int, max_num_batched_tokens: int, dcp: int) -> int:
         """Bytes one request of max_model_len tokens needs in this layer (spec.max_memory_usage_bytes)."""
         if self.kind == "state":
-            return self.state_blocks * self.page_bytes
+            grown = ceil_div(max_model_len, self.block_size) if self.state_per_token else 0
+            return (grown + self.state_blocks) * self.page_bytes
         if self.kind == "sliding" and self.window is not None:
             n = min(self.window - 1 + max_num_batched_tokens, max_model_len)
             return (ceil_div(n, self.block_size) + 1) * self.page_bytes
@@ -208,36 +167,32 @@ def layer_spec(layer: LayerSpec, d: Deployment, elem_bytes: int, block: int, hyb
     )
 
 
-def state_blocks_per_request(model: ModelGeometry, d: Deployment) -> int:
-    """Blocks a state layer's group takes per request: 2 in mamba_cache_mode 'align', which prefix
-    caching (on by default) selects from 0.21 (0.21.0 model_executor/models/config.py:357-377; 0.33.0
-    :763-771); 1 before; plus one per token a drafter proposes (MambaSpec, 0.25.1
-    v1/kv_cache_interface.py:688-697)."""
-    return releases.MAMBA_BLOCKS_PER_REQUEST.at(d.engine_version) + speculative_tokens(model, d)
-
-
-def state_block(model: ModelGeometry, d: Deployment, elem_bytes: int, block: int) -> tuple[int, int] | None:
-    """(attention block size, state bytes) of a hybrid model whose state shapes the config gives.
-
-    platforms/interface.py _align_hybrid_block_size (0.21.0 :505-668; 0.33.0 :940-1106): the
-    attention page must hold one layer's state, so the block grows to align x ceil(state / (align x
-    attention bytes per token)), align = max(the backend's kernel block, 16, block_size); the state
-    page is padded to that page. The state is in the model dtype (mamba_cache_dtype 'auto'), its
-    recurrent part in fp32 where config.json's mamba_ssm_dtype says so (Qwen3.5: 1056 tokens at TP 1
-    bf16, 2096 with an fp8 KV cache, as their startups log). None: no state layers, a shape the config
-    leaves out, or attention layers of different widths (not modelled).
-    """
-    states = [layer for layer in model.layers if layer.kind in ("linear", "mamba")]
-    paged = [layer for layer in model.layers if layer.is_paged]
-    if not states or not paged or any(not layer.state_heads for layer in states):
-        return None
-    widths = {layer.bytes_per_token(d.tp, elem_bytes) for layer in paged}
-    if len(widths) != 1:
-        return None
-    per_token = widths.pop()
-    state = max(layer.state_bytes(d.tp, model.dtype_bytes) for layer in states)
-    align = max(DEFAULT_BLOCK_SIZE, block)
-    return max(block, align * ceil_div(state, align * per_token)), state
+def _stage_specs(
+    model: ModelGeometry,
+    d: Deployment,
+    stage: Sequence[LayerSpec],
+    elem_bytes: int,
+    block: int,
+    state: tuple[int, int] | None,
+) -> list[Spec]:
+    """The KVCacheSpecs of one stage's layers, in layer order: the paged ones, and with a known state
+    shape one MambaSpec per state layer, its page padded to the attention page
+    (mamba_page_size_padded) and MambaSpec.num_speculative_blocks = num_speculative_tokens (0.25.1
+    model_executor/layers/mamba/abstract.py:44-60). The order is the groups' order: vLLM groups
+    same-spec layers in order of first appearance (0.18.0 v1/core/kv_cache_utils.py:956-1040,
+    defaultdict over kv_cache_spec), so a model whose first layer is Gated DeltaNet / Mamba has a
+    state group first -- the group 0.14-0.18's fit check reads alone (needed_rule 'first_group')."""
+    paged = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged]
+    if state is None or not paged:
+        return paged
+    blocks, per_token = state_blocks_per_request(model, d)
+    mamba = Spec("state", None, paged[0].page_bytes, block, blocks, per_token)
+    attention = iter(paged)
+    return [
+        next(attention) if layer.is_paged else mamba
+        for layer in stage
+        if layer.is_paged or layer.kind in ("linear", "mamba")
+    ]
 
 
 def plan(
@@ -262,10 +217,14 @@ def plan(
     state = state_block(model, d, elem_bytes, block)
     if state is not None:
         block = state[0]
+        blocks, per_token = state_blocks_per_request(model, d)
+        taken = (
+            f"a block per {block} tokens" + (f" + {blocks}" if blocks else "") if per_token else f"{blocks}"
+        )
         notes.append(
             f"hybrid linear-attention/Mamba model: attention block raised to {block} tokens so a page "
-            f"holds one layer's state ({state[1]:,} B); state layers take {state_blocks_per_request(model, d)} "
-            "block(s) a request"
+            f"holds one layer's state ({state[1]:,} B); mamba_cache_mode '{mamba_cache_mode(model, d)}' "
+            f"(prefix caching {'on' if prefix_caching(d) else 'off'}): state layers take {taken} block(s) a request"
         )
     elif any(layer.kind in ("linear", "mamba") for layer in model.layers):
         exact = False
@@ -279,18 +238,7 @@ def plan(
         paged = [layer for layer in stage if layer.is_paged]
         if not paged:
             continue
-        specs = [layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in paged]
-        if state is not None:
-            page = specs[0].page_bytes
-            # MambaSpec.num_speculative_blocks = num_speculative_tokens: a state layer keeps one
-            # block more per proposed token (0.25.1 model_executor/layers/mamba/abstract.py:44-60,
-            # v1/kv_cache_interface.py:688-697; 0.20.1 :527-547).
-            blocks = state_blocks_per_request(model, d)
-            specs += [
-                Spec("state", None, page, block, blocks)
-                for layer in stage
-                if layer.kind in ("linear", "mamba")
-            ]
+        specs = _stage_specs(model, d, stage, elem_bytes, block, state)
         own = stage_available[i] if stage_available is not None else available
         pool = _plan_stage(specs, own, max_model_len, max_num_batched_tokens, d, block, notes)
         if best is None or pool.num_blocks < best.num_blocks:
@@ -409,6 +357,10 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     check counts them (needed_rule); 0.14-0.16 check the global groups, every stage at once."""
     model = with_drafter(model, d)
     block = block_size_for(model, d)
+    # A hybrid model checks at the raised block and counts its state groups too (the check sums
+    # every group, 0.25.1 v1/core/kv_cache_utils.py:1801-1860).
+    state = state_block(model, d, elem_bytes, block)
+    block = state[0] if state is not None else block
     rule = needed_rule(d.engine_version)
     mnbt = in_flight_tokens(d, mnbt)
     global_groups = releases.GLOBAL_GROUPS_CHECK.at(d.engine_version)
@@ -417,9 +369,7 @@ def needed_bytes(model: ModelGeometry, d: Deployment, elem_bytes: int, model_len
     )
     worst = 0
     for stage in stages:
-        specs = [
-            layer_spec(layer, d, elem_bytes, block, hybrid_manager(d)) for layer in stage if layer.is_paged
-        ]
+        specs = _stage_specs(model, d, stage, elem_bytes, block, state)
         if specs:
             worst = max(worst, _stage_needed(specs, d, block, model_len, mnbt, rule))
     return worst

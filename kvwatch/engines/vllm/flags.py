@@ -32,6 +32,18 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--max-num-batched-tokens",), "max_num_batched_tokens", human_int),
     Flag(("--gpu-memory-utilization",), "gpu_memory_utilization", fraction),
     Flag(("--enforce-eager",), "enforce_eager", switch=True, inverse=("--no-enforce-eager",)),
+    Flag(
+        ("--language-model-only",),
+        "language_model_only",
+        switch=True,
+        inverse=("--no-language-model-only",),
+    ),
+    Flag(
+        ("--enable-prefix-caching",),
+        "enable_prefix_caching",
+        switch=True,
+        inverse=("--no-enable-prefix-caching",),
+    ),
     Flag(("--quantization", "-q"), "quantization", text),
     Flag(("--dtype",), "dtype", text),
     Flag(("--kv-cache-dtype",), "kv_cache_dtype", text),

@@ -314,7 +314,9 @@ def activation(
     moe = _moe_workspace(dims, d.tp, tokens, act)
     kept = releases.MOE_WORKSPACE_PERSISTENT.at(d.engine_version)
     persistent += moe if kept else 0
-    if dims.has_vision_tower:
+    # --language-model-only: no modality has items, so the encoder budget is 0 and profile_run runs no
+    # encoder (0.19.0 gpu_model_runner.py:5734, v1/core/encoder_cache_manager.py:288-294).
+    if dims.has_vision_tower and not d.language_model_only:
         persistent += int(cal.vision_encoder_gib * GiB)
     persistent += mm.pixel_bytes if mm is not None else 0
     coefficient = cal.forward_h if v1 else FORWARD_H_V0

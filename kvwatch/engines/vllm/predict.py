@@ -18,7 +18,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weight_bytes
 from kvwatch.core.units import GiB, format_bytes
-from kvwatch.engines.vllm import budget, memory, releases, weights
+from kvwatch.engines.vllm import budget, hybrid, memory, releases, weights
 from kvwatch.engines.vllm.envelope import CURRENT
 
 # Error band of a card total: measured in a log, estimated from nvidia-smi, or given by the user.
@@ -66,7 +66,7 @@ def _terms(
     else:
         # The checkpoint-level estimate is replaced by vLLM's loader model.
         basis.assumptions[:] = [a for a in basis.assumptions if not a.startswith("weights:")]
-        drafter = model.mtp_layers if budget.is_mtp(d.speculative_method) else 0
+        drafter = model.mtp_layers if hybrid.is_mtp(d.speculative_method) else 0
         stage_weights, quant = weights.weights_per_stage(dims, d, card, drafter)
         act_bytes = memory.activation_dtype_bytes(dims, d)
         index = model.safetensors_total_size
@@ -413,9 +413,9 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
 
 
 def _drafter_note(model: ModelGeometry, d: Deployment) -> str:
-    """What kvwatch counted of the speculative drafter (budget.with_drafter, weights_per_stage)."""
-    spec = budget.speculative_tokens(model, d)
-    if budget.is_mtp(d.speculative_method):
+    """What kvwatch counted of the speculative drafter (hybrid.with_drafter, weights_per_stage)."""
+    spec = hybrid.speculative_tokens(model, d)
+    if hybrid.is_mtp(d.speculative_method):
         return (
             f"speculative decoding (MTP, {spec} token(s) a step): the checkpoint's {model.mtp_layers} MTP "
             "layer(s) load with the model and join the KV groups; state layers keep a block more per token"

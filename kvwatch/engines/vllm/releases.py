@@ -17,6 +17,9 @@ from kvwatch.core.versions import Rule, Side
 
 SamplerPath = Literal["v0", "flashinfer", "sort", "triton"]
 NeededRule = Literal["layers", "first_group", "groups"]
+# How a Mamba / linear-attention state layer counts blocks per request: one page (<= 0.11), the
+# cdiv of max_model_len by mamba_block_size (0.12-0.14), by mamba_cache_mode (0.15+).
+MambaStateBlocks = Literal["page", "mamba_block", "modes"]
 # Memory other processes hold on the card at launch: counted as the engine's own non-torch memory,
 # left in the baseline the profile subtracts, or left in the baseline after a startup check.
 OthersMemory = Literal["counted", "baseline", "checked"]
@@ -174,11 +177,74 @@ IN_FLIGHT_BATCHES: Rule[bool] = Rule(
     Side(None, False, "0.25.1 v1/kv_cache_interface.py:561"),
     Side("0.26", True, "0.26.0 config/vllm.py:525-534, v1/kv_cache_interface.py:584; 0.33.0 :916-940"),
 )
-MAMBA_BLOCKS_PER_REQUEST: Rule[int] = Rule(
-    "mamba_blocks_per_request",
-    "blocks a state layer's group takes per request (mamba_cache_mode 'align' under prefix caching: 2)",
-    Side(None, 1, "0.33.0 v1/kv_cache_interface.py:1135 (mode 'none': 1), the mode before 0.21"),
-    Side("0.21", 2, "0.21.0 model_executor/models/config.py:357-377; 0.33.0 :763-771"),
+HYBRID_PREFIX_CACHING: Rule[bool] = Rule(
+    "hybrid_prefix_caching",
+    "prefix caching is on by default for a hybrid (Mamba / linear-attention) model (is_prefix_caching_supported)",
+    Side(
+        None, False, "0.12.0 config/model.py:1839-1844; 0.19.0 :1785-1790; 0.25.1 :1883-1888 (hybrid: False)"
+    ),
+    Side("0.26", True, "0.26.0 config/model.py:1895-1897; 0.28.0 :2072-2074 (hybrid: True)"),
+)
+MAMBA_STATE_BLOCKS: Rule[MambaStateBlocks] = Rule(
+    "mamba_state_blocks",
+    "how MambaSpec.max_memory_usage_bytes counts a state layer's blocks per request",
+    Side(
+        None,
+        "page",
+        "0.11.0 v1/kv_cache_interface.py:235 (one page; prefix caching off, models/config.py:296)",
+    ),
+    Side(
+        "0.12",
+        "mamba_block",
+        "0.12.0 v1/kv_cache_interface.py:262, 0.14.0 :292 (cdiv(max_model_len, mamba_block_size));"
+        " 0.14.0 model_executor/models/config.py:332-352",
+    ),
+    Side(
+        "0.15",
+        "modes",
+        "0.15.0 v1/kv_cache_interface.py:293; 0.25.1 :688-697 (mamba_cache_mode all/align/none)",
+    ),
+)
+MAMBA_ALL_MODE_DEFAULT: Rule[bool] = Rule(
+    "mamba_all_mode_default",
+    "prefix caching puts a model with Mamba prefix caching support in mamba_cache_mode 'all' (else 'align')",
+    Side(None, True, "0.15.0 model_executor/models/config.py:332; 0.19.0 :436-440; 0.25.1 :558-563"),
+    Side("0.28", False, "0.28.0 model_executor/models/config.py:602-609; 0.33.0 :763-771 ('align' for all)"),
+)
+SPECULATIVE_ALIGN: Rule[bool] = Rule(
+    "speculative_align",
+    "with speculative decoding a model with Mamba prefix caching support takes 'align', not 'all'",
+    Side(None, False, "0.19.0 model_executor/models/config.py:436-440"),
+    Side("0.20", True, "0.20.0 model_executor/models/config.py:351-360; 0.21.0 :351-360"),
+    Side("0.22", False, "0.22.0 model_executor/models/config.py:350-360"),
+)
+ALL_MODE_SPECULATIVE_BLOCKS: Rule[bool] = Rule(
+    "all_mode_speculative_blocks",
+    "mamba_cache_mode 'all' counts the speculative blocks beside cdiv(max_model_len, block_size)",
+    Side(None, False, "0.21.0 v1/kv_cache_interface.py:562-566"),
+    Side("0.22", True, "0.22.0 v1/kv_cache_interface.py:582-588; 0.28.0 :687-692"),
+)
+MAMBA2_PREFILL_CHECKPOINT: Rule[bool] = Rule(
+    "mamba2_prefill_checkpoint",
+    "a MambaMixer2 layer keeps one prefill-checkpoint block more a request in mamba_cache_mode 'align'",
+    Side(None, False, "0.31.0 v1/kv_cache_interface.py:1083-1091 (the field, 0 for every layer)"),
+    Side(
+        "0.32",
+        True,
+        "0.32.0 model_executor/layers/mamba/mamba_mixer2.py:1107; 0.33.0 :1117, v1/kv_cache_interface.py:1135-1139",
+    ),
+)
+NEMOTRON_H_SSM_FP32: Rule[bool] = Rule(
+    "nemotron_h_ssm_fp32",
+    "Nemotron-H keeps its Mamba2 recurrent state in float32 when neither the user nor config.json names a dtype",
+    Side(None, False, "0.14.0 model_executor/models/config.py:541; 0.19.0 :494 (float16)"),
+    Side("0.20", True, "0.20.0 model_executor/models/config.py:410; 0.25.1 :606, :618-625 (float32)"),
+)
+QWEN3_5_SSM_DTYPE: Rule[bool] = Rule(
+    "qwen3_5_ssm_dtype",
+    "a Qwen3.5 checkpoint's mamba_ssm_dtype sets the GDN recurrent state's dtype (else the model dtype)",
+    Side(None, False, "0.16.0 model_executor/models/config.py (no Qwen3_5ForConditionalGenerationConfig)"),
+    Side("0.17", True, "0.17.0 model_executor/models/config.py:625-640, :685-686; 0.19.0 :663-690, :746-747"),
 )
 NEEDED_RULE: Rule[NeededRule] = Rule(
     "needed_rule",
@@ -261,7 +327,14 @@ RULES: tuple[Rule[Any], ...] = (
     TOKENS_FROM_CONCURRENCY,
     V2_RUNNER_PP,
     IN_FLIGHT_BATCHES,
-    MAMBA_BLOCKS_PER_REQUEST,
+    HYBRID_PREFIX_CACHING,
+    MAMBA_STATE_BLOCKS,
+    MAMBA_ALL_MODE_DEFAULT,
+    SPECULATIVE_ALIGN,
+    ALL_MODE_SPECULATIVE_BLOCKS,
+    MAMBA2_PREFILL_CHECKPOINT,
+    NEMOTRON_H_SSM_FP32,
+    QWEN3_5_SSM_DTYPE,
     NEEDED_RULE,
     GLOBAL_GROUPS_CHECK,
     V0_OTHERS_MEMORY,

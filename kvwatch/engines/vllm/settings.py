@@ -65,7 +65,11 @@ _STR_SETTINGS = {
     "cache_dtype": "kv_cache_dtype",
     "quantization": "quantization",
 }
-_BOOL_SETTINGS = {"enable_prefix_caching": "enable_prefix_caching", "enforce_eager": "enforce_eager"}
+_BOOL_SETTINGS = {
+    "enable_prefix_caching": "enable_prefix_caching",
+    "enforce_eager": "enforce_eager",
+    "language_model_only": "language_model_only",
+}
 
 
 def _unquote(value: str) -> str:
@@ -147,6 +151,7 @@ def _settings(
         gpu_memory_utilization=found.gpu_memory_utilization,
         enable_prefix_caching=flags.get("enable_prefix_caching"),
         enforce_eager=flags.get("enforce_eager"),
+        language_model_only=flags.get("language_model_only"),
         engine_generation=generation,
     )
 

@@ -113,7 +113,10 @@ def weights_per_stage(
     head = rows * dims.hidden_size * act
     rope = dims.rope_positions * dims.rotary_dim * act
     # The vision/audio towers, unquantised, split over TP, on the first stage (the encoder runs there).
-    towers = dims.vision_params * act / d.tp
+    # --language-model-only builds none: every modality's limit reads 0 (0.19.0 config/multimodal.py:
+    # 264-265) and _mark_tower_model puts StageMissingLayer in the towers' place
+    # (model_executor/models/interfaces.py:249-290, used by qwen3_5.py:597, qwen3_vl.py:1493 ...).
+    towers = 0.0 if d.language_model_only else dims.vision_params * act / d.tp
     layers = max(dims.num_layers, 1)
     per_layer = (dims.linear_params * linear + dims.expert_params * experts) / layers / d.tp
     per_layer += dims.other_params * act / layers
