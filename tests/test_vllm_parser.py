@@ -907,3 +907,30 @@ def test_no_flashinfer_line_through_prefixes(line: str) -> None:
     (event,) = vllm.parse(*strip_prefixes(line))
     assert isinstance(event, EngineSettings)
     assert (event.flashinfer_sampler, event.instance, event.starts_engine) == (False, "0", False)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # 0.10.2 v1/worker/gpu_worker.py:181-187 (mrpid12org/imageworks nohup.out, RTX 4080)
+        "(EngineCore_DP0 pid=941609) ERROR 09-30 18:29:03 [core.py:718] ValueError: Free memory on device "
+        "(13.58/15.99 GiB) on startup is less than desired GPU memory utilization (0.85, 13.59 GiB). "
+        "Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+        # 0.19.0 v1/worker/utils.py:412-421 names the device
+        "(EngineCore pid=1) ValueError: Free memory on device cuda:0 (13.58/15.99 GiB) on startup is less "
+        "than desired GPU memory utilization (0.85, 13.59 GiB). Decrease GPU memory utilization or reduce "
+        "GPU memory used by other processes.",
+    ],
+)
+def test_free_memory_below_utilization_is_a_startup_failure(line: str) -> None:
+    body, _meta = strip_prefixes(line)
+    assert facts(vllm.parse(body, META)) == [
+        {
+            "kind": "startup_failure",
+            "reason": "free_memory_below_utilization",
+            "free_bytes": 14581413970,  # 13.58 GiB, rounded to the byte
+            "total_bytes": 17169131766,  # 15.99 GiB
+            "requested_bytes": 14592151388,  # 13.59 GiB
+            "gpu_memory_utilization": 0.85,
+        }
+    ]

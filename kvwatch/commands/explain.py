@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from kvwatch.analysis.attribution import Attribution
@@ -21,6 +22,7 @@ from kvwatch.core.units import GiB, format_bytes
 from kvwatch.engines import registry
 from kvwatch.sources.hub import resolve_model_config
 from kvwatch.sources.pipeline import replay
+from kvwatch.state.facts import Failure
 
 HELP = "rebuild an engine's memory budget from its startup log and explain the gap to the prediction"
 
@@ -88,7 +90,40 @@ def _check_version(engine: str, version: str) -> None:
 
 
 def _has_budget(e: Explanation) -> bool:
-    return bool(e.observed.terms) or e.observed_tokens is not None
+    """Something to explain: a budget or pool the log printed, or the start's own failure."""
+    return bool(e.observed.terms) or e.observed_tokens is not None or e.failure is not None
+
+
+def _failure_lines(f: Failure) -> list[str]:
+    """The startup failure in the figures the engine gave, and what would have started."""
+    head = f"startup failure: {f.reason}"
+    if f.reason == "free_memory_below_utilization" and f.free_bytes and f.total_bytes and f.requested_bytes:
+        held = max(f.total_bytes - f.free_bytes, 0)
+        most = math.floor(f.free_bytes / f.total_bytes * 100) / 100
+        return [
+            head,
+            f"  {_fmt(f.free_bytes)} of the {_fmt(f.total_bytes)} card was free at start: other processes "
+            f"(and this engine's CUDA context) held {_fmt(held)}; utilisation {f.gpu_memory_utilization} "
+            f"asks for {_fmt(f.requested_bytes)} free",
+            f"  starts with --gpu-memory-utilization {most:.2f} or less, or with "
+            f"{_fmt(f.requested_bytes - f.free_bytes)} more freed on the card",
+        ]
+    if f.reason == "max_model_len_too_large" and f.max_model_len:
+        if f.needed_kv_bytes and f.available_kv_bytes:
+            line = (
+                f"  one request of max_model_len {f.max_model_len:,} needs {_fmt(f.needed_kv_bytes)} of KV cache; "
+                f"{_fmt(f.available_kv_bytes)} was available"
+            )
+        elif f.max_tokens_in_cache is not None:
+            line = f"  the cache holds {f.max_tokens_in_cache:,} tokens, max_model_len is {f.max_model_len:,}"
+        else:
+            line = f"  max_model_len {f.max_model_len:,} does not fit the cache"
+        if f.estimated_max_model_len:
+            line += f": the longest that fits is {f.estimated_max_model_len:,} tokens"
+        return [head, line]
+    if f.available_kv_bytes is not None:
+        return [head, f"  {_fmt(f.available_kv_bytes)} left for the KV cache after weights and activations"]
+    return [head]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,7 +279,10 @@ def render(e: Explanation) -> str:
     rows = _budget_rows(e.observed, e.predicted)
     if e.predicted is None:
         headers, rows = headers[:3], [r[:3] for r in rows]
-    lines.append(table(headers, rows, (1, 3, 4)))
+    if rows or e.failure is None:
+        lines.append(table(headers, rows, (1, 3, 4)))
+    else:
+        lines.append("no memory terms printed (the start failed before the engine logged them)")
     bar_rows = []
     for name, label in _ROWS:
         if name in ("total", "usable"):
@@ -294,7 +332,7 @@ def render(e: Explanation) -> str:
             + f"; limiting rank TP{s.limiting_rank}"
         )
     if e.failure is not None:
-        lines.append(f"startup failure: {e.failure.reason}")
+        lines += _failure_lines(e.failure)
     if e.prediction is not None and e.prediction.assumptions:
         lines += ["", "prediction assumptions:"] + [f"  - {a}" for a in e.prediction.assumptions]
     if e.notes:

@@ -171,6 +171,12 @@ class FailureFields:
     max_model_len: int | None = None
     max_tokens_in_cache: int | None = None
     estimated_max_model_len: int | None = None
+    # The free-memory check at start: the card's free and total memory then, and what the
+    # utilisation asked for (other processes held total - free).
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    requested_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
 
 
 # Each event is (its fact fields, its head): the head (kind and what else is not a fact) comes

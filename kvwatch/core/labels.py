@@ -24,6 +24,8 @@ FailureReason = Literal[
     "no_memory_for_cache",
     "negative_kv_budget",
     "not_enough_memory",
+    # vLLM V1 from 0.9.1: less free memory at start than utilisation x total (other processes)
+    "free_memory_below_utilization",
 ]
 # state of kvwatch_prediction_available.
 PredictionState = Literal[

@@ -13,6 +13,7 @@ from typing import Literal, get_args
 # In the order of the table's rows (an anchor repeated by later rows is listed once).
 Anchor = Literal[
     "KV cache",
+    "Free memory on device",
     "KV Cache",
     "blocks",
     "Maximum concurrency",

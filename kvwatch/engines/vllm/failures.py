@@ -37,8 +37,29 @@ _V1_MAXLEN = re.compile(
 # All versions: 'No available memory for the cache blocks. Try increasing `gpu_memory_utilization` ...'
 _NO_MEMORY = re.compile(r"^No available memory for the cache blocks\.")
 
+# V1 from 0.9.1: 'Free memory on device (13.58/15.99 GiB) on startup is less than desired GPU memory
+# utilization (0.85, 13.59 GiB). Decrease GPU memory utilization or reduce GPU memory used by other
+# processes.' (0.10.2 v1/worker/gpu_worker.py:181-187); the device named from 0.16 ('on device cuda:0
+# (...)', 0.19.0 v1/worker/utils.py:412-421). Sizes are round(bytes / GiB, 2).
+_FREE_MEMORY = re.compile(
+    r"^Free memory on device(?: [\w:.]{1,32})? \((?P<free>"
+    + NUM
+    + r")/(?P<total>"
+    + NUM
+    + r") GiB\) on startup is less than desired GPU memory utilization \((?P<util>"
+    + NUM
+    + r"), (?P<want>"
+    + NUM
+    + r") GiB\)"
+)
 
-_FAILURE_STARTS = ("The model's max seq len (", "To serve at least one request", "No available memory for")
+
+_FAILURE_STARTS = (
+    "The model's max seq len (",
+    "To serve at least one request",
+    "No available memory for",
+    "Free memory on device",
+)
 
 
 def failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
@@ -80,4 +101,16 @@ def failure(body: str, meta: LineMeta) -> tuple[Event, ...]:
         )
     if _NO_MEMORY.match(text) is not None:
         return (StartupFailure(**ident(meta), reason="no_memory_for_cache"),)
+    m = _FREE_MEMORY.match(text)
+    if m is not None:
+        return (
+            StartupFailure(
+                **ident(meta),
+                reason="free_memory_below_utilization",
+                free_bytes=gib(m.group("free")),
+                total_bytes=gib(m.group("total")),
+                requested_bytes=gib(m.group("want")),
+                gpu_memory_utilization=float(m.group("util")),
+            ),
+        )
     return NO_EVENTS

@@ -386,6 +386,7 @@ _TABLE: tuple[tuple[Anchor, Handler], ...] = (
     ("KV cache", _padding),
     ("KV cache", _preempted),
     ("KV cache", _failure),
+    ("Free memory on device", _failure),
     ("KV Cache", _budget_breakdown),
     ("blocks", _blocks_line),
     ("Maximum concurrency", _concurrency),
