@@ -306,6 +306,7 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "non_torch_bytes": _SIGNED_BYTES,
     "cuda_graph_bytes": _SIGNED_BYTES,
     "available_kv_bytes": _SIGNED_BYTES,
+    "free_bytes": _BYTES,
     "avail_after_weights_bytes": _BYTES,
     "avail_after_pool_bytes": _BYTES,
     "avail_before_weights_bytes": _BYTES,
