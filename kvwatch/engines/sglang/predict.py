@@ -286,11 +286,12 @@ def _others_limit(
     mfs: float,
     off_budget: int,
     weights: int | None,
-) -> int | None:
+) -> int:
     """The most memory other processes may hold at launch before this start fails: the free memory
     SGLang measures shrinks by it, the budget by mfs of it, and the first of _pool_outcome's failures
     bounds it. Bisected to a MiB over that same arithmetic (the page floor and the request table make
-    it a step function, not a line)."""
+    it a step function, not a line), from a bracket around where the budget reaches zero, which is
+    where it ends unless the request table fails first. The caller has the start starting at 0."""
 
     def fails(in_use: int) -> bool:
         free = pre_load - in_use
@@ -298,8 +299,15 @@ def _others_limit(
         return _pool_outcome(model, d, elem, budget_bytes, context_len, free, weights, [])[2] is not None
 
     low, high = 0, max(pre_load, 0)
-    if fails(low):
-        return None
+    step = 2**21
+    zero = int(pre_load - off_budget / mfs)
+    if low < zero - step < high:
+        if fails(zero - step):
+            high = zero - step
+        else:
+            low = zero - step
+            if zero + step < high and fails(zero + step):
+                high = zero + step
     while high - low > 2**20:
         mid = (low + high) // 2
         low, high = (mid, high) if not fails(mid) else (low, mid)
