@@ -140,7 +140,8 @@ class Models:
 def evaluate(case: Case, models: Callable[[Case], ModelGeometry]) -> Row:
     """Predict one case with the calibration and envelope in use now."""
     try:
-        p = predict(models(case), deployment(case))
+        d = deployment(case)
+        p = predict(models(case), d)
     except KvwatchError as exc:
         return Row(case, None, refused=str(exc))
     g = GiB
@@ -152,7 +153,6 @@ def evaluate(case: Case, models: Callable[[Case], ModelGeometry]) -> Row:
         "kv": p.available_kv_bytes / g,
         "kv_tokens": float(p.kv_pool_tokens),
     }
-    d = deployment(case)
     if case.kv_tokens_from_v0_error and p.kv_pool_blocks is not None and vllm_memory.runs_v0(d):
         # Like with like: the figure V0's error prints, not the whole pool (PP divides it from 0.8).
         predicted["kv_tokens"] = float(vllm_predict.v0_check_tokens(d, p.kv_pool_blocks, p.block_size))
