@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import cast
+from typing import Literal, cast
 
 import pytest
 
@@ -188,6 +188,18 @@ def test_cards_of_the_public_cases_are_catalogued(text: str, name: str, total_gi
 LLAMA31_8B = CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"
 
 
+def _rtx4090(engine: Literal["vllm", "sglang"], version: str, max_model_len: int) -> Deployment:
+    """Llama-3.1-8B's deployment on one RTX 4090 (23.55 GiB as torch sees it); vLLM at 0.9."""
+    return Deployment(
+        engine=engine,
+        engine_version=version,
+        gpu_name="RTX-4090-24GB",
+        gpu_memory_bytes=int(23.55 * GiB),
+        max_model_len=max_model_len,
+        gpu_memory_utilization=0.9 if engine == "vllm" else None,
+    )
+
+
 @pytest.mark.parametrize(
     ("version", "counted"),
     [
@@ -211,14 +223,7 @@ def test_memory_other_processes_hold_counts_as_non_torch_where_the_release_count
     free - free) and 0.6.5 (:198-200, a baseline snapshot) leave it out. V1 did the same up to 0.9.0
     (0.8.5 v1/worker/gpu_worker.py:195-210) and from 0.9.1 subtracts a snapshot (gpu_worker.py:135-148)."""
     m = load_model(LLAMA31_8B)
-    d = Deployment(
-        engine="vllm",
-        engine_version=version,
-        gpu_name="RTX-4090-24GB",
-        gpu_memory_bytes=int(23.55 * GiB),
-        max_model_len=4096,
-        gpu_memory_utilization=0.9,
-    )
+    d = _rtx4090("vllm", version, 4096)
     alone, shared = predict(m, d), predict(m, d.with_(memory_in_use_bytes=GiB))
     assert alone.non_torch_bytes is not None and shared.non_torch_bytes is not None
     assert shared.non_torch_bytes - alone.non_torch_bytes == (GiB if counted else 0)
@@ -257,14 +262,7 @@ def test_a_baseline_release_runs_out_of_memory_allocating_the_cache() -> None:
     """V0 0.6.5 subtracts memory in use at launch as baseline (worker/worker.py:198-200) and sizes the
     cache for utilisation x total less its own usage; allocating it needs that much free."""
     m = load_model(LLAMA31_8B)
-    d = Deployment(
-        engine="vllm",
-        engine_version="0.6.5",
-        gpu_name="RTX-4090-24GB",
-        gpu_memory_bytes=int(23.55 * GiB),
-        max_model_len=4096,
-        gpu_memory_utilization=0.9,
-    )
+    d = _rtx4090("vllm", "0.6.5", 4096)
     assert predict(m, d.with_(memory_in_use_bytes=GiB)).failure is None
     p = predict(m, d.with_(memory_in_use_bytes=8 * GiB))
     assert p.fits is False and p.failure is not None and p.failure.startswith("CUDA out of memory")
@@ -336,14 +334,7 @@ def test_the_printed_other_processes_limit_is_where_the_start_starts_failing(ver
     consumer card, another server): a little less than that limit starts, a little more fails, by the
     release's own rule (checked at start, counted as non-torch, or an OOM allocating the cache)."""
     m = load_model(LLAMA31_8B)
-    d = Deployment(
-        engine="vllm",
-        engine_version=version,
-        gpu_name="RTX-4090-24GB",
-        gpu_memory_bytes=int(23.55 * GiB),
-        max_model_len=8192,
-        gpu_memory_utilization=0.9,
-    )
+    d = _rtx4090("vllm", version, 8192)
     assert memory.others_memory(d) == mode
     alone = predict(m, d)
     limit = alone.others_limit_bytes
@@ -359,14 +350,7 @@ def test_the_printed_other_processes_limit_is_where_the_start_starts_failing(ver
 
 def test_no_other_processes_limit_where_the_start_fails_anyway() -> None:
     m = load_model(LLAMA31_8B)
-    d = Deployment(
-        engine="vllm",
-        engine_version="0.10.2",
-        gpu_name="RTX-4090-24GB",
-        gpu_memory_bytes=int(23.55 * GiB),
-        max_model_len=131072,
-        gpu_memory_utilization=0.9,
-    )
+    d = _rtx4090("vllm", "0.10.2", 131072)
     p = predict(m, d)
     assert p.failure is not None and p.others_limit_bytes is None
 
@@ -391,13 +375,7 @@ def test_sglang_sizes_from_the_free_memory_it_measures(version: str) -> None:
     off that free memory, so the pool shrinks by mfs of it, and the printed limit is where the start
     stops starting by SGLang's own failures."""
     m = load_model(LLAMA31_8B)
-    d = Deployment(
-        engine="sglang",
-        engine_version=version,
-        gpu_name="RTX-4090-24GB",
-        gpu_memory_bytes=int(23.55 * GiB),
-        max_model_len=8192,
-    )
+    d = _rtx4090("sglang", version, 8192)
     alone, shared = predict(m, d), predict(m, d.with_(memory_in_use_bytes=GiB))
     mfs = alone.mem_fraction_static
     assert mfs is not None and shared.mem_fraction_static == mfs
