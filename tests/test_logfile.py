@@ -8,6 +8,7 @@ the wait.
 from __future__ import annotations
 
 import errno
+import gzip
 import os
 import shutil
 import stat
@@ -187,6 +188,98 @@ def test_copytruncate_recovers_unread_lines_from_the_copy(
         "4 after truncate, a line longer than everything before it was read",
     ]
     assert tailer.rotations == 1
+
+
+def _kubelet_rotate(log: Path, stamp: str) -> None:
+    """The kubelet's rotation (container_log_manager.go rotateLog): gzip the rotated generations,
+    rename the live file aside with a timestamp, and the runtime opens a new one."""
+    for old in sorted(log.parent.glob(log.name + ".*")):
+        if old.suffix != ".gz":
+            with old.open("rb") as src, gzip.open(f"{old}.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            old.unlink()
+    os.rename(log, log.parent / f"{log.name}.{stamp}")
+    log.touch()
+
+
+def test_a_stall_across_two_rotations_reads_the_generation_it_never_opened(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    """The tailer is held inside on_line while the kubelet rotates twice: the middle generation was
+    never the path's file while the tailer looked, and is read from its start before the new file."""
+    log = tmp_path / "0.log"
+    log.write_text("1 first generation\n")
+    held = threading.Event()
+    release = threading.Event()
+
+    def on_line(path: str, line: str) -> None:
+        sink.on_line(path, line)
+        if line.startswith("1 "):
+            held.set()
+            assert release.wait(WAIT)
+
+    tailer = LogTailer(str(log), on_line, on_rotate=sink.on_rotate, recheck_interval=NO_RECHECK)
+    tailers.append(tailer)
+    tailer.start()
+    assert held.wait(WAIT)
+    append(log, "2 first generation, unread\n")
+    _kubelet_rotate(log, "20261201-100001")
+    append(log, "3 second generation, never opened\n")
+    _kubelet_rotate(log, "20261201-100002")  # the first generation is gzipped and unlinked
+    append(log, "4 third generation\n")
+    release.set()
+    sink.wait(lambda: len(sink.lines) >= 4, "4 lines")
+    assert sink.texts() == [
+        "1 first generation",
+        "2 first generation, unread",
+        "3 second generation, never opened",
+        "4 third generation",
+    ]
+    assert tailer.rotations == 2
+
+
+def test_generations_read_before_or_older_than_the_file_held_are_not_read_again(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    """logrotate's numbered scheme without compression: at each rotation every older generation
+    is renamed beside the path, and none of them is new to the tailer."""
+    log = tmp_path / "engine.log"
+    older = tmp_path / "engine.log.1"
+    older.write_text("0 written before kvwatch started\n")
+    hour_ago = time.time() - 3600
+    os.utime(older, (hour_ago, hour_ago))
+    log.write_text("1\n")
+    tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK)
+    sink.wait_lines(["1"])
+    for n in (1, 2):
+        for k in range(n, 0, -1):  # engine.log.k -> engine.log.(k+1), oldest first
+            os.rename(tmp_path / f"engine.log.{k}", tmp_path / f"engine.log.{k + 1}")
+        os.rename(log, older)
+        log.write_text(f"{n + 1}\n")
+        sink.wait(lambda n=n: tailer.rotations == n and len(sink.lines) == n + 1, f"rotation {n}")  # type: ignore[misc]
+    time.sleep(0.2)  # anything read twice would arrive by now
+    assert sink.texts() == ["1", "2", "3"]
+    assert tailer.rotations == 2
+
+
+def test_resume_across_two_rotations_while_kvwatch_was_down_reads_every_generation(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text("1\n")
+    first = start(tailers, sink, log)
+    sink.wait_lines(["1"])
+    saved = first.positions()
+    first.stop()
+    append(log, "2 the saved file's rest\n")
+    os.rename(log, tmp_path / "engine.log.1")
+    log.write_text("3 a generation kvwatch never saw\n")
+    os.rename(tmp_path / "engine.log.1", tmp_path / "engine.log.2")
+    os.rename(log, tmp_path / "engine.log.1")
+    log.write_text("4 the live file\n")
+    again = Sink()
+    start(tailers, again, log, resume=saved)
+    again.wait_lines(["2 the saved file's rest", "3 a generation kvwatch never saw", "4 the live file"])
 
 
 def test_copytruncate_without_a_copy_reads_the_new_content_from_the_start(

@@ -101,3 +101,6 @@ class Stream:
     # that file is still read to its end, but the source is not up (kvwatch_source_up 0).
     missing: bool = False
     resume: FilePosition | None = None
+    # (dev, inode) of the files this path has named while we read it, newest last: a rotated-aside
+    # file among them was read already and is never taken for a generation we skipped.
+    seen: list[tuple[int, int]] = field(default_factory=list)

@@ -109,6 +109,7 @@ class LogTailer:
             self._out,
             self._stop,
             is_glob=self.is_glob,
+            pattern=self.pattern,
             retire_after=retire_after,
             max_line_chars=max_line_chars,
             come_back=self._come_back,

@@ -10,6 +10,7 @@ tailer's lock held, from its reader thread or a ``refresh()``.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import stat
 import threading
@@ -21,6 +22,9 @@ from kvwatch.sources.files import CHUNK, FINGERPRINT, FilePosition, Reader, Stre
 from kvwatch.sources.lines import LineSplitter
 
 _DRAIN_BUDGET = 128  # chunks (8 MiB) read from one file before the loop looks at the others
+_SEEN = 8  # identities a stream remembers (see Stream.seen)
+# Rotated generations kvwatch cannot read as text: a stall that long loses them (see _skipped).
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".Z", ".zip")
 
 
 class Files:
@@ -33,6 +37,7 @@ class Files:
         stop: threading.Event,
         *,
         is_glob: bool,
+        pattern: str,
         retire_after: float,
         max_line_chars: int,
         come_back: Callable[[str], None],
@@ -45,6 +50,7 @@ class Files:
         self._out = out
         self._stop = stop
         self._is_glob = is_glob
+        self._pattern = pattern
         self._retire_after = retire_after
         self._max_line_chars = max_line_chars
         self._come_back = come_back
@@ -173,16 +179,19 @@ class Files:
         stream.failing = False
         if current is not None:
             # Rotation: finish the old file now, keep draining it a while (a writer that has not
-            # reopened yet still appends to it), and read the new one from its start.
+            # reopened yet still appends to it), then any generation rotated aside before we
+            # noticed, and read the new one from its start.
             self.drain(stream, current, retired=True)
             current.last_growth = time.monotonic()
             stream.retired.append(current)
             self._out.rotated(stream.path)
+            self._read_skipped(stream, current, (dev, ino))
             self._rescan(True)
         elif stream.opened_once:
             self._out.rotated(stream.path)  # reappeared after being missing: delete-and-recreate
         stream.reader = reader
         stream.opened_once = True
+        stream.seen = [*stream.seen, (dev, ino)][-_SEEN:]
         self._out.publish(stream.path, reader, reader.offset, reader.tail)
         self.drain(stream, reader, retired=False)
 
@@ -213,9 +222,29 @@ class Files:
                 _seek(old, pos.offset)
                 self.drain(stream, old, retired=True)
                 stream.retired.append(old)
+                stream.seen.append((old.dev, old.ino))
+                self._read_skipped(stream, old, (reader.dev, reader.ino))
             else:
                 os.close(fd)
             return
+
+    def _read_skipped(self, stream: Stream, held: Reader, new: tuple[int, int]) -> None:
+        """Read, oldest first, the generations rotated aside after ``held`` that kvwatch never
+        opened: a second rotation came before it noticed the first (a stalled sidecar, a CPU
+        limit, kvwatch down across two rotations). Each is read from its start and kept draining
+        like the held file, before the new file; each counts as a rotation followed."""
+        for path in _skipped(stream, held, new, self._pattern if self._is_glob else None):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+                st = os.fstat(fd)
+            except OSError as exc:
+                self._out.report(path, exc)
+                continue
+            skipped = Reader(fd, st.st_dev, st.st_ino, 0, LineSplitter(self._max_line_chars))
+            self.drain(stream, skipped, retired=True)
+            stream.retired.append(skipped)
+            stream.seen = [*stream.seen, (st.st_dev, st.st_ino)][-_SEEN:]
+            self._out.rotated(stream.path)
 
     def _truncated(self, stream: Stream, reader: Reader) -> None:
         """copytruncate: recover what we had not read from the copy, then read again from 0."""
@@ -284,6 +313,39 @@ def _matches(fd: int, dev: int, ino: int, pos: FilePosition) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def _skipped(stream: Stream, held: Reader, new: tuple[int, int], glob: str | None) -> list[str]:
+    """The files beside the path named ``<name>.<anything>`` (logrotate's ``.1``, ``-DATE``; the
+    kubelet's ``.TIMESTAMP``), plain text, last written no earlier than the file we held, and none
+    we have read, the held file or the new one: generations rotated aside unseen, oldest first.
+
+    The kubelet keeps only the newest rotated generation uncompressed (pkg/kubelet/logs/
+    container_log_manager.go: rotateLog gzips every rotated file with compressLog, then
+    rotateLatestLog renames the live one), so a stall across two rotations leaves exactly one such
+    file; across three, the middle one is gzipped and its lines are lost.
+    A name the tailer's own glob matches is followed as a path of its own, not here."""
+    directory = os.path.dirname(os.path.realpath(stream.path))
+    base = os.path.basename(stream.path) + "."
+    try:
+        floor = os.fstat(held.fd).st_mtime_ns
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    known = {*stream.seen, (held.dev, held.ino), new, *((r.dev, r.ino) for r in stream.retired)}
+    found: list[tuple[int, str]] = []
+    for entry in entries:
+        if not entry.name.startswith(base) or entry.name.endswith(_COMPRESSED):
+            continue
+        if glob is not None and fnmatch.fnmatchcase(entry.path, glob):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in known and st.st_mtime_ns >= floor:
+            found.append((st.st_mtime_ns, entry.path))
+    return [path for _mtime, path in sorted(found)]
 
 
 def _seek(reader: Reader, offset: int) -> None:
