@@ -315,7 +315,10 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
             "kv_tokens": tokens,
             "pre_load": _pre_load(o),
         }
-        if s.get("max_total_tokens"):
+        if s.get("max_total_tokens") and _started(str(c.get("outcome") or "")):
+            # A cap hides the pool a start sized; a failed start is judged on whether the sized
+            # pool holds anything, which the cap does not change (bench/accuracy_sglang.py counts
+            # it too: both reports judge one set).
             skip = skip or "pool capped by --max-total-tokens"
         if any(str(k).startswith("kt_") for k in s) or "kt-cpu-offload" in (c.get("classes") or []):
             skip = skip or "routed experts on the CPU (ktransformers): not modelled"
