@@ -262,6 +262,28 @@ def test_generations_read_before_or_older_than_the_file_held_are_not_read_again(
     assert tailer.rotations == 2
 
 
+def test_a_link_or_pipe_beside_the_log_is_never_taken_for_a_skipped_generation(
+    tmp_path: Path, sink: Sink, tailers: list[LogTailer]
+) -> None:
+    """Only plain files are generations: a symlink named like one (to a file kvwatch must not
+    read) and a FIFO (which would block a reader) are passed over."""
+    secret = tmp_path / "secret"
+    secret.write_text("not a log line\n")
+    log = tmp_path / "engine.log"
+    log.write_text("1\n")
+    tailer = start(tailers, sink, log, recheck_interval=NO_RECHECK)
+    sink.wait_lines(["1"])
+    secret.write_text("not a log line, written after the log\n")  # newer than the held file
+    os.symlink(secret, tmp_path / "engine.log.link")
+    os.mkfifo(tmp_path / "engine.log.fifo")
+    os.rename(log, tmp_path / "engine.log.1")
+    log.write_text("2\n")
+    sink.wait(lambda: tailer.rotations == 1 and len(sink.lines) == 2, "the rotation")
+    time.sleep(0.2)
+    assert sink.texts() == ["1", "2"]
+    assert tailer.rotations == 1
+
+
 def test_resume_across_two_rotations_while_kvwatch_was_down_reads_every_generation(
     tmp_path: Path, sink: Sink, tailers: list[LogTailer]
 ) -> None:

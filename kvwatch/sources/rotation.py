@@ -233,12 +233,23 @@ class Files:
         opened: a second rotation came before it noticed the first (a stalled sidecar, a CPU
         limit, kvwatch down across two rotations). Each is read from its start and kept draining
         like the held file, before the new file; each counts as a rotation followed."""
-        for path in _skipped(stream, held, new, self._pattern if self._is_glob else None):
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        for path, identity in _skipped(stream, held, new, self._pattern if self._is_glob else None):
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-                st = os.fstat(fd)
+                fd = os.open(path, flags)
+            except FileNotFoundError:
+                continue  # compressed or removed since the scan (a third rotation): gone
             except OSError as exc:
                 self._out.report(path, exc)
+                continue
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:
+                os.close(fd)
+                self._out.report(path, exc)
+                continue
+            if (st.st_dev, st.st_ino) != identity or not stat.S_ISREG(st.st_mode):
+                os.close(fd)  # swapped since the scan: not the generation it found
                 continue
             skipped = Reader(fd, st.st_dev, st.st_ino, 0, LineSplitter(self._max_line_chars))
             self.drain(stream, skipped, retired=True)
@@ -315,7 +326,9 @@ def _matches(fd: int, dev: int, ino: int, pos: FilePosition) -> bool:
     return True
 
 
-def _skipped(stream: Stream, held: Reader, new: tuple[int, int], glob: str | None) -> list[str]:
+def _skipped(
+    stream: Stream, held: Reader, new: tuple[int, int], glob: str | None
+) -> list[tuple[str, tuple[int, int]]]:
     """The files beside the path named ``<name>.<anything>`` (logrotate's ``.1``, ``-DATE``; the
     kubelet's ``.TIMESTAMP``), plain text, last written no earlier than the file we held, and none
     we have read, the held file or the new one: generations rotated aside unseen, oldest first.
@@ -333,7 +346,7 @@ def _skipped(stream: Stream, held: Reader, new: tuple[int, int], glob: str | Non
     except OSError:
         return []
     known = {*stream.seen, (held.dev, held.ino), new, *((r.dev, r.ino) for r in stream.retired)}
-    found: list[tuple[int, str]] = []
+    found: list[tuple[int, str, tuple[int, int]]] = []
     for entry in entries:
         if not entry.name.startswith(base) or entry.name.endswith(_COMPRESSED):
             continue
@@ -344,8 +357,8 @@ def _skipped(stream: Stream, held: Reader, new: tuple[int, int], glob: str | Non
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in known and st.st_mtime_ns >= floor:
-            found.append((st.st_mtime_ns, entry.path))
-    return [path for _mtime, path in sorted(found)]
+            found.append((st.st_mtime_ns, entry.path, (st.st_dev, st.st_ino)))
+    return [(path, identity) for _mtime, path, identity in sorted(found)]
 
 
 def _seek(reader: Reader, offset: int) -> None:
