@@ -25,6 +25,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.commands.predict import gpu_memory_size
 from kvwatch.core.errors import KvwatchError
 from kvwatch.core.units import GiB
+from kvwatch.engines.vllm.multimodal import limits_flag
 
 ROOT = Path(__file__).resolve().parent.parent / "tests"
 APRIORI = ROOT / "apriori"
@@ -453,6 +454,11 @@ def deployment(case: Case) -> Deployment:
         if isinstance(s.get("enable_prefix_caching"), bool)
         else None,
         language_model_only=s.get("language_model_only") is True or None,
+        # --limit-mm-per-prompt as the args line printed it (every modality at 0: served as text).
+        mm_limits=limits_flag(json.dumps(s["limit_mm_per_prompt"]))
+        if isinstance(s.get("limit_mm_per_prompt"), dict)
+        else None,
+        skip_mm_profiling=s.get("skip_mm_profiling") is True or None,
         dtype=s.get("dtype") if isinstance(s.get("dtype"), str) else None,
         # --quantization fp8 on a 16-bit checkpoint (online); a checkpoint's own scheme is in its config.
         quantization="fp8" if quantization.startswith("fp8") and "checkpoint" not in quantization else None,

@@ -102,6 +102,11 @@ class Deployment:
     # vLLM --language-model-only (0.17+): a multimodal checkpoint served as text only -- its
     # vision/audio towers are not built and the profile runs no encoder.
     language_model_only: bool | None = None
+    # vLLM --limit-mm-per-prompt as kvwatch keeps it ('image=0,video=0', sorted: engines/vllm/
+    # multimodal.limits_flag): every modality of the model at 0 serves it as text; None = not given.
+    mm_limits: str | None = None
+    # vLLM --skip-mm-profiling (0.10.2+): the profile run feeds no encoder; the towers still load.
+    skip_mm_profiling: bool | None = None
     # The engine's own flags that move the non-KV terms (None = the release's default):
     # --max-num-seqs, --enforce-eager, --dtype (activation dtype), --quantization (runtime).
     max_num_seqs: int | None = None
@@ -284,6 +289,8 @@ def deployment_from_settings(
         enforce_eager=s.enforce_eager,
         enable_prefix_caching=s.enable_prefix_caching,
         language_model_only=s.language_model_only,
+        mm_limits=s.mm_limits,
+        skip_mm_profiling=s.skip_mm_profiling,
         flashinfer_sampler=s.flashinfer_sampler,
         dtype=s.dtype,
         quantization=s.quantization,

@@ -63,6 +63,9 @@ class ModelDims:
     # A vision tower that cuts images into a temporal x spatial patch grid (vision_config's
     # patch_size, spatial_merge_size, temporal_patch_size: Qwen2-VL and its successors); None else.
     vision_grid: VisionGrid | None = None
+    # The checkpoint's class (config.json architectures[0], a wrapper's own): which modalities an
+    # engine's multimodal processing takes for it (engines/vllm/multimodal.MODALITIES).
+    architecture: str = ""
     # MLA only: the parameters of one layer's latent up-projection (kv_b_proj: kv_lora_rank x heads x
     # (qk_nope_head_dim + v_head_dim)), which an engine may keep a second copy of, split per head.
     mla_kv_up_params: int = 0
@@ -360,6 +363,7 @@ def dims_from_config(
     vision_params: int = 0,
     vision_shape: tuple[int, int] = (0, 0),
     grid: VisionGrid | None = None,
+    architecture: str = "",
 ) -> ModelDims:
     """The shapes of a text config (``params`` is its itemised count by the groups above)."""
     cfg: Mapping[str, Any] = config  # a document of any shape, read dynamically
@@ -398,6 +402,7 @@ def dims_from_config(
         vision_layers=vision_shape[0],
         vision_hidden=vision_shape[1],
         vision_grid=grid,
+        architecture=architecture,
         rope_positions=_rope_positions(cfg, max_position),
         rotary_dim=rotary,
         mla_kv_up_params=_int(cfg, "kv_lora_rank")

@@ -441,6 +441,7 @@ def _geometry(
         vision_params=tower_params(raw, hidden),
         vision_shape=vision_shape(raw),
         grid=vision_grid(raw),
+        architecture=architecture,
     )
     return ModelGeometry(
         dims=dims,

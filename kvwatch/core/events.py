@@ -87,6 +87,9 @@ class SettingsFields:
     enforce_eager: bool | None = None
     # vLLM --language-model-only: a multimodal checkpoint served as text (no tower, no encoder profile).
     language_model_only: bool | None = None
+    # vLLM --limit-mm-per-prompt ('image=0,video=0', sorted) and --skip-mm-profiling, from the args line.
+    mm_limits: str | None = None
+    skip_mm_profiling: bool | None = None
     engine_generation: Literal["v0", "v1"] | None = None
     # Whether the top-p/top-k sampler runs FlashInfer's kernels (False: the engine logged that it
     # falls back to its own, a fact of the install that sizes the profile run's sampler).

@@ -9,6 +9,7 @@ ConfigError naming the flag.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +47,18 @@ def fraction(text: str) -> float:
 
 def text(value: str) -> str:
     return value
+
+
+def json_object(value: str) -> dict[str, object]:
+    """A flag whose value is a JSON object (vLLM's --speculative-config, --mm-processor-kwargs,
+    --limit-mm-per-prompt): the object, or ValueError naming what was given."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a JSON object") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{value!r} is not a JSON object")
+    return parsed
 
 
 @dataclass(frozen=True)

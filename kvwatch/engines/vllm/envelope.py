@@ -26,13 +26,13 @@ ENVELOPE = Envelope(
     },
     term_bands={"weights": 0.0078, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 1.2304},
     widening={
-        "card": 0.0849,
+        "card": 0.0648,
         "release": 0.0442,
         "architecture": 0.017,
-        "modality": 0.0387,
+        "modality": 0.0281,
         "quantization": 0.0156,
         "parallelism": 0.0845,
-        "connector": 0.0387,
+        "connector": 0.0281,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",

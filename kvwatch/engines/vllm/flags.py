@@ -6,12 +6,11 @@ vLLM's argparse reads them (``32k`` = 32,000, ``32K`` = 32,768; human_readable_i
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from kvwatch.core.errors import ConfigError
-from kvwatch.engines.flags import Flag, fraction, human_int, positive_int, text
-from kvwatch.engines.vllm.multimodal import max_pixels_flag
+from kvwatch.engines.flags import Flag, fraction, human_int, json_object, positive_int, text
+from kvwatch.engines.vllm.multimodal import limits_flag, max_pixels_flag
 
 if TYPE_CHECKING:
     from kvwatch.capacity.deployment import DeploymentValue
@@ -58,6 +57,16 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--kv-cache-memory", "--kv-cache-memory-bytes"), "available_kv_bytes", _kv_memory),
     # --mm-processor-kwargs (ModelConfig.mm_processor_kwargs): its max_pixels sizes V0's dummy images.
     Flag(("--mm-processor-kwargs",), "image_max_pixels", max_pixels_flag),
+    # --limit-mm-per-prompt (MultiModalConfig.limit_per_prompt): items a prompt may carry per
+    # modality; all of a model's at 0 serve it as text (multimodal.text_only).
+    Flag(("--limit-mm-per-prompt",), "mm_limits", limits_flag),
+    # --skip-mm-profiling (0.10.2+ MultiModalConfig.skip_mm_profiling): the profile feeds no encoder.
+    Flag(
+        ("--skip-mm-profiling",),
+        "skip_mm_profiling",
+        switch=True,
+        inverse=("--no-skip-mm-profiling",),
+    ),
 )
 
 
@@ -77,11 +86,9 @@ def speculative_fields(value: str) -> dict[str, DeploymentValue]:
     method and num_speculative_tokens as Deployment fields; the other keys do not move the pool
     kvwatch sizes. 'model' alone (a draft checkpoint) leaves the method to vLLM's detection."""
     try:
-        spec = json.loads(value)
-    except ValueError:
-        raise ConfigError(f"--speculative-config {value!r} is not a JSON object") from None
-    if not isinstance(spec, dict):
-        raise ConfigError(f"--speculative-config {value!r} is not a JSON object")
+        spec = json_object(value)
+    except ValueError as exc:
+        raise ConfigError(f"--speculative-config {exc}") from None
     method, tokens = spec.get("method"), spec.get("num_speculative_tokens")
     if method is not None and (not isinstance(method, str) or not method.strip()):
         raise ConfigError(f"--speculative-config method must be a name, got {method!r}")

@@ -269,11 +269,12 @@ def v0_multimodal(
 ) -> multimodal.Profile | None:
     """V0's dummy multimodal batch (multimodal.v0_profile) where the deployment runs V0 and the
     processor's max_pixels is known; None otherwise (the profile then sizes text tokens only)."""
-    if not runs_v0(d) or d.image_max_pixels is None:
+    if not runs_v0(d) or d.image_max_pixels is None or not multimodal.encoder_profiled(dims, d, v0=True):
         return None
     length = max_model_len or d.max_model_len or tokens
+    counts = (multimodal.limit(d, "image", v0=True), multimodal.limit(d, "video", v0=True))
     return multimodal.v0_profile(
-        dims, d.image_max_pixels, max_num_seqs, tokens, length, activation_dtype_bytes(dims, d)
+        dims, d.image_max_pixels, max_num_seqs, tokens, length, activation_dtype_bytes(dims, d), counts
     )
 
 
@@ -314,9 +315,10 @@ def activation(
     moe = _moe_workspace(dims, d.tp, tokens, act)
     kept = releases.MOE_WORKSPACE_PERSISTENT.at(d.engine_version)
     persistent += moe if kept else 0
-    # --language-model-only: no modality has items, so the encoder budget is 0 and profile_run runs no
-    # encoder (0.19.0 gpu_model_runner.py:5734, v1/core/encoder_cache_manager.py:288-294).
-    if dims.has_vision_tower and not d.language_model_only:
+    # Served as text (--language-model-only, or every modality limited to 0): no modality has items, so
+    # the encoder budget is 0 and profile_run runs no encoder (0.19.0 gpu_model_runner.py:5734,
+    # v1/core/encoder_cache_manager.py:288-294); --skip-mm-profiling skips it too (multimodal.py).
+    if multimodal.encoder_profiled(dims, d, v0=not v1):
         persistent += int(cal.vision_encoder_gib * GiB)
     persistent += mm.pixel_bytes if mm is not None else 0
     coefficient = cal.forward_h if v1 else FORWARD_H_V0

@@ -17,20 +17,23 @@ frames of that size as the sequence leaves room for (at least 1, at most 16).
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
+
+from kvwatch.core.versions import version_tuple
+from kvwatch.engines.flags import json_object
 
 if TYPE_CHECKING:
     # Annotations only: the engine's flag table imports this module, and reading a log must not
     # load the capacity model (tests/test_pipeline.py).
+    from kvwatch.capacity.deployment import Deployment
     from kvwatch.capacity.dims import ModelDims, VisionGrid
 
 # 0.8.4 config.py:2670-2675: get_default_limit_per_prompt is 1 item per modality under V0 (999 in V1).
 V0_LIMIT_PER_PROMPT = 1
-# qwen2_vl.py:818-819: Qwen2-VL's supported modalities (both profiled, one item each by default).
-MODALITIES = ("image", "video")
 # qwen2_vl.py:84: _MAX_FRAMES_PER_VIDEO.
 MAX_FRAMES_PER_VIDEO = 16
 # qwen2_vl.py:896-902: get_image_size_with_most_features asks smart_resize for a 9999999 x 9999999 image.
@@ -73,15 +76,18 @@ def _item(grid: VisionGrid, max_pixels: int, frames: int) -> Item:
     return Item(patches, patches // grid.merge_size**2)
 
 
-def dummy_items(grid: VisionGrid, max_pixels: int, seq_len: int) -> tuple[Item, Item]:
-    """The dummy image and video of one profile sequence of ``seq_len`` tokens (qwen2_vl.py:904-975):
-    the video gets the frames that fit beside the image (_get_max_video_frames), at least 1."""
+def dummy_items(
+    grid: VisionGrid, max_pixels: int, seq_len: int, images: int = 1, videos: int = 1
+) -> tuple[Item, Item]:
+    """The dummy image and video of one profile sequence of ``seq_len`` tokens carrying ``images``
+    and ``videos`` items (0.8.4 qwen2_vl.py:913-948): each video gets its share of the frames that
+    fit beside the images (_get_max_video_frames, split over max(videos, 1)), at least 1, at most 16."""
     image = _item(grid, max_pixels, 1)
-    room = seq_len - image.tokens * V0_LIMIT_PER_PROMPT
+    room = seq_len - image.tokens * images
     frames = 0
     while _item(grid, max_pixels, frames + 1).tokens <= room:
         frames += 1
-    per_video = min(frames // V0_LIMIT_PER_PROMPT, MAX_FRAMES_PER_VIDEO)
+    per_video = min(frames // max(videos, 1), MAX_FRAMES_PER_VIDEO)
     return image, _item(grid, max_pixels, max(per_video, 1))
 
 
@@ -97,7 +103,13 @@ class Profile:
 
 
 def v0_profile(
-    dims: ModelDims, max_pixels: int, max_num_seqs: int, tokens: int, max_model_len: int, act: int
+    dims: ModelDims,
+    max_pixels: int,
+    max_num_seqs: int,
+    tokens: int,
+    max_model_len: int,
+    act: int,
+    counts: tuple[int, int] = (V0_LIMIT_PER_PROMPT, V0_LIMIT_PER_PROMPT),
 ) -> Profile | None:
     """V0's dummy batch for a Qwen2-VL-style tower, None for any other model.
 
@@ -109,20 +121,22 @@ def v0_profile(
     residual and normed input: patch_dim + 2 x H + 3 x I elements a patch.
     """
     grid = dims.vision_grid
-    if grid is None or max_pixels <= 0:
+    images, videos = counts  # items per prompt (--limit-mm-per-prompt; 1 each by default)
+    if grid is None or max_pixels <= 0 or images + videos == 0:
         return None
-    image, video = dummy_items(grid, max_pixels, max_model_len)
-    mm_tokens = (image.tokens + video.tokens) * V0_LIMIT_PER_PROMPT
+    # The most tokens one item takes, each modality with a limit counted once (registry.py:251-263).
+    image, video = dummy_items(grid, max_pixels, max_model_len, min(images, 1), 1)
+    mm_tokens = image.tokens * images + video.tokens * videos
     seqs = max(1, min(max_num_seqs, tokens // mm_tokens))
     forward = 0
     patches = 0
     largest = 0
     for group in range(seqs):
         seq_len = tokens // seqs + (group < tokens % seqs)
-        img, vid = dummy_items(grid, max_pixels, seq_len)
-        forward += max(seq_len, img.tokens + vid.tokens)
-        patches += img.patches + vid.patches
-        largest = max(largest, img.patches, vid.patches)
+        img, vid = dummy_items(grid, max_pixels, seq_len, images, videos)
+        forward += max(seq_len, img.tokens * images + vid.tokens * videos)
+        patches += img.patches * images + vid.patches * videos
+        largest = max(largest, img.patches if images else 0, vid.patches if videos else 0)
     patch_dim = grid.in_channels * grid.temporal_patch_size * grid.patch_size**2
     per_patch = patch_dim + 2 * grid.hidden_size + 3 * grid.intermediate_size
     return Profile(
@@ -136,15 +150,178 @@ def v0_profile(
 
 def max_pixels_flag(value: str) -> int | None:
     """--mm-processor-kwargs as vLLM takes it (a JSON object): its max_pixels, None without one."""
-    try:
-        kwargs = json.loads(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a JSON object") from None
-    if not isinstance(kwargs, dict):
-        raise ValueError(f"{value!r} is not a JSON object")
-    pixels = kwargs.get("max_pixels")
+    pixels = json_object(value).get("max_pixels")
     if pixels is None:
         return None
     if isinstance(pixels, bool) or not isinstance(pixels, int) or pixels <= 0:
         raise ValueError(f"max_pixels must be a positive integer, got {pixels!r}")
     return pixels
+
+
+# --- --limit-mm-per-prompt: a multimodal checkpoint served as text ---------------------------------
+#
+# Every modality a model takes limited to 0 runs it text-only: the profile feeds no encoder (V1:
+# 0.8.4 v1/core/encoder_cache_manager.py:123-130, no encoder budget; 0.10.2-0.19
+# multimodal/registry.py supports_multimodal_inputs, 0.19.0 :107-119; V0: the dummy data holds
+# limit items of each modality, 0.8.4 qwen2_vl.py:978-1000), and from the release each class reads
+# the limits it builds no tower either. A modality not given keeps vLLM's default (1 under V0, 999
+# in V1: 0.8.4 arg_utils.py:670-680; 0.19.0 config/multimodal.py:259-273).
+
+# The modalities each class takes (its processing info's get_supported_mm_limits, 0.19.0
+# model_executor/models/<file>.py): all of them at 0 makes it text-only. A class not listed is
+# never taken for text-only (its tower and encoder profile stay: the smaller pool, never the larger).
+_IMAGE = frozenset({"image"})
+_IMAGE_VIDEO = frozenset({"image", "video"})
+MODALITIES: dict[str, frozenset[str]] = {
+    # qwen2_vl.py (Qwen2VLProcessingInfo: image, video), inherited by qwen2_5_vl.py, qwen3_vl.py,
+    # qwen3_vl_moe.py, qwen3_5.py
+    "Qwen2VLForConditionalGeneration": _IMAGE_VIDEO,
+    "Qwen2_5_VLForConditionalGeneration": _IMAGE_VIDEO,
+    "Qwen3VLForConditionalGeneration": _IMAGE_VIDEO,
+    "Qwen3VLMoeForConditionalGeneration": _IMAGE_VIDEO,
+    "Qwen3_5ForConditionalGeneration": _IMAGE_VIDEO,
+    "Qwen3_5MoeForConditionalGeneration": _IMAGE_VIDEO,
+    "LlavaOnevisionForConditionalGeneration": _IMAGE_VIDEO,  # llava_onevision.py
+    "Glm4vForConditionalGeneration": _IMAGE_VIDEO,  # glm4_1v.py
+    "Glm4vMoeForConditionalGeneration": _IMAGE_VIDEO,
+    "LlavaForConditionalGeneration": _IMAGE,  # llava.py
+    "Gemma3ForConditionalGeneration": _IMAGE,  # gemma3_mm.py
+    "Mistral3ForConditionalGeneration": _IMAGE,  # mistral3.py
+    "PixtralForConditionalGeneration": _IMAGE,  # pixtral.py
+    "PaliGemmaForConditionalGeneration": _IMAGE,  # paligemma.py
+    "Llama4ForConditionalGeneration": _IMAGE,  # mllama4.py
+    "Phi3VForCausalLM": _IMAGE,  # phi3v.py
+    "AyaVisionForConditionalGeneration": _IMAGE,  # aya_vision.py
+    "KimiVLForConditionalGeneration": _IMAGE,  # kimi_vl.py
+    "Gemma3nForConditionalGeneration": frozenset({"image", "audio"}),  # gemma3n_mm.py
+}
+
+# The first release (of those read) whose class builds no tower when its modalities are all at 0,
+# with where it says so; before it, and for a class not listed, the tower is loaded.
+TOWER_SKIPPED_FROM: dict[str, tuple[str, str]] = {
+    "Qwen2VLForConditionalGeneration": (
+        "0.10.2",
+        "0.10.2 qwen2_vl.py:1112-1119 (visual only with a limit); 0.9.2 qwen2_vl.py:1117 builds it always",
+    ),
+    "Qwen2_5_VLForConditionalGeneration": (
+        "0.10.2",
+        "0.10.2 qwen2_5_vl.py:930-931; 0.9.2 qwen2_5_vl.py:855 and 0.8.4 :795 build it always",
+    ),
+    "Qwen3VLForConditionalGeneration": ("0.11.0", "0.11.0 qwen3_vl.py:1129-1131 (visual = None)"),
+    "Qwen3VLMoeForConditionalGeneration": ("0.11.0", "0.11.0 qwen3_vl_moe.py:322-323"),
+    "Qwen3_5ForConditionalGeneration": ("0.17.0", "0.17.0 qwen3_5.py:652 _mark_tower_model"),
+    "Qwen3_5MoeForConditionalGeneration": ("0.17.0", "0.17.0 qwen3_5.py:864 _mark_tower_model"),
+    "LlavaForConditionalGeneration": ("0.10.2", "0.10.2 llava.py:538; 0.19.0 llava.py:562 _mark_tower_model"),
+    "Gemma3ForConditionalGeneration": ("0.19.0", "0.19.0 gemma3_mm.py:515 _mark_tower_model"),
+    "Mistral3ForConditionalGeneration": ("0.19.0", "0.19.0 mistral3.py:418 _mark_tower_model"),
+    "PixtralForConditionalGeneration": ("0.19.0", "0.19.0 pixtral.py:327 _mark_tower_model"),
+    "PaliGemmaForConditionalGeneration": ("0.19.0", "0.19.0 paligemma.py:295 _mark_tower_model"),
+    "Llama4ForConditionalGeneration": ("0.19.0", "0.19.0 mllama4.py:758 _mark_tower_model"),
+    "Phi3VForCausalLM": ("0.19.0", "0.19.0 phi3v.py:582 _mark_tower_model"),
+    "AyaVisionForConditionalGeneration": ("0.19.0", "0.19.0 aya_vision.py:343 _mark_tower_model"),
+    "KimiVLForConditionalGeneration": ("0.19.0", "0.19.0 kimi_vl.py:319 _mark_tower_model"),
+    "Gemma3nForConditionalGeneration": ("0.19.0", "0.19.0 gemma3n_mm.py:508 _mark_tower_model"),
+    "LlavaOnevisionForConditionalGeneration": ("0.19.0", "0.19.0 llava_onevision.py:511 _mark_tower_model"),
+    "Glm4vForConditionalGeneration": ("0.19.0", "0.19.0 glm4_1v.py:1429 _mark_tower_model"),
+    "Glm4vMoeForConditionalGeneration": ("0.19.0", "0.19.0 glm4_1v.py:1727 (Glm4v's __init__)"),
+}
+# interfaces.py:249-290 (0.19.0): _mark_tower_model puts StageMissingLayer in the tower's place when
+# get_limit_per_prompt is 0 for every modality the tower serves.
+
+_MODALITY = re.compile(r"[a-z_]{1,32}")
+
+
+def limits_flag(value: str) -> str:
+    """--limit-mm-per-prompt as vLLM takes it -- a JSON object (0.10+; a modality's value a count, or
+    from 0.11 an object with one) or ``image=16,video=2`` (0.8 arg_utils.py:57-80 nullable_kvs) --
+    as kvwatch keeps it: ``image=0,video=0``, sorted (a fact the sidecar also reads from the log)."""
+    pairs: dict[str, object]
+    if value.lstrip().startswith("{"):
+        pairs = json_object(value)
+    else:
+        pairs = {}
+        for item in value.split(","):
+            key, sep, count = item.partition("=")
+            if not sep:
+                raise ValueError(f"{item!r}: each item is MODALITY=COUNT")
+            pairs[key.strip().lower()] = count.strip()
+    out: dict[str, int] = {}
+    for key, raw in pairs.items():
+        if isinstance(raw, dict):
+            raw = raw.get("count", 999)
+        if isinstance(raw, str) and raw.isdigit():
+            raw = int(raw)
+        if _MODALITY.fullmatch(key) is None or isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise ValueError(f"{key!r}: {raw!r} is not a modality and a count of 0 or more")
+        out[key] = raw
+    if not out:
+        raise ValueError(f"{value!r} limits no modality")
+    return ",".join(f"{k}={n}" for k, n in sorted(out.items()))
+
+
+@lru_cache(maxsize=64)
+def _limits(kept: str) -> dict[str, int]:
+    return {k: int(n) for k, _, n in (item.partition("=") for item in kept.split(",")) if k}
+
+
+def limit(d: Deployment, modality: str, *, v0: bool) -> int:
+    """Items a prompt may carry of ``modality``: the flag's, else vLLM's default (1 V0, 999 V1)."""
+    given = _limits(d.mm_limits).get(modality) if d.mm_limits else None
+    return given if given is not None else (V0_LIMIT_PER_PROMPT if v0 else 999)
+
+
+def text_only(dims: ModelDims, d: Deployment, *, v0: bool) -> bool:
+    """Whether vLLM serves this multimodal checkpoint as text: --language-model-only, or every
+    modality its class takes limited to 0 (a class kvwatch has not listed never is)."""
+    if d.language_model_only:
+        return True
+    takes = MODALITIES.get(dims.architecture)
+    return bool(d.mm_limits) and takes is not None and all(limit(d, m, v0=v0) == 0 for m in takes)
+
+
+def tower_built(dims: ModelDims, d: Deployment, *, v0: bool) -> bool:
+    """Whether the loader builds the vision/audio towers (their weights on the first stage)."""
+    if d.language_model_only:
+        # 0.19.0 config/multimodal.py:264-265: every limit reads 0, so _mark_tower_model skips them.
+        return False
+    if not text_only(dims, d, v0=v0):
+        return True
+    since = TOWER_SKIPPED_FROM.get(dims.architecture)
+    release = version_tuple(d.engine_version)
+    return since is None or (release is not None and release < (version_tuple(since[0]) or ()))
+
+
+def encoder_profiled(dims: ModelDims, d: Deployment, *, v0: bool) -> bool:
+    """Whether the profile run feeds the encoder its dummy items (the V1 encoder term, V0's dummy
+    images): a tower, not served as text, and no --skip-mm-profiling (0.10.2
+    v1/worker/gpu_model_runner.py:2984-2987)."""
+    return dims.has_vision_tower and not text_only(dims, d, v0=v0) and not d.skip_mm_profiling
+
+
+def served_note(dims: ModelDims, d: Deployment, *, v0: bool) -> str | None:
+    """What predict's assumptions say of --limit-mm-per-prompt / --skip-mm-profiling, None without."""
+    if not (dims.has_vision_tower or dims.vision_params) or not (
+        d.mm_limits or d.skip_mm_profiling or d.language_model_only
+    ):
+        return None
+    takes = MODALITIES.get(dims.architecture)
+    if text_only(dims, d, v0=v0):
+        how = "--language-model-only" if d.language_model_only else "every modality it takes at 0"
+        since = TOWER_SKIPPED_FROM.get(dims.architecture)
+        if not tower_built(dims, d, v0=v0):
+            tower = "not loaded"
+        elif since is not None:
+            tower = f"still loaded (vLLM skips {dims.architecture}'s from {since[0]})"
+        else:
+            tower = f"still loaded (kvwatch has read no release that skips {dims.architecture}'s)"
+        return f"served as text ({how}): the profile runs no encoder; the towers are {tower}"
+    if d.mm_limits and takes is None:
+        return (
+            f"--limit-mm-per-prompt: which modalities {dims.architecture or 'this model'} takes is not "
+            "listed (multimodal.MODALITIES), so its towers and encoder profile are kept (the smaller pool)"
+        )
+    if d.mm_limits and takes is not None:
+        left = ", ".join(m for m in sorted(takes) if limit(d, m, v0=v0) != 0)
+        note = f"--limit-mm-per-prompt leaves {left} above 0: the towers load and the encoder is profiled"
+        return note if not d.skip_mm_profiling else note.replace("and the encoder is profiled", "")
+    return "--skip-mm-profiling: the profile feeds no encoder (the towers still load)"

@@ -18,7 +18,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
 from kvwatch.capacity.weights import weight_bytes
 from kvwatch.core.units import GiB, format_bytes
-from kvwatch.engines.vllm import budget, hybrid, memory, releases, weights
+from kvwatch.engines.vllm import budget, hybrid, memory, multimodal, releases, weights
 from kvwatch.engines.vllm.envelope import CURRENT
 
 # Error band of a card total: measured in a log, estimated from nvidia-smi, or given by the user.
@@ -98,14 +98,18 @@ def _terms(
         stage_act = memory.activation(dims, d, card, seqs, tokens, basis.max_model_len)
         inputs["activation"] = "estimated"
         mm = memory.v0_multimodal(dims, d, seqs, tokens, basis.max_model_len)
+        v0 = memory.runs_v0(d)
+        if (served := multimodal.served_note(dims, d, v0=v0)) is not None:
+            notes.append(served)
         if mm is not None:
+            images, videos = (multimodal.limit(d, m, v0=True) for m in ("image", "video"))
             notes.append(
-                f"V0 multimodal profile: max_mm_tokens {mm.mm_tokens:,} (one image and one video at "
-                f"max_pixels {d.image_max_pixels:,}) clamps the dummy batch to {mm.seqs} sequence(s); "
-                f"the forward runs over {mm.forward_tokens:,} tokens, {format_bytes(mm.pixel_bytes)} "
-                "of float32 pixel values held"
+                f"V0 multimodal profile: max_mm_tokens {mm.mm_tokens:,} ({images} image(s) and {videos} "
+                f"video(s) at max_pixels {d.image_max_pixels:,}) clamps the dummy batch to {mm.seqs} "
+                f"sequence(s); the forward runs over {mm.forward_tokens:,} tokens, "
+                f"{format_bytes(mm.pixel_bytes)} of float32 pixel values held"
             )
-        elif memory.runs_v0(d) and dims.vision_grid is not None:
+        elif v0 and dims.vision_grid is not None and multimodal.encoder_profiled(dims, d, v0=True):
             notes.append(
                 "V0 multimodal profile not sized: the image processor's max_pixels is not known "
                 "(preprocessor_config.json; give it as -- --mm-processor-kwargs '{\"max_pixels\": N}')"

@@ -41,6 +41,13 @@ _KV_FIELD = re.compile(r"(?:^|[\s,(])(?P<key>[a-z_]+)=(?P<val>'[^']*'|\"[^\"]*\"
 _DICT_FIELD = re.compile(r"'(?P<key>[a-z_]+)': (?P<val>'[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^,{}\[\]]+)")
 
 _NON_DEFAULT = re.compile(r"^(?:non-default args|args): (?P<body>.*)$")
+# --limit-mm-per-prompt as the args line prints it: "'limit_mm_per_prompt': {'image': 0, 'video':
+# {'count': 0}}" (0.9+ dict) or "limit_mm_per_prompt={'image': 0}" (Namespace); one level of nesting,
+# possessive and first-character-disjoint, so linear on any line.
+_MM_LIMITS = re.compile(r"limit_mm_per_prompt(?:': |=)\{(?P<body>(?:[^{}]|\{[^{}]*+\})*+)\}")
+_MM_LIMIT = re.compile(
+    r"'(?P<key>[a-z_]{1,32})': (?:(?P<n>\d{1,9})|\{[^{}]*?'count': (?P<c>\d{1,9})[^{}]*+\})"
+)
 _MAX_MODEL_LEN = re.compile(r"^Using max model len (?P<n>\d+)")
 _CHUNKED = re.compile(r"max_num_batched_tokens=(?P<n>\d+)")
 _FORCED_BLOCK = re.compile(r"^Forcing kv cache block size to (?P<n>\d+)")
@@ -69,6 +76,7 @@ _BOOL_SETTINGS = {
     "enable_prefix_caching": "enable_prefix_caching",
     "enforce_eager": "enforce_eager",
     "language_model_only": "language_model_only",
+    "skip_mm_profiling": "skip_mm_profiling",
 }
 
 
@@ -88,7 +96,7 @@ class _Found:
     """Typed EngineSettings values read from (key, raw value) pairs, by field; the first key wins."""
 
     counts: dict[str, int] = field(default_factory=dict)
-    texts: dict[str, str] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)  # also mm_limits, kept as limits_flag keeps it
     flags: dict[str, bool] = field(default_factory=dict)
     gpu_memory_utilization: float | None = None
 
@@ -152,6 +160,8 @@ def _settings(
         enable_prefix_caching=flags.get("enable_prefix_caching"),
         enforce_eager=flags.get("enforce_eager"),
         language_model_only=flags.get("language_model_only"),
+        mm_limits=texts.get("mm_limits"),
+        skip_mm_profiling=flags.get("skip_mm_profiling"),
         engine_generation=generation,
     )
 
@@ -195,8 +205,19 @@ def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
         else:
             return NO_EVENTS
         found = _settings_fields(pairs)
+        if (limits := _mm_limits(args)) is not None:
+            found.texts["mm_limits"] = limits
         return (_settings(meta, found),) if found else NO_EVENTS
     return NO_EVENTS
+
+
+def _mm_limits(args: str) -> str | None:
+    """The args line's limit_mm_per_prompt as kvwatch keeps it ('image=0,video=0', sorted)."""
+    m = _MM_LIMITS.search(args)
+    if m is None:
+        return None
+    found = {f.group("key"): int(f.group("n") or f.group("c")) for f in _MM_LIMIT.finditer(m.group("body"))}
+    return ",".join(f"{k}={n}" for k, n in sorted(found.items())) or None
 
 
 def max_model_len_line(body: str, meta: LineMeta) -> tuple[Event, ...]:

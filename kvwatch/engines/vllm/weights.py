@@ -23,7 +23,8 @@ from __future__ import annotations
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
-from kvwatch.engines.vllm.memory import activation_dtype_bytes
+from kvwatch.engines.vllm import multimodal
+from kvwatch.engines.vllm.memory import activation_dtype_bytes, runs_v0
 
 # Bytes per quantised parameter, values and scales.
 # NVFP4 (modelopt / compressed-tensors nvfp4-pack-quantized): packed 4-bit values and one fp8 scale
@@ -113,10 +114,10 @@ def weights_per_stage(
     head = rows * dims.hidden_size * act
     rope = dims.rope_positions * dims.rotary_dim * act
     # The vision/audio towers, unquantised, split over TP, on the first stage (the encoder runs there).
-    # --language-model-only builds none: every modality's limit reads 0 (0.19.0 config/multimodal.py:
-    # 264-265) and _mark_tower_model puts StageMissingLayer in the towers' place
-    # (model_executor/models/interfaces.py:249-290, used by qwen3_5.py:597, qwen3_vl.py:1493 ...).
-    towers = 0.0 if d.language_model_only else dims.vision_params * act / d.tp
+    # Served as text, a class that reads the limits builds none (multimodal.tower_built: --language-
+    # model-only, or every modality limited to 0, from the release each class skips it).
+    built = multimodal.tower_built(dims, d, v0=runs_v0(d))
+    towers = dims.vision_params * act / d.tp if built else 0.0
     layers = max(dims.num_layers, 1)
     per_layer = (dims.linear_params * linear + dims.expert_params * experts) / layers / d.tp
     per_layer += dims.other_params * act / layers
