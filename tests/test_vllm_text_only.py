@@ -29,6 +29,7 @@ from kvwatch.engines.vllm import log as vllm_log
 from kvwatch.engines.vllm.flags import FLAGS
 from kvwatch.parsers.base import LineMeta
 from kvwatch.parsers.prefix import strip_prefixes
+from kvwatch.sources.pipeline import replay
 
 ROOT = Path(__file__).parent
 QWEN25_VL = ROOT / "apriori/public/configs/Qwen--Qwen2.5-VL-3B-Instruct.json"
@@ -230,3 +231,15 @@ def test_the_t4_embedding_startups_are_judged_as_text() -> None:
     assert len(cases) == 2
     for case in cases:
         assert deployment(case).mm_limits == "image=0,video=0"
+
+
+def test_an_excerpt_that_starts_at_the_args_line_keeps_its_settings(tmp_path: Path) -> None:
+    """zjpzhao's excerpt opens with the API server's args and max-model-len lines, before any line
+    naming vLLM: with the engine detected from content, those settings (0.8 utilisation, the limits)
+    must still reach the instance, as they do with --engine vllm."""
+    case = next(c for c in _cases() if c["id"] == "zjpzhao-qwen3vl-embedding-2b-t4-v0.11.0-cu118-2k-embed")
+    log = tmp_path / "vllm.log"
+    log.write_text("\n".join(case["verbatim"]) + "\n", encoding="utf-8")
+    for engine in ("auto", "vllm"):
+        (snap,) = replay([str(log)], engine=engine).fleet.snapshot()
+        assert (snap.settings.gpu_memory_utilization, snap.settings.mm_limits) == (0.8, "image=0,video=0")

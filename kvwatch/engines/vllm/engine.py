@@ -41,6 +41,10 @@ PHRASES: tuple[str, ...] = (
     "VllmWorker",
     "(Worker_",
     "LLM engine",
+    # The API server's own first lines, before any engine process prints (an excerpt may start there):
+    # 'non-default args: {...}' (0.9+ entrypoints/utils.py), 'Using max model len N' (config).
+    "non-default args: {",
+    "Using max model len",
 )
 
 
