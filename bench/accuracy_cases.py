@@ -459,6 +459,7 @@ def deployment(case: Case) -> Deployment:
         if isinstance(s.get("limit_mm_per_prompt"), dict)
         else None,
         skip_mm_profiling=s.get("skip_mm_profiling") is True or None,
+        runner="pooling" if s.get("runner") == "pooling" else None,
         dtype=s.get("dtype") if isinstance(s.get("dtype"), str) else None,
         # --quantization fp8 on a 16-bit checkpoint (online); a checkpoint's own scheme is in its config.
         quantization="fp8" if quantization.startswith("fp8") and "checkpoint" not in quantization else None,

@@ -92,17 +92,22 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # zjpzhao's two Qwen3-VL-Embedding T4 startups on 0.11, which give {'image': 0, 'video': 0}, -17.3 ->
 # -6.0 % and -14.1 -> -2.3 %): mean 4.08 -> 3.90 %, within 5 % 86.5 -> 87.2 %, band 93.2 -> 94.0 %
 # (median half-width 6.27 -> 5.70 %), off the calibration set 86.3 -> 89.9 %.
+# pooling: a pooling runner profiles its pooler, not a sampler (model: the same two startups, -6.0 ->
+# -0.9 % and -2.3 -> +3.0 %): mean 3.90 -> 3.87 %, within 5 % 87.2 -> 88.0 %. The refit card widening
+# narrowed with those errors (its bands ±10.27 -> ±9.75 %), and local-ai's phi-3 on an RTX 3090
+# (-4.14 %) now sits just outside its ±4.18 %: band 94.0 -> 93.2 %, off the calibration set 89.9 ->
+# 88.6 % -- a narrower band bought with one case, said here rather than hidden by a wider one.
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
     "loso_cases": 133,
     "loso_median": 0.68,
-    "loso_mean": 3.91,
-    "loso_within_5": 0.87,
-    "loso_band": 0.939,
+    "loso_mean": 3.88,
+    "loso_within_5": 0.875,
+    "loso_band": 0.93,
     "loso_failed_predicted": 7,
-    "loso_off_band": 0.89,
+    "loso_off_band": 0.88,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.71,

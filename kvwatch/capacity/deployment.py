@@ -9,7 +9,7 @@ Deployment, so the prediction for a running engine uses every figure the engine 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 
 from kvwatch.capacity.dtypes import CHECKPOINT_DTYPE_BYTES, KV_DTYPE_BYTES
 from kvwatch.capacity.model import ModelGeometry
@@ -107,6 +107,9 @@ class Deployment:
     mm_limits: str | None = None
     # vLLM --skip-mm-profiling (0.10.2+): the profile run feeds no encoder; the towers still load.
     skip_mm_profiling: bool | None = None
+    # vLLM's runner (--runner, 0.10+; the --task of 0.7-0.12): 'pooling' (embedding, classification,
+    # reward) profiles a pooler where a generator profiles its sampler; None = the model's default.
+    runner: Literal["generate", "pooling"] | None = None
     # The engine's own flags that move the non-KV terms (None = the release's default):
     # --max-num-seqs, --enforce-eager, --dtype (activation dtype), --quantization (runtime).
     max_num_seqs: int | None = None
@@ -291,6 +294,7 @@ def deployment_from_settings(
         language_model_only=s.language_model_only,
         mm_limits=s.mm_limits,
         skip_mm_profiling=s.skip_mm_profiling,
+        runner=s.runner,
         flashinfer_sampler=s.flashinfer_sampler,
         dtype=s.dtype,
         quantization=s.quantization,

@@ -90,6 +90,8 @@ class SettingsFields:
     # vLLM --limit-mm-per-prompt ('image=0,video=0', sorted) and --skip-mm-profiling, from the args line.
     mm_limits: str | None = None
     skip_mm_profiling: bool | None = None
+    # vLLM's runner ('runner': 'pooling', or a pooling 'task' of 0.7-0.12): a pooler, not a sampler.
+    runner: Literal["generate", "pooling"] | None = None
     engine_generation: Literal["v0", "v1"] | None = None
     # Whether the top-p/top-k sampler runs FlashInfer's kernels (False: the engine logged that it
     # falls back to its own, a fact of the install that sizes the profile run's sampler).

@@ -29,10 +29,10 @@ ENVELOPE = Envelope(
         "card": 0.0648,
         "release": 0.0442,
         "architecture": 0.017,
-        "modality": 0.0281,
+        "modality": 0.017,
         "quantization": 0.0156,
         "parallelism": 0.0845,
-        "connector": 0.0281,
+        "connector": 0.017,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",

@@ -16,6 +16,30 @@ if TYPE_CHECKING:
     from kvwatch.capacity.deployment import DeploymentValue
 
 
+# 0.10.2 config/__init__.py RunnerOption and _RUNNER_TASKS (0.11.0 config/model.py:61-82): the tasks
+# that pick the pooling runner; 'draft' is a speculative drafter's own runner, not a server's.
+_POOLING_TASKS = frozenset({"embedding", "embed", "classify", "score", "reward"})
+_GENERATE_TASKS = frozenset({"generate", "transcription"})
+
+
+def runner_flag(value: str) -> str | None:
+    """--runner auto|generate|pooling: the runner, None for auto (the model's default)."""
+    if value not in ("auto", "generate", "pooling"):
+        raise ValueError(f"expected auto, generate or pooling, got {value!r}")
+    return None if value == "auto" else value
+
+
+def task_flag(value: str) -> str | None:
+    """--task (0.7-0.12, deprecated in 0.11 for --runner/--convert): the runner it selects."""
+    if value == "auto":
+        return None
+    if value in _POOLING_TASKS:
+        return "pooling"
+    if value in _GENERATE_TASKS:
+        return "generate"
+    raise ValueError(f"not a task vLLM takes: {value!r}")
+
+
 def _kv_memory(value: str) -> int:
     # --kv-cache-memory (0.11+, CacheConfig.kv_cache_memory_bytes): the KV budget per GPU in bytes.
     return human_int(value)
@@ -60,6 +84,9 @@ FLAGS: tuple[Flag, ...] = (
     # --limit-mm-per-prompt (MultiModalConfig.limit_per_prompt): items a prompt may carry per
     # modality; all of a model's at 0 serve it as text (multimodal.text_only).
     Flag(("--limit-mm-per-prompt",), "mm_limits", limits_flag),
+    # --runner (0.10+) and the --task it replaced (0.7-0.12): which runner the profile run is.
+    Flag(("--runner",), "runner", runner_flag),
+    Flag(("--task",), "runner", task_flag),
     # --skip-mm-profiling (0.10.2+ MultiModalConfig.skip_mm_profiling): the profile feeds no encoder.
     Flag(
         ("--skip-mm-profiling",),

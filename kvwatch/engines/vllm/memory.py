@@ -325,9 +325,15 @@ def activation(
     forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
     forward += 0 if kept else moe
     forward += _bnb_dequant(dims, d.tp, tokens)
-    sampler = tokens * dims.hidden_size * act + _sampler_bytes(
-        dims, d, rows, act, (gpu.sm_count if gpu and gpu.sm_count else 132)
-    )
+    if v1 and d.runner == "pooling":
+        # A pooling runner profiles its pooler, not a sampler (0.10.2 v1/worker/gpu_model_runner.py:3034,
+        # 0.19.0 :5787): the forward's hidden states, pooled per task (_dummy_pooler_run, every
+        # supported task over the whole batch) into the float32 head dtype -- at most every token's.
+        sampler = tokens * dims.hidden_size * (act + 4)
+    else:
+        sampler = tokens * dims.hidden_size * act + _sampler_bytes(
+            dims, d, rows, act, (gpu.sm_count if gpu and gpu.sm_count else 132)
+        )
     pp_buffers = 2 * tokens * dims.hidden_size * act if d.pp > 1 else 0
     encoder = mm.encoder_bytes if mm is not None else 0
     out: list[Term] = []
@@ -335,7 +341,8 @@ def activation(
         last = stage == d.pp - 1
         # The tower runs on the first stage, before the decoder layers (its transient freed by then).
         body = max(forward, sampler) if last else forward
-        note = "sampler" if last and sampler >= forward else "forward"
+        tail = "pooler" if v1 and d.runner == "pooling" else "sampler"
+        note = tail if last and sampler >= forward else "forward"
         if stage == 0 and encoder > body:
             body, note = encoder, "vision encoder"
         total = persistent + body + pp_buffers

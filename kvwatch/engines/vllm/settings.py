@@ -12,6 +12,7 @@ from typing import Literal
 
 from kvwatch.core.events import EngineSettings, Event
 from kvwatch.engines.vllm.common import ident
+from kvwatch.engines.vllm.flags import runner_flag, task_flag
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
 # --- settings lines ----------------------------------------------------------------------------------
@@ -71,6 +72,8 @@ _STR_SETTINGS = {
     "kv_cache_dtype": "kv_cache_dtype",
     "cache_dtype": "kv_cache_dtype",
     "quantization": "quantization",
+    "runner": "runner",
+    "task": "task",
 }
 _BOOL_SETTINGS = {
     "enable_prefix_caching": "enable_prefix_caching",
@@ -161,6 +164,7 @@ def _settings(
         enforce_eager=flags.get("enforce_eager"),
         language_model_only=flags.get("language_model_only"),
         mm_limits=texts.get("mm_limits"),
+        runner=_runner(texts),
         skip_mm_profiling=flags.get("skip_mm_profiling"),
         engine_generation=generation,
     )
@@ -209,6 +213,18 @@ def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
             found.texts["mm_limits"] = limits
         return (_settings(meta, found),) if found else NO_EVENTS
     return NO_EVENTS
+
+
+def _runner(texts: dict[str, str]) -> Literal["generate", "pooling"] | None:
+    """The runner the args line names ('runner', or 0.7-0.12's 'task'); None for auto or unknown."""
+    for key, read in (("runner", runner_flag), ("task", task_flag)):
+        if key in texts:
+            try:
+                runner = read(texts[key])
+            except ValueError:
+                return None
+            return "pooling" if runner == "pooling" else "generate" if runner == "generate" else None
+    return None
 
 
 def _mm_limits(args: str) -> str | None:
