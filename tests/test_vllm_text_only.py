@@ -243,3 +243,13 @@ def test_an_excerpt_that_starts_at_the_args_line_keeps_its_settings(tmp_path: Pa
     for engine in ("auto", "vllm"):
         (snap,) = replay([str(log)], engine=engine).fleet.snapshot()
         assert (snap.settings.gpu_memory_utilization, snap.settings.mm_limits) == (0.8, "image=0,video=0")
+
+
+def test_a_damaged_limit_keeps_the_default_instead_of_failing() -> None:
+    """A state file's settings are read back as text: a limit that is not MODALITY=COUNT is left
+    out (the modality keeps vLLM's default), never an exception in the consumer thread."""
+    model = _model()
+    assert model.dims is not None
+    d = _deployment(mm_limits="image=zero,video=0,=3,???")
+    assert multimodal.limit(d, "image", v0=False) == 999 and multimodal.limit(d, "video", v0=False) == 0
+    assert _terms(model, d) == _terms(model, _deployment())

@@ -248,7 +248,7 @@ def limits_flag(value: str) -> str:
     out: dict[str, int] = {}
     for key, raw in pairs.items():
         if isinstance(raw, dict):
-            raw = raw.get("count", 999)
+            raw = raw.get("count", 999)  # 0.19.0 config/multimodal.py:19 BaseDummyOptions.count
         if isinstance(raw, str) and raw.isdigit():
             raw = int(raw)
         if _MODALITY.fullmatch(key) is None or isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
@@ -261,7 +261,10 @@ def limits_flag(value: str) -> str:
 
 @lru_cache(maxsize=64)
 def _limits(kept: str) -> dict[str, int]:
-    return {k: int(n) for k, _, n in (item.partition("=") for item in kept.split(",")) if k}
+    """The kept form read back; an item that is not MODALITY=COUNT (a damaged state file) is left
+    out, so that modality keeps vLLM's default."""
+    items = (item.partition("=") for item in kept.split(","))
+    return {k: int(n) for k, _, n in items if _MODALITY.fullmatch(k) and n.isdigit() and len(n) <= 9}
 
 
 def limit(d: Deployment, modality: str, *, v0: bool) -> int:
