@@ -255,7 +255,12 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
     version, named = _version(c.get("engine_version"), str(c["id"]))
     if not named and source == "llm-d/llm-d-benchmark":
         version = UNNAMED_RELEASE
-    if not named and (m := _VERSION.search(str(c.get("release_bucket_inferred") or ""))):
+    scored = (c.get("scoring") or {}).get("engine_version")
+    if not named and isinstance(scored, str) and (m := _VERSION.search(scored)):
+        # The SGLang scoring's release, resolved with its source (a PR branch, a matched file:line):
+        # both reports predict one release for the case.
+        version = m.group(1)
+    elif not named and (m := _VERSION.search(str(c.get("release_bucket_inferred") or ""))):
         # The gatherer's reading of the log's wording or date: what the user would know.
         version = m.group(1)
     skip = None

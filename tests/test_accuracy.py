@@ -97,21 +97,25 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # narrowed with those errors (its bands ±10.27 -> ±9.75 %), and local-ai's phi-3 on an RTX 3090
 # (-4.14 %) now sits just outside its ±4.18 %: band 94.0 -> 93.2 %, off the calibration set 89.9 ->
 # 88.6 % -- a narrower band bought with one case, said here rather than hidden by a wider one.
+# one release: the overall report predicted sglang PR#11309's indexer branch as 0.5.3 (the gatherer's
+# "~0.5.3") where the SGLang scoring resolves 0.5.4 from its source (bench): +26.2 -> +2.6 %; mean
+# 3.87 -> 3.69 %, within 5 % 88.0 -> 88.7 %, band 93.2 -> 94.0 % (median half-width 5.70 -> 5.47 %),
+# off the calibration set 88.6 -> 89.9 %.
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
     "loso_cases": 133,
     "loso_median": 0.68,
-    "loso_mean": 3.88,
-    "loso_within_5": 0.875,
-    "loso_band": 0.93,
+    "loso_mean": 3.70,
+    "loso_within_5": 0.885,
+    "loso_band": 0.939,
     "loso_failed_predicted": 7,
-    "loso_off_band": 0.88,
+    "loso_off_band": 0.89,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.71,
-    "loso_median_band": 5.71,
+    "loso_median_band": 5.48,
 }
 
 
