@@ -155,6 +155,15 @@ class Case:
                 args += ["--max-model-len", str(n)]
             if (u := _num(s.get("gpu_memory_utilization"))) is not None:
                 args += ["--gpu-memory-utilization", str(u)]
+            spec = s.get("speculative_config")
+            if isinstance(spec, dict):
+                # kvwatch's own --speculative-config, as bench/accuracy_cases.py's _speculative takes
+                # it: the method, and the count where the record gives a number.
+                typed = {k: spec[k] for k in ("method", "num_speculative_tokens") if k in spec}
+                if not isinstance(typed.get("num_speculative_tokens"), int):
+                    typed.pop("num_speculative_tokens", None)
+                if typed.get("method"):
+                    args += ["--speculative-config", json.dumps(typed)]
         return args
 
     def engine_flags(self) -> list[str]:
@@ -173,6 +182,13 @@ class Case:
                 out += ["--quantization", "fp8"]
             if (d := _word(s.get("dtype"), _DTYPES)) is not None and d != "auto":
                 out += ["--dtype", d]
+            # What the user typed that serves a VL checkpoint as text or as a pooler, and the drafter.
+            if s.get("language_model_only") is True:
+                out.append("--language-model-only")
+            if isinstance(s.get("limit_mm_per_prompt"), dict):
+                out += ["--limit-mm-per-prompt", json.dumps(s["limit_mm_per_prompt"])]
+            if s.get("runner") in ("pooling", "generate"):
+                out += ["--runner", str(s["runner"])]
             return out
         if (f := _num(_user(s, "mem_fraction_static"))) is not None:
             out += ["--mem-fraction-static", str(f)]
