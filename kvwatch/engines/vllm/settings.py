@@ -12,7 +12,7 @@ from typing import Literal
 
 from kvwatch.core.events import EngineSettings, Event
 from kvwatch.engines.vllm.common import ident
-from kvwatch.engines.vllm.flags import runner_flag, task_flag
+from kvwatch.engines.vllm.runner import runner_flag, task_flag
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
 # --- settings lines ----------------------------------------------------------------------------------
