@@ -253,3 +253,39 @@ def test_a_damaged_limit_keeps_the_default_instead_of_failing() -> None:
     d = _deployment(mm_limits="image=zero,video=0,=3,???")
     assert multimodal.limit(d, "image", v0=False) == 999 and multimodal.limit(d, "video", v0=False) == 0
     assert _terms(model, d) == _terms(model, _deployment())
+
+
+@pytest.mark.parametrize(
+    ("argv", "fields"),
+    [
+        (
+            ["--limit-mm-per-prompt.image", "0", "--limit-mm-per-prompt.video=0"],
+            {"mm_limits": "image=0,video=0"},
+        ),
+        (["--mm-processor-kwargs.max_pixels", "1003520"], {"image_max_pixels": 1003520}),
+        # Folded after the rest, as vLLM does: the dotted key wins over a whole object typed first.
+        (
+            ["--limit-mm-per-prompt", '{"image": 2}', "--limit-mm-per-prompt.image", "0"],
+            {"mm_limits": "image=0"},
+        ),
+        (["--gpu-memory-utilization=0.85"], {"gpu_memory_utilization": 0.85}),
+    ],
+)
+def test_dotted_keys_fold_into_one_object_as_vllms_parser_does(
+    argv: list[str], fields: dict[str, object]
+) -> None:
+    """0.19.0 utils/argparse_utils.py:302-355 (FlexibleArgumentParser)."""
+    from kvwatch.engines import registry
+
+    assert registry.get("vllm").flags.read(argv).fields == fields
+
+
+def test_kvwatchs_own_flag_in_dotted_form_after_the_separator_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvwatch.cli import main
+
+    argv = ["predict", str(QWEN25_VL), "--gpu", "h100", "--", "--speculative-config.method", "mtp"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--speculative-config after '--'" in err and err.count("\n") == 1

@@ -122,10 +122,13 @@ class EngineFlags:
     # kvwatch's --speculative-config (the engine's JSON as typed) -> Deployment fields; None where
     # the engine's drafter is not modelled.
     speculative_fields: Callable[[str], dict[str, DeploymentValue]] | None = None
+    # The engine's own rewriting of its argv before its parser reads it (vLLM folds dotted keys,
+    # ``--limit-mm-per-prompt.image 0``, into one JSON object); None where it has none.
+    normalise: Callable[[Sequence[str]], list[str]] | None = None
 
     def read(self, argv: Sequence[str]) -> FlagReading:
         """Deployment fields of an argv in the engine's spelling, and the flags kvwatch ignores."""
-        return read_flags(argv, self.table)
+        return read_flags(self.normalise(argv) if self.normalise else argv, self.table)
 
 
 class Capacity(Protocol):

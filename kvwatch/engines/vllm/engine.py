@@ -83,7 +83,7 @@ ENGINE = Engine(
     ),
     # The releases whose logs, /metrics and defaults kvwatch knows (oldest, newest).
     known_versions=("0.3", "0.33"),
-    flags=EngineFlags(flags.FLAGS, flags.deployment_fields, flags.speculative_fields),
+    flags=EngineFlags(flags.FLAGS, flags.deployment_fields, flags.speculative_fields, flags.fold_dotted),
     anchors=ANCHORS,
     phrases=PHRASES,
     build_log=_log,

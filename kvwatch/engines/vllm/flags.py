@@ -6,38 +6,17 @@ vLLM's argparse reads them (``32k`` = 32,000, ``32K`` = 32,768; human_readable_i
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvwatch.core.errors import ConfigError
 from kvwatch.engines.flags import Flag, fraction, human_int, json_object, positive_int, text
 from kvwatch.engines.vllm.multimodal import limits_flag, max_pixels_flag
+from kvwatch.engines.vllm.runner import runner_flag, task_flag
 
 if TYPE_CHECKING:
     from kvwatch.capacity.deployment import DeploymentValue
-
-
-# 0.10.2 config/__init__.py RunnerOption and _RUNNER_TASKS (0.11.0 config/model.py:61-82): the tasks
-# that pick the pooling runner; 'draft' is a speculative drafter's own runner, not a server's.
-_POOLING_TASKS = frozenset({"embedding", "embed", "classify", "score", "reward"})
-_GENERATE_TASKS = frozenset({"generate", "transcription"})
-
-
-def runner_flag(value: str) -> str | None:
-    """--runner auto|generate|pooling: the runner, None for auto (the model's default)."""
-    if value not in ("auto", "generate", "pooling"):
-        raise ValueError(f"expected auto, generate or pooling, got {value!r}")
-    return None if value == "auto" else value
-
-
-def task_flag(value: str) -> str | None:
-    """--task (0.7-0.12, deprecated in 0.11 for --runner/--convert): the runner it selects."""
-    if value == "auto":
-        return None
-    if value in _POOLING_TASKS:
-        return "pooling"
-    if value in _GENERATE_TASKS:
-        return "generate"
-    raise ValueError(f"not a task vLLM takes: {value!r}")
 
 
 def _kv_memory(value: str) -> int:
@@ -95,6 +74,51 @@ FLAGS: tuple[Flag, ...] = (
         inverse=("--no-skip-mm-profiling",),
     ),
 )
+
+
+def fold_dotted(argv: Sequence[str]) -> list[str]:
+    """vLLM's FlexibleArgumentParser (0.19.0 utils/argparse_utils.py:302-355; 0.10+): every
+    ``--key.sub[.sub] VALUE`` (or ``=VALUE``; ``key.sub+ a,b`` for a list) is taken out of the argv
+    and merged into one JSON object given as ``--key`` after the rest, so it wins over a whole
+    object typed earlier. A value that is not JSON stays a string."""
+    out: list[str] = []
+    folded: dict[str, dict[str, object]] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not (arg.startswith("-") and "." in arg):
+            out.append(arg)
+            continue
+        name, eq, value = arg.partition("=")
+        if eq and "." not in name:
+            out.append(arg)  # the '.' was in the value ('--gpu-memory-utilization=0.9')
+            continue
+        if not eq:
+            if i >= len(argv):
+                out.append(arg)  # no value to fold: argparse reports it as it would
+                continue
+            value = argv[i]
+            i += 1
+        if name.endswith("+"):
+            name, value = name[:-1], json.dumps(value.split(","))
+        key, *keys = name.split(".")
+        try:
+            parsed: object = json.loads(value)
+        except ValueError:
+            parsed = value
+        node = folded.setdefault(key, {})
+        for sub in keys[:-1]:
+            child = node.get(sub)
+            if not isinstance(child, dict):
+                child = {}
+                node[sub] = child
+            node = child
+        if keys:
+            node[keys[-1]] = parsed
+    for key, obj in folded.items():
+        out += [key, json.dumps(obj)]
+    return out
 
 
 def deployment_fields(
