@@ -278,6 +278,13 @@ def v0_multimodal(
     )
 
 
+def profiles_pooler(d: Deployment) -> bool:
+    """Whether the profile run ends in the pooler, not the sampler: a pooling runner on V1 (0.10.2
+    v1/worker/gpu_model_runner.py:3034, 0.19.0 :5787, 0.33.0 :6137); V0's pooling runner is not
+    modelled, so V0 keeps the sampler pass."""
+    return d.runner == "pooling" and not runs_v0(d)
+
+
 def activation(
     dims: ModelDims,
     d: Deployment,
@@ -325,10 +332,10 @@ def activation(
     forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
     forward += 0 if kept else moe
     forward += _bnb_dequant(dims, d.tp, tokens)
-    if v1 and d.runner == "pooling":
-        # A pooling runner profiles its pooler, not a sampler (0.10.2 v1/worker/gpu_model_runner.py:3034,
-        # 0.19.0 :5787): the forward's hidden states, pooled per task (_dummy_pooler_run, every
-        # supported task over the whole batch) into the float32 head dtype -- at most every token's.
+    pooler = profiles_pooler(d)
+    if pooler:
+        # The forward's hidden states, pooled per task (_dummy_pooler_run, every supported task over
+        # the whole batch) into the float32 head dtype -- at most every token's.
         sampler = tokens * dims.hidden_size * (act + 4)
     else:
         sampler = tokens * dims.hidden_size * act + _sampler_bytes(
@@ -341,8 +348,7 @@ def activation(
         last = stage == d.pp - 1
         # The tower runs on the first stage, before the decoder layers (its transient freed by then).
         body = max(forward, sampler) if last else forward
-        tail = "pooler" if v1 and d.runner == "pooling" else "sampler"
-        note = tail if last and sampler >= forward else "forward"
+        note = ("pooler" if pooler else "sampler") if last and sampler >= forward else "forward"
         if stage == 0 and encoder > body:
             body, note = encoder, "vision encoder"
         total = persistent + body + pp_buffers

@@ -101,11 +101,12 @@ def _terms(
         v0 = memory.runs_v0(d)
         if (served := multimodal.served_note(dims, d, v0=v0)) is not None:
             notes.append(served)
+        pooler = memory.profiles_pooler(d)
         if d.runner == "pooling":
             notes.append(
-                "runner pooling: V0's pooling runner is not modelled, its profile is sized as a generator's"
-                if v0
-                else "runner pooling: the profile run ends in the pooler (no sampler pass)"
+                "runner pooling: the profile run ends in the pooler (no sampler pass)"
+                if pooler
+                else "runner pooling: V0's pooling runner is not modelled, its profile is sized as a generator's"
             )
         if mm is not None:
             images, videos = (multimodal.limit(d, m, v0=True) for m in ("image", "video"))
@@ -120,7 +121,6 @@ def _terms(
                 "V0 multimodal profile not sized: the image processor's max_pixels is not known "
                 "(preprocessor_config.json; give it as -- --mm-processor-kwargs '{\"max_pixels\": N}')"
             )
-        pooler = not v0 and d.runner == "pooling"
         path = "v0" if v0 else memory.sampler_path(d.engine_version, d.flashinfer_sampler)
         notes.append(
             f"activation peak: the profile run modelled ({stage_act[-1].note} pass; max_num_seqs {seqs}, "
