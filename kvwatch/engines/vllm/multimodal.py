@@ -18,13 +18,12 @@ frames of that size as the sequence leaves room for (at least 1, at most 16).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from kvwatch.core.versions import version_tuple
 from kvwatch.engines.flags import json_object
+from kvwatch.engines.vllm.mm_limits import MODALITY, kept_form, read_kept
 
 if TYPE_CHECKING:
     # Annotations only: the engine's flag table imports this module, and reading a log must not
@@ -228,8 +227,6 @@ TOWER_SKIPPED_FROM: dict[str, tuple[str, str]] = {
 # interfaces.py:249-290 (0.19.0): _mark_tower_model puts StageMissingLayer in the tower's place when
 # get_limit_per_prompt is 0 for every modality the tower serves.
 
-_MODALITY = re.compile(r"[a-z_]{1,32}")
-
 
 def limits_flag(value: str) -> str:
     """--limit-mm-per-prompt as vLLM takes it -- a JSON object (0.10+; a modality's value a count, or
@@ -251,25 +248,17 @@ def limits_flag(value: str) -> str:
             raw = raw.get("count", 999)  # 0.19.0 config/multimodal.py:19 BaseDummyOptions.count
         if isinstance(raw, str) and raw.isdigit():
             raw = int(raw)
-        if _MODALITY.fullmatch(key) is None or isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        if MODALITY.fullmatch(key) is None or isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
             raise ValueError(f"{key!r}: {raw!r} is not a modality and a count of 0 or more")
         out[key] = raw
     if not out:
         raise ValueError(f"{value!r} limits no modality")
-    return ",".join(f"{k}={n}" for k, n in sorted(out.items()))
-
-
-@lru_cache(maxsize=64)
-def _limits(kept: str) -> dict[str, int]:
-    """The kept form read back; an item that is not MODALITY=COUNT (a damaged state file) is left
-    out, so that modality keeps vLLM's default."""
-    items = (item.partition("=") for item in kept.split(","))
-    return {k: int(n) for k, _, n in items if _MODALITY.fullmatch(k) and n.isdigit() and len(n) <= 9}
+    return kept_form(out)
 
 
 def limit(d: Deployment, modality: str, *, v0: bool) -> int:
     """Items a prompt may carry of ``modality``: the flag's, else vLLM's default (1 V0, 999 V1)."""
-    given = _limits(d.mm_limits).get(modality) if d.mm_limits else None
+    given = read_kept(d.mm_limits).get(modality) if d.mm_limits else None
     return given if given is not None else (V0_LIMIT_PER_PROMPT if v0 else 999)
 
 

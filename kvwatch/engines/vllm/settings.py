@@ -12,6 +12,7 @@ from typing import Literal
 
 from kvwatch.core.events import EngineSettings, Event
 from kvwatch.engines.vllm.common import ident
+from kvwatch.engines.vllm.mm_limits import kept_form
 from kvwatch.engines.vllm.runner import runner_flag, task_flag
 from kvwatch.parsers.base import NO_EVENTS, LineMeta, ParseError
 
@@ -233,7 +234,7 @@ def _mm_limits(args: str) -> str | None:
     if m is None:
         return None
     found = {f.group("key"): int(f.group("n") or f.group("c")) for f in _MM_LIMIT.finditer(m.group("body"))}
-    return ",".join(f"{k}={n}" for k, n in sorted(found.items())) or None
+    return kept_form(found) or None
 
 
 def max_model_len_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
