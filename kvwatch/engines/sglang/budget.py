@@ -95,6 +95,21 @@ def piecewise_capture_sizes(max_tokens: int) -> int:
     return sum(1 for lo, hi, step in steps for n in range(lo, hi + 1, step) if n <= max_tokens)
 
 
+def served_as_text(d: Deployment) -> bool:
+    """--language-model-only on a release that takes it (0.5.18+): SGLang skips the vision factor."""
+    return bool(d.language_model_only) and releases.LM_ONLY_FLAG.at(d.engine_version)
+
+
+def multimodal(model: ModelGeometry | None, d: Deployment) -> bool:
+    """Whether SGLang's model config counts the model as multimodal (model_config.is_multimodal): a
+    vision tower, unless --language-model-only makes it text-only (0.5.20+; before, only the
+    checkpoint's own flag did)."""
+    dims = model.dims if model is not None else None
+    if dims is None or not dims.has_vision_tower:
+        return False
+    return not (served_as_text(d) and releases.LM_ONLY_NOT_MULTIMODAL.at(d.engine_version))
+
+
 def piecewise_reserved(model: ModelGeometry | None, d: Deployment, chunked: int) -> float:
     """The prefill CUDA-graph term of the reserve (MB): on by default from 0.5.10
     (disable_piecewise_cuda_graph=False, 0.5.10.post1 server_args.py:637; term :1308, MLA 1.5 GiB
@@ -115,8 +130,7 @@ def piecewise_reserved(model: ModelGeometry | None, d: Deployment, chunked: int)
     if d.pp > 1 or rocm or (d.dcp > 1 and releases.PIECEWISE_OFF_DCP.at(v)):
         return 0.0
     if model is not None:
-        dims = model.dims
-        if dims is not None and dims.has_vision_tower:
+        if multimodal(model, d):
             return 0.0
         if model.architecture.startswith(("Qwen3Next", "DeepseekV4")):
             return 0.0
@@ -226,7 +240,7 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
     if gpu_mb > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     value = round((gpu_mb - reserved) / gpu_mb, 3)
-    factor = vlm_factor(model)
+    factor = 1.0 if served_as_text(d) else vlm_factor(model)
     if factor != 1.0:
         value *= factor
         rule += f", x {factor} (vision tower)"
@@ -249,8 +263,7 @@ def multimodal_reservation(model: ModelGeometry, d: Deployment) -> int:
     SGLANG_VLM_CACHE_SIZE_MB, 100 by default (mm_runtime_reservation_gb, 0.5.18
     mem_cache/kv_cache_configurator.py:130-147; environ.py:1146), plus the feature-transport pools
     only when --mm-feature-transport is cuda_ipc / cuda_vmm (not the default)."""
-    dims = model.dims
-    if dims is None or not dims.has_vision_tower or not releases.MM_RESERVATION.at(d.engine_version):
+    if not multimodal(model, d) or not releases.MM_RESERVATION.at(d.engine_version):
         return 0
     return 100 * MiB
 

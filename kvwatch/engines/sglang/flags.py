@@ -38,6 +38,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--dtype",), "dtype", text),
     Flag(("--quantization",), "quantization", text),
     Flag(("--disable-cuda-graph",), "enforce_eager", switch=True),
+    Flag(("--language-model-only",), "language_model_only", switch=True),
 )
 
 

@@ -94,6 +94,24 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 + (" and the attention" if weight_extras.attention_over_attn_tp(model) else "")
                 + f" are not split over all {d.tp} ranks (+{format_bytes(extra)} per rank)"
             )
+    if d.language_model_only and model.dims is not None and model.dims.has_vision_tower:
+        if not budget.served_as_text(d):
+            assumptions.append(
+                "--language-model-only: SGLang takes it from 0.5.18; this release serves the model as multimodal"
+            )
+        else:
+            towerless = weight_extras.tower_not_built(model, d)
+            if weights_rank is not None and d.weights_bytes is None and towerless:
+                weights_rank = basis.weights_bytes = weights_rank - towerless
+            assumptions.append(
+                "--language-model-only: served as text, no vision factor on mem_fraction_static"
+                + (
+                    f"; no vision tower loaded (-{format_bytes(towerless)} per rank)"
+                    if towerless
+                    else "; this architecture still loads its vision tower"
+                )
+                + ("" if budget.multimodal(model, d) else "; not a multimodal model to SGLang (0.5.20+)")
+            )
     if weights_rank is not None and d.weights_bytes is None:
         # What a rank holds beyond the checkpoint's even split, each with the note that names it.
         extras = (

@@ -115,6 +115,55 @@ PIECEWISE_OFF_DSA: Rule[bool] = Rule(
     Side("0.5.13", False, "0.5.13.post1 configs/model_config.py:1579-1585"),
 )
 
+# --- a multimodal checkpoint served as text (--language-model-only; budget.py, weight_extras.py) ---
+
+LM_ONLY_FLAG: Rule[bool] = Rule(
+    "lm_only_flag",
+    "--language-model-only exists: the vision factor is not applied to the default fraction",
+    Side(None, False, "0.5.17 server_args.py (no language_model_only field)"),
+    Side(
+        "0.5.18",
+        True,
+        "0.5.18 server_args.py:3177-3183, :4990-4996; 0.5.23 arg_groups/memory_hook.py:283-288",
+    ),
+)
+LM_ONLY_NOT_MULTIMODAL: Rule[bool] = Rule(
+    "lm_only_not_multimodal",
+    "--language-model-only makes the model config text-only (no encoder-cache reservation, prefill graphs)",
+    Side(None, False, "0.5.19 configs/model_config.py:356 (is_lm_only reads the checkpoint's own flag only)"),
+    Side("0.5.20", True, "0.5.20 configs/model_config.py:467-469; 0.5.23 :674-676"),
+)
+_QWEN3_VL_LINE = frozenset(
+    {
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3VLMoeForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "MuseGlimmerForConditionalGeneration",
+    }
+)
+LM_ONLY_TOWERLESS: Rule[frozenset[str]] = Rule(
+    "lm_only_towerless",
+    "the architectures that build no vision tower under --language-model-only",
+    Side(None, frozenset(), "0.5.17 server_args.py (no language_model_only field)"),
+    Side(
+        "0.5.18",
+        _QWEN3_VL_LINE,
+        "0.5.18 models/qwen3_vl.py:1243-1246 (Qwen3-VL, its MoE and Qwen3.5 subclass it:"
+        " qwen3_vl_moe.py:173, qwen3_5.py:1775, :1936), muse_glimmer.py",
+    ),
+    Side(
+        "0.5.20",
+        _QWEN3_VL_LINE
+        | {
+            "Cosmos3ForConditionalGeneration",
+            "Cosmos3EdgeForConditionalGeneration",
+            "Qwen4ExpForConditionalGeneration",
+        },
+        "0.5.20 models/cosmos3.py, cosmos3_edge.py, qwen4_exp.py; 0.5.23 cosmos3_edge.py:185-210, cosmos3.py:95-106",
+    ),
+)
+
 # --- cells and pools (budget.py) -----------------------------------------------------------------
 
 MM_RESERVATION: Rule[bool] = Rule(
@@ -233,6 +282,9 @@ RULES: tuple[Rule[Any], ...] = (
     PIECEWISE_OFF_DP_ATTENTION,
     PIECEWISE_OFF_DCP,
     PIECEWISE_OFF_DSA,
+    LM_ONLY_FLAG,
+    LM_ONLY_NOT_MULTIMODAL,
+    LM_ONLY_TOWERLESS,
     MM_RESERVATION,
     DSA_FP8_LATENT_CELL,
     DSA_INDEXER_CELL,

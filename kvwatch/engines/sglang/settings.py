@@ -50,6 +50,7 @@ _SETTINGS_KEYS: dict[str, str] = {
     "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
     "mem_fraction_static": "mem_fraction_static",
     "max_running_requests": "max_num_seqs",
+    "language_model_only": "language_model_only",
 }
 
 
@@ -150,6 +151,7 @@ def parse_server_args(body: str, meta: LineMeta) -> tuple[Event, ...]:
             mem_fraction_static=share(found.get("mem_fraction_static")),
             enable_prefix_caching=flag(found.get("enable_prefix_caching")),
             enforce_eager=flag(found.get("enforce_eager")),
+            language_model_only=flag(found.get("language_model_only")),
         ),
     )
 

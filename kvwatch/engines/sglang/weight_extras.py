@@ -134,3 +134,17 @@ def rope_cache(model: ModelGeometry, d: Deployment) -> int:
     card = gpus.find(d.gpu_name)
     cuda = card is None or card.vendor == "nvidia"
     return dims.rope_positions * dims.rotary_dim * (4 if cuda else model.dtype_bytes)
+
+
+def tower_not_built(model: ModelGeometry, d: Deployment) -> int:
+    """Bytes of the vision tower one rank does not load under --language-model-only, for the
+    architectures that then build none (releases.LM_ONLY_TOWERLESS; 0.5.18 models/qwen3_vl.py:1243-1246
+    sets ``self.visual = None``): the tower as weight_bytes counts it, split like the rest."""
+    dims = model.dims
+    if not d.language_model_only or dims is None or not dims.vision_params:
+        return 0
+    if model.architecture not in releases.LM_ONLY_TOWERLESS.at(d.engine_version):
+        return 0
+    # What weight_bytes counts for no group is the tower (the what-if --weights-dtype counts none).
+    tower, _ = weight_bytes(replace(model, params={}), d.weights_dtype)
+    return tower // max(d.tp, 1)
