@@ -438,3 +438,28 @@ def test_vllm_cuda_graphs_in_the_budget_from_0_21(version: str, graphs_subtracte
     usable = vllm_budget.requested_bytes(80 * GiB, 0.9)
     expected = usable - 15 * GiB - 50 * GiB - (GiB if graphs_subtracted else 0)
     assert b.terms["activation"].bytes == expected
+
+
+def test_sglang_dp_attention_from_server_args_sizes_the_cell_per_dp_rank(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """server_args' enable_dp_attention reaches the config basis: attention TP is tp / dp, so each
+    rank's cell holds all 8 KV heads of Llama-3.1-70B, not one (before, the basis split them over
+    tp=8 and predicted 8x the pool, a false drift on every DP-attention pod)."""
+    log = tmp_path / "dp-attention.log"
+    log.write_text(
+        "[2026-03-01 10:00:00] server_args={'model_path': 'meta-llama/Llama-3.1-70B-Instruct', "
+        "'dtype': 'auto', 'kv_cache_dtype': 'auto', 'mem_fraction_static': 0.8, 'tp_size': 8, "
+        "'pp_size': 1, 'dp_size': 8, 'enable_dp_attention': True, 'context_length': 8192}\n"
+        "[2026-03-01 10:00:30 DP0 TP0] KV Cache is allocated. #tokens: 100000, K size: 15.26 GB, "
+        "V size: 15.26 GB\n"
+    )
+    config = CONFIGS / "meta-llama--Meta-Llama-3.1-70B.json"
+    data = explain_json(
+        capsys, str(log), "--engine", "sglang", "--model-config", str(config), "--gpu", "h100"
+    )
+    (inst,) = data["instances"]
+    kv_bytes = 2 * 15.26 * GiB
+    cell = 8 * 128 * 2 * 80 * 2  # 8 KV heads x head_dim x (K, V) x layers x bf16, attention TP 1
+    assert inst["pool_tokens"]["engine_budget"] == pytest.approx(kv_bytes / cell, rel=1e-3)
+    assert inst["pool_tokens"]["predicted"] < 2 * inst["pool_tokens"]["observed"]

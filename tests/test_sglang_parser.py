@@ -753,7 +753,7 @@ def test_server_args_dict_form_v0519_reads_top_level_keys_only() -> None:
         "'dtype': 'bfloat16', 'kv_cache_dtype': 'auto', 'quantization': 'fp8', 'context_length': 32768, "
         "'mem_fraction_static': 0.835, 'max_running_requests': 256, 'chunked_prefill_size': 8192, "
         "'page_size': 16, 'tp_size': 2, 'pp_size': 1, 'dp_size': 4, 'cuda_graph_max_bs_decode': 256, "
-        "'disable_radix_cache': True, 'served_model_name': 'qwen'}"
+        "'disable_radix_cache': True, 'served_model_name': 'qwen', 'enable_dp_attention': True}"
     )
     assert isinstance(e, EngineSettings)
     assert e.starts_engine
@@ -766,6 +766,7 @@ def test_server_args_dict_form_v0519_reads_top_level_keys_only() -> None:
     assert (e.tensor_parallel_size, e.data_parallel_size, e.page_size, e.max_model_len) == (2, 4, 16, 32768)
     assert (e.quantization, e.mem_fraction_static, e.max_num_seqs) == ("fp8", 0.835, 256)
     assert (e.cuda_graph_max_bs, e.enable_prefix_caching) == (256, False)
+    assert e.dp_attention is True  # the pool is per DP rank, the KV heads over tp / dp
 
 
 def test_server_args_truncated_paste_still_starts_an_engine() -> None:

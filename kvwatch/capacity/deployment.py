@@ -292,6 +292,7 @@ def deployment_from_settings(
         enforce_eager=s.enforce_eager,
         enable_prefix_caching=s.enable_prefix_caching,
         language_model_only=s.language_model_only,
+        dp_attention=_first(s.dp_attention, Deployment.dp_attention),
         mm_limits=s.mm_limits,
         skip_mm_profiling=s.skip_mm_profiling,
         runner=s.runner,

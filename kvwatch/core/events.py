@@ -85,7 +85,10 @@ class SettingsFields:
     mem_fraction_static: float | None = None
     enable_prefix_caching: bool | None = None
     enforce_eager: bool | None = None
-    # vLLM --language-model-only: a multimodal checkpoint served as text (no tower, no encoder profile).
+    # SGLang --enable-dp-attention: attention data-parallel over the dp ranks (attention TP = tp / dp,
+    # a pool per DP rank); server_args' enable_dp_attention.
+    dp_attention: bool | None = None
+    # --language-model-only (vLLM 0.17+, SGLang 0.5.18+): a multimodal checkpoint served as text.
     language_model_only: bool | None = None
     # vLLM --limit-mm-per-prompt ('image=0,video=0', sorted) and --skip-mm-profiling, from the args line.
     mm_limits: str | None = None

@@ -51,6 +51,7 @@ _SETTINGS_KEYS: dict[str, str] = {
     "mem_fraction_static": "mem_fraction_static",
     "max_running_requests": "max_num_seqs",
     "language_model_only": "language_model_only",
+    "enable_dp_attention": "dp_attention",
 }
 
 
@@ -152,6 +153,7 @@ def parse_server_args(body: str, meta: LineMeta) -> tuple[Event, ...]:
             enable_prefix_caching=flag(found.get("enable_prefix_caching")),
             enforce_eager=flag(found.get("enforce_eager")),
             language_model_only=flag(found.get("language_model_only")),
+            dp_attention=flag(found.get("dp_attention")),
         ),
     )
 
