@@ -271,7 +271,9 @@ def render(p: Prediction, engine: Engine) -> str:
         ),
     ]
     if p.usable_bytes is not None:
-        rows.append((engine.labels.fraction_label, f"{format_bytes(p.usable_bytes)} ({p.fraction})"))
+        # SGLang's vision factor leaves a float's tail on the fraction (0.7721792968749999): 4 places.
+        shown = "" if p.fraction is None else f"{round(p.fraction, 4):g}"
+        rows.append((engine.labels.fraction_label, f"{format_bytes(p.usable_bytes)} ({shown})"))
     if p.weights_bytes is not None:
         rows.append(("weights", f"{format_bytes(p.weights_bytes)} per GPU ({p.weights_scheme})"))
     if p.activation_bytes is not None:

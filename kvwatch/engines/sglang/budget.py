@@ -243,7 +243,7 @@ def default_mem_fraction_static(d: Deployment, model: ModelGeometry | None = Non
     factor = 1.0 if served_as_text(d) else vlm_factor(model)
     if factor != 1.0:
         value *= factor
-        rule += f", x {factor} (vision tower)"
+        rule += f", x {round(factor, 4):g} (vision tower)"
     return StaticFraction(value, reserved, chunked, max_bs, rule)
 
 

@@ -150,7 +150,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             mfs = frac.value
             inputs["mem_fraction_static"] = "engine_default"
             assumptions.append(
-                f"mem_fraction_static = {mfs} (SGLang default: reserve {frac.reserved_mb:.0f} MB = {frac.rule}"
+                f"mem_fraction_static = {round(mfs, 4):g} (SGLang default: reserve {frac.reserved_mb:.0f} MB = {frac.rule}"
                 + (
                     f"; chunked_prefill_size {frac.chunked_prefill_size}, cuda_graph_max_bs {frac.cuda_graph_max_bs}"
                     if frac.chunked_prefill_size
