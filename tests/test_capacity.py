@@ -29,6 +29,7 @@ from kvwatch.core.units import GiB, KiB, MiB, parse_size
 from kvwatch.engines.sglang import budget, states, weight_extras
 from kvwatch.engines.sglang import budget as sglang_budget
 from kvwatch.engines.sglang.budget import default_mem_fraction_static
+from kvwatch.engines.vllm.weights import mxfp4_expert_bytes
 from kvwatch.state.facts import MemoryFacts, SettingsFacts
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -763,6 +764,28 @@ def test_weights_mxfp4_only_experts() -> None:
     assert p.weights_scheme == "mxfp4"
     # ~117B params of which the experts are at 4.25 bits: ~61 GiB, not 218 GiB of bf16
     assert 55 * GiB < p.weights_total_bytes < 66 * GiB  # type: ignore[operator]
+
+
+def test_vllm_mxfp4_experts_in_the_backend_layout_of_each_card() -> None:
+    """gpt-oss's routed experts as vLLM's MoE backend pads them (vllm weights.mxfp4_expert_bytes):
+    the loader's own 'Model loading took' figures of gpt-oss-120b / -20b in tests/apriori/public."""
+    m = model("openai--gpt-oss-120b")
+    dims = m.dims
+    assert dims is not None and (dims.hidden_size, dims.moe_intermediate_size) == (2880, 2880)
+    # Marlin (SM 8.x, 12.x): intermediate per rank to 128, hidden to 256, values and scales alike.
+    assert mxfp4_expert_bytes(dims, 1, 8) == pytest.approx(4.25 / 8 * (2944 / 2880) * (3072 / 2880))
+    assert mxfp4_expert_bytes(dims, 4, 12) == pytest.approx(4.25 / 8 * (768 / 720) * (3072 / 2880))
+    # Triton on Hopper: the intermediate to 64 (2880 stays, TP 2's 1440 -> 1472), the values' hidden to 256.
+    assert mxfp4_expert_bytes(dims, 1, 9) == pytest.approx((4.0 * 3072 / 2880 + 0.25) / 8)
+    assert mxfp4_expert_bytes(dims, 2, 9) == pytest.approx((4.0 * 3072 / 2880 + 0.25) * (1472 / 1440) / 8)
+    assert mxfp4_expert_bytes(dims, 1, 10) == 4.25 / 8  # Blackwell's FlashInfer layouts: not modelled
+    # The loader's figures: 32.98 GiB a rank at TP 2 on an H200 (0.15.1), 17.22 at TP 4 on an A100
+    # (0.10.1.1, Marlin), each within 0.2 GiB.
+    for gpu, tp, version, logged in (("h200", 2, "0.15.1", 32.98), ("a100-80gb", 4, "0.10.1", 17.22)):
+        d = Deployment(engine="vllm", engine_version=version, gpu_name=gpu, tp=tp, max_model_len=8192)
+        d = d.with_(gpu_memory_bytes=gpus.find(gpu).memory_bytes)  # type: ignore[union-attr]
+        w = predict(m, d).weights_bytes
+        assert w is not None and abs(w / GiB - logged) < 0.2
 
 
 def test_safetensors_index_total_size_wins(tmp_path: Path) -> None:

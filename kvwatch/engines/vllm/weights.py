@@ -54,6 +54,37 @@ def _bytes_per_param(scheme: str, group: int) -> float:
     return 0.5 + 2.0 / max(group, 1)  # packed int4 + one 16-bit scale per group
 
 
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def mxfp4_expert_bytes(dims: ModelDims, tp: int, sm_major: int) -> float:
+    """Bytes per routed-expert parameter of an MXFP4 checkpoint (gpt-oss) as the MoE backend of the
+    card lays it out: 4-bit values and an 8-bit scale per 32, in padded shapes.
+
+    - Marlin below SM 9.0 and on SM 12.x (triton_kernels runs on 9.0 <= SM < 11.0 only: 0.10.2
+      quantization/mxfp4.py:89-94, 0.15.0 :151-162, 0.19.0 fused_moe/oracle/mxfp4.py:197-223,
+      0.33.0 :426-433 for SM 12.x): the intermediate per rank to a multiple of 128 and the hidden
+      size to 256, values and scales alike (0.10.2 mxfp4.py:184-201; 0.19.0 oracle :380-385).
+      gpt-oss-20b's 13.72 GiB on an A100 (0.19) and on a GB10 (0.13) alike.
+    - Triton on Hopper: the intermediate to a multiple of 64 (0.10.2 mxfp4.py:216-218, 0.19.0
+      oracle :399), and the Hopper MX value layout pads the values' hidden dimension to 256
+      (inferred from gpt-oss-120b: 64.38 GiB at TP 1 on an H100, 32.98 a rank at TP 2 on H200,
+      where 1440 -> 1472 is the intermediate's padding; not read line by line).
+    - Blackwell (SM 10.x) takes FlashInfer's layouts, not modelled: unpadded.
+    """
+    inter = max(dims.moe_intermediate_size // max(tp, 1), 1)
+    hidden = max(dims.hidden_size, 1)
+    if sm_major < 9 or sm_major >= 11:
+        pad = _round_up(inter, 128) / inter * (_round_up(hidden, 256) / hidden)
+        return 4.25 / 8 * pad
+    if sm_major == 9:
+        pad_i = _round_up(inter, 64) / inter
+        pad_h = _round_up(hidden, 256) / hidden
+        return (4.0 * pad_h + 0.25) * pad_i / 8
+    return 4.25 / 8
+
+
 def pad_vocab(vocab: int, tp: int) -> int:
     """Rows per rank of VocabParallelEmbedding / ParallelLMHead (padded to 64, split over TP)."""
     padded = -(-vocab // 64) * 64
@@ -103,12 +134,8 @@ def weights_per_stage(
     q = scheme(dims, d)
     linear = _bytes_per_param(q, dims.quant_group) if q in ("fp8", "int8", "nvfp4", *_INT4) else act
     experts = _bytes_per_param(q, dims.quant_group) if q is not None else act
-    if q == "mxfp4" and gpu is not None and gpu.sm_major == 9:
-        # Hopper's triton_kernels MX layout pads the 4-bit values' K dimension to a multiple of 256
-        # (2880 -> 3072 for gpt-oss); inferred from the gpt-oss-120b startup (64.38 GiB against
-        # 60.77 unpadded), not read line by line.
-        pad = -(-dims.hidden_size // 256) * 256 / max(dims.hidden_size, 1)
-        experts = (4.0 * pad + 0.25) / 8
+    if q == "mxfp4" and gpu is not None:
+        experts = mxfp4_expert_bytes(dims, d.tp, gpu.sm_major)
     rows = pad_vocab(dims.vocab_size, d.tp)
     embed = rows * dims.hidden_size * act
     head = rows * dims.hidden_size * act
