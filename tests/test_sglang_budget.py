@@ -445,3 +445,22 @@ def test_pr39713_pool_is_sglangs_arithmetic(version: str) -> None:
     assert budget.pool(qwen, d, 2, budget_bytes).tokens == 556202
     assert budget.pool(qwen, d, 2, budget_bytes - 1).tokens == 556201
     assert round(budget.buffer_cell_size(qwen, d, 2) * (556202 + 1) / 2 / GiB, 2) == 29.70
+
+
+def test_aiter_scales_the_fraction_above_8192_context_on_rocm_from_0_5_5() -> None:
+    # 0.5.6 server_args.py:1301-1302 (aiter is ROCm's default for MHA) and :1420-1422 (x 0.85 above
+    # 8192 context, on the fraction given or defaulted); farbodtavakkoli/OTel's Qwen3-0.6B on an
+    # MI355X at 0.5.17 with --mem-fraction-static 0.6 printed the pool of 0.51.
+    m = _model("Qwen--Qwen3-8B")
+    rocm = Deployment(
+        engine="sglang", engine_version="0.5.17", gpu_name="MI355X-288GB", gpu_memory_bytes=288 * GiB
+    )
+    assert budget.aiter_factor(m, rocm, 40960) == 0.85
+    assert budget.aiter_factor(m, rocm, 8192) == 1.0  # not above 8192
+    assert budget.aiter_factor(m, rocm.with_(engine_version="0.5.4"), 40960) == 1.0  # before the rule
+    assert budget.aiter_factor(m, _sglang("0.5.17", "H100-SXM-80GB"), 40960) == 1.0  # CUDA
+    # MLA takes aiter only at 16 or 128 heads a rank, which kvwatch does not count: not applied.
+    assert budget.aiter_factor(_model("deepseek-ai--DeepSeek-V3"), rocm, 40960) == 1.0
+    given = predict(m, rocm.with_(mem_fraction_static=0.6, max_model_len=40960))
+    assert given.mem_fraction_static == pytest.approx(0.51)
+    assert any("aiter" in a for a in given.assumptions)

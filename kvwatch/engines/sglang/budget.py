@@ -95,6 +95,19 @@ def piecewise_capture_sizes(max_tokens: int) -> int:
     return sum(1 for lo, hi, step in steps for n in range(lo, hi + 1, step) if n <= max_tokens)
 
 
+def aiter_factor(model: ModelGeometry, d: Deployment, context_len: int) -> float:
+    """SGLang's factor on any mem_fraction_static, given or default, on a ROCm card whose default
+    attention backend is aiter (every MHA model: 0.5.6 server_args.py:1301-1302) when the context
+    is over 8192 tokens: x 0.85 from 0.5.5 (releases.AITER_LONG_CONTEXT_FACTOR). An MLA model takes
+    aiter only at 16 or 128 heads a rank (:1315-1321), which kvwatch does not count: not applied.
+    0.5.23 keeps a typed fraction under SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION (off by default)."""
+    factor = releases.AITER_LONG_CONTEXT_FACTOR.at(d.engine_version)
+    card = gpus.find(d.gpu_name)
+    if factor == 1.0 or card is None or card.vendor != "amd" or model.is_mla or context_len <= 8192:
+        return 1.0
+    return factor
+
+
 def served_as_text(d: Deployment) -> bool:
     """--language-model-only on a release that takes it (0.5.18+): SGLang skips the vision factor."""
     return bool(d.language_model_only) and releases.LM_ONLY_FLAG.at(d.engine_version)

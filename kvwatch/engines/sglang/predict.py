@@ -160,6 +160,13 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             )
         else:
             inputs["mem_fraction_static"] = "given"
+        aiter = budget.aiter_factor(model, d, max_model_len)
+        if aiter != 1.0:
+            mfs = round(mfs * aiter, 6)
+            assumptions.append(
+                f"ROCm, attention backend aiter (SGLang's default), context {max_model_len:,} > 8192: "
+                f"SGLang scales mem_fraction_static by {aiter} to {round(mfs, 4):g}"
+            )
         runtime = budget.vlm_runtime_factor(model, d)
         if runtime != 1.0:
             mfs = round(mfs * runtime, 6)

@@ -115,6 +115,18 @@ PIECEWISE_OFF_DSA: Rule[bool] = Rule(
     Side("0.5.13", False, "0.5.13.post1 configs/model_config.py:1579-1585"),
 )
 
+AITER_LONG_CONTEXT_FACTOR: Rule[float] = Rule(
+    "aiter_long_context_factor",
+    "the aiter attention backend (ROCm's default for MHA) scales mem_fraction_static above 8192 context (1: none)",
+    Side(None, 1.0, "0.5.4 server_args.py (no such rule)"),
+    Side(
+        "0.5.5",
+        0.85,
+        "0.5.5 server_args.py:1270-1272; 0.5.6 :1420-1422, the default :1301-1302; 0.5.17 :5817-5819;"
+        " 0.5.23 arg_groups/attention_hook.py:243-268",
+    ),
+)
+
 # --- a multimodal checkpoint served as text (--language-model-only; budget.py, weight_extras.py) ---
 
 LM_ONLY_FLAG: Rule[bool] = Rule(
@@ -282,6 +294,7 @@ RULES: tuple[Rule[Any], ...] = (
     PIECEWISE_OFF_DP_ATTENTION,
     PIECEWISE_OFF_DCP,
     PIECEWISE_OFF_DSA,
+    AITER_LONG_CONTEXT_FACTOR,
     LM_ONLY_FLAG,
     LM_ONLY_NOT_MULTIMODAL,
     LM_ONLY_TOWERLESS,
