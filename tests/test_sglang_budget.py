@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from kvwatch.analysis.predict import predict
-from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.deployment import Deployment, deployment_from_settings
 from kvwatch.capacity.geometry import load_model
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.weights import weights_per_rank
 from kvwatch.core.units import GiB, MiB
 from kvwatch.engines.sglang import budget, calibration, request_table, states, weight_extras
+from kvwatch.state.facts import MemoryFacts, SettingsFacts
 
 CONFIGS = Path(__file__).parent / "model_configs"
 H100_MIB, H20_MIB, B200_MIB = 81559, 97871, 183359
@@ -464,3 +465,24 @@ def test_aiter_scales_the_fraction_above_8192_context_on_rocm_from_0_5_5() -> No
     given = predict(m, rocm.with_(mem_fraction_static=0.6, max_model_len=40960))
     assert given.mem_fraction_static == pytest.approx(0.51)
     assert any("aiter" in a for a in given.assumptions)
+
+
+def test_a_fraction_sglang_printed_is_not_scaled_again() -> None:
+    # server_args is logged after SGLang's own adjustments: its mem_fraction_static already carries
+    # the aiter factor, so the sidecar's config basis takes it as it stands.
+    m = _model("Qwen--Qwen3-8B")
+    settings = SettingsFacts(version="0.5.17", mem_fraction_static=0.51, max_model_len=40960)
+    d = deployment_from_settings(
+        "sglang", settings, MemoryFacts(), gpu_memory_bytes=288 * GiB, gpu_name="MI355X-288GB"
+    )
+    assert d.fraction_printed
+    assert predict(m, d).mem_fraction_static == 0.51
+    typed = deployment_from_settings(
+        "sglang",
+        settings,
+        MemoryFacts(),
+        gpu_memory_bytes=288 * GiB,
+        gpu_name="MI355X-288GB",
+        mem_fraction_static=0.6,
+    )
+    assert not typed.fraction_printed and predict(m, typed).mem_fraction_static == pytest.approx(0.51)

@@ -80,6 +80,9 @@ class Deployment:
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     mem_fraction_static: float | None = None
+    # The fraction is the one the engine printed (its resolved settings, after every adjustment it
+    # makes to a typed one -- SGLang's aiter factor), not the one a user typed: not adjusted again.
+    fraction_printed: bool = False
     weights_dtype: str | None = None
     weights_bytes: int | None = None
     activation_bytes: int | None = None
@@ -278,6 +281,7 @@ def deployment_from_settings(
         # The budget line's fraction wins over the settings line's.
         gpu_memory_utilization=_first(m.gpu_memory_utilization, s.gpu_memory_utilization),
         mem_fraction_static=_first(m.mem_fraction_static, s.mem_fraction_static),
+        fraction_printed=m.mem_fraction_static is not None or s.mem_fraction_static is not None,
         weights_dtype=weights_dtype,
         weights_bytes=m.weights_bytes,
         activation_bytes=m.activation_bytes,
@@ -305,6 +309,8 @@ def deployment_from_settings(
         if key not in known:
             raise ConfigError(f"unknown deployment field {key!r}")
     d = d.with_(**overrides)
+    if overrides.get("mem_fraction_static") is not None:
+        d = replace(d, fraction_printed=False)  # the operator's own figure, as typed
     if d.kv_cache_dtype.startswith("torch."):
         d = replace(d, kv_cache_dtype=d.kv_cache_dtype.removeprefix("torch."))
     return d

@@ -160,7 +160,12 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             )
         else:
             inputs["mem_fraction_static"] = "given"
-        aiter = budget.aiter_factor(model, d, max_model_len)
+        # A fraction SGLang printed (server_args) is already the adjusted one.
+        aiter = (
+            1.0
+            if d.fraction_printed and d.mem_fraction_static is not None
+            else budget.aiter_factor(model, d, max_model_len)
+        )
         if aiter != 1.0:
             mfs = round(mfs * aiter, 6)
             assumptions.append(
