@@ -15,6 +15,7 @@ import pytest
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.architectures import ARCHITECTURES, GENERIC, architecture, wrapper_text_model_type
 from kvwatch.capacity.deployment import Deployment
+from kvwatch.capacity.dims import ROUTER, SHARED
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.core.errors import ModelConfigError, UnmodelledError
 from kvwatch.core.jsontypes import JsonObject
@@ -175,3 +176,29 @@ def test_an_all_sliding_model_costs_its_window_bytes_per_token() -> None:
         Deployment(engine="vllm", gpu_memory_bytes=80 * 2**30, max_model_len=8192),
     )
     assert pred.bytes_per_token == 4 * 8 * 64 * 2 * 2
+
+
+def test_nemotron_h_layers_block_type_is_its_hybrid_pattern() -> None:
+    """Nemotron-3.x configs list the layer kinds (layers_block_type) where Nemotron-H had a pattern
+    string; both describe the same model. A list with a name kvwatch has not read, or the field on
+    another model type (Zamba's block types), is still refused by name."""
+    path = (
+        Path(__file__).parent
+        / "apriori/public/configs/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4.json"
+    )
+    raw = json.loads(path.read_text())
+    chars = {"mamba": "M", "attention": "*", "moe": "E", "mlp": "-"}
+    listed = geometry_from_config(raw)
+    as_pattern = {k: v for k, v in raw.items() if k != "layers_block_type"}
+    as_pattern["hybrid_override_pattern"] = "".join(chars[b] for b in raw["layers_block_type"])
+    spelled = geometry_from_config(as_pattern)
+    assert listed.layers == spelled.layers and listed.params == spelled.params
+    assert sum(1 for layer in listed.layers if layer.kind == "full") == raw["layers_block_type"].count(
+        "attention"
+    )
+    # The MoE blocks carry their router and the shared expert (vLLM models/nemotron_h.py:143-190).
+    assert listed.params[SHARED] == 23 * 2 * 2688 * 3712 and listed.params[ROUTER] == 23 * 2688 * 128
+    with pytest.raises(UnmodelledError, match="layers_block_type"):
+        geometry_from_config({**raw, "layers_block_type": [*raw["layers_block_type"][:-1], "wormhole"]})
+    with pytest.raises(UnmodelledError, match="layers_block_type"):
+        geometry_from_config({**_BASE, "layers_block_type": ["mamba", "hybrid"]})

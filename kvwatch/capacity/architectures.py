@@ -52,6 +52,35 @@ LAYER_TYPE_KINDS: dict[str, str] = {
 
 # Nemotron-H ``hybrid_override_pattern``: * = attention, M = Mamba2, - = MLP, E = MoE.
 HYBRID_PATTERN_KINDS: dict[str, str] = {"*": "full", "M": "mamba", "-": "none", "E": "none"}
+# Nemotron-3.x configs (transformers 5) spell the same pattern as ``layers_block_type``, one name a
+# layer: NemotronHConfig's hybrid_override_pattern property joins them back (_list_to_pattern:
+# mamba M, moe E, attention *; other copies also mlp -, and linear_attention / full_attention).
+_NEMOTRON_BLOCK_CHARS: dict[str, str] = {
+    "mamba": "M",
+    "linear_attention": "M",
+    "attention": "*",
+    "full_attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+
+
+def nemotron_pattern(cfg: Mapping[str, Any]) -> str | None:
+    """Nemotron-H's layer pattern: ``hybrid_override_pattern``, or a nemotron_h config's
+    ``layers_block_type`` list spelled the same way; None for any other config (or a list with a
+    block name kvwatch has not read)."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return pattern
+    blocks = cfg.get("layers_block_type")
+    if (
+        not str(cfg.get("model_type", "")).startswith("nemotron_h")
+        or not isinstance(blocks, list)
+        or not blocks
+    ):
+        return None
+    chars = [_NEMOTRON_BLOCK_CHARS.get(b) if isinstance(b, str) else None for b in blocks]
+    return "".join(c for c in chars if c is not None) if all(chars) else None
 
 
 def _every_nth_full(cfg: Mapping[str, Any], n_layers: int) -> list[str] | None:
@@ -280,8 +309,10 @@ def is_read(model_type: str) -> bool:
 
 
 def unread_layout(cfg: Mapping[str, JsonValue]) -> str | None:
-    """The first field of UNREAD_LAYOUT_KEYS the config carries, if any."""
-    return next((key for key in UNREAD_LAYOUT_KEYS if cfg.get(key) not in (None, [], {})), None)
+    """The first field of UNREAD_LAYOUT_KEYS the config carries, if any (Nemotron-H's
+    layers_block_type is read: nemotron_pattern)."""
+    read = {"layers_block_type"} if nemotron_pattern(cfg) is not None else set()
+    return next((k for k in UNREAD_LAYOUT_KEYS if k not in read and cfg.get(k) not in (None, [], {})), None)
 
 
 def architecture(model_type: str) -> Architecture:

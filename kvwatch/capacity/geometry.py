@@ -19,6 +19,7 @@ from typing import Any
 from kvwatch.capacity.architectures import (
     HYBRID_PATTERN_KINDS,
     layer_kinds,
+    nemotron_pattern,
     nested_defaults,
     normalise,
     sliding_window,
@@ -264,7 +265,7 @@ def _attention_dims(cfg: Mapping[str, Any]) -> tuple[int, int, int]:
 def _layers(cfg: Mapping[str, Any]) -> tuple[list[LayerSpec], list[str]]:
     """One LayerSpec per decoder layer, plus notes on conventions applied."""
     notes: list[str] = []
-    pattern = cfg.get("hybrid_override_pattern")
+    pattern = nemotron_pattern(cfg)
     if isinstance(pattern, str) and len(pattern) > _MAX_LAYERS:
         raise ModelConfigError("config.json hybrid_override_pattern is not a plausible layer pattern")
     if isinstance(pattern, str) and pattern:

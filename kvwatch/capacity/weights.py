@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvwatch.capacity.architectures import Architecture, architecture
+from kvwatch.capacity.architectures import Architecture, architecture, nemotron_pattern
 from kvwatch.capacity.dims import (
     ATTENTION,
     DENSE_MLP,
@@ -145,9 +145,7 @@ def _count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[s
     out[LM_HEAD] = 0 if tied else vocab * hidden
     out[NORMS] = norm  # final norm
     block_configs = cfg.get("block_configs") if isinstance(cfg.get("block_configs"), list) else None
-    pattern = (
-        cfg.get("hybrid_override_pattern") if isinstance(cfg.get("hybrid_override_pattern"), str) else None
-    )
+    pattern = nemotron_pattern(cfg)
     for i, layer in enumerate(layers):
         out[NORMS] += 2 * norm
         if layer.kind in ("full", "sliding", "chunked", "mla"):
@@ -181,6 +179,12 @@ def _count_params(cfg: Mapping[str, Any], layers: Sequence[LayerSpec]) -> dict[s
                 out[DENSE_MLP] += gated * hidden * inter
             elif ch == "E":
                 out[EXPERTS] += n_experts * gated * hidden * moe_inter
+                # NemotronHMoE (vLLM 0.19.0 models/nemotron_h.py:143-190): the router (GateLinear,
+                # hidden x experts) and the shared expert, a NemotronHMLP of
+                # moe_shared_expert_intermediate_size x n_shared_experts.
+                out[ROUTER] += hidden * n_experts
+                shared = _i(cfg, "moe_shared_expert_intermediate_size") * _i(cfg, "n_shared_experts")
+                out[SHARED] += gated * hidden * shared
             out[NORMS] -= norm  # Nemotron-H blocks have a single norm
             continue
         if _is_moe_layer(cfg, i, n_experts):
