@@ -143,9 +143,11 @@ def load_config(name: str, model: str, quantization: str = "") -> dict[str, Any]
     return raw
 
 
-def _user(settings: dict[str, Any], key: str) -> Any:
-    """A setting the user gave (not one the case records as the engine's default)."""
-    if "default" in str(settings.get(f"{key}_source", "")):
+def user_setting(settings: dict[str, Any], key: str) -> Any:
+    """A setting the user gave (not one the case records as the engine's default). A source that
+    opens with 'user' is the user's, whatever it quotes ('Shared defaults for every sweep')."""
+    source = str(settings.get(f"{key}_source", ""))
+    if "default" in source and not source.lower().startswith("user"):
         return None
     return settings.get(key)
 
@@ -421,7 +423,7 @@ def public_case_files() -> list[Path]:
 def deployment(case: Case) -> Deployment:
     """The case as a user would give it to ``kvwatch predict``."""
     s = case.settings
-    quantization = str(_user(s, "quantization") or "")
+    quantization = str(user_setting(s, "quantization") or "")
     # Free text in the public cases ('auto (log: torch.bfloat16)'): the value the user gave.
     kv_dtype = str(s.get("kv_cache_dtype") or "auto").split(" ")[0].strip("'\",").lower() or "auto"
     if kv_dtype not in KV_DTYPE_BYTES:
@@ -441,19 +443,19 @@ def deployment(case: Case) -> Deployment:
     if case.engine == "sglang":
         return Deployment(
             engine="sglang",
-            max_model_len=_user(s, "context_length"),
-            mem_fraction_static=_user(s, "mem_fraction_static"),
-            chunked_prefill_size=_user(s, "chunked_prefill_size"),
-            cuda_graph_max_bs=_user(s, "cuda_graph_max_bs"),
-            page_size=_user(s, "page_size"),
+            max_model_len=user_setting(s, "context_length"),
+            mem_fraction_static=user_setting(s, "mem_fraction_static"),
+            chunked_prefill_size=user_setting(s, "chunked_prefill_size"),
+            cuda_graph_max_bs=user_setting(s, "cuda_graph_max_bs"),
+            page_size=user_setting(s, "page_size"),
             **common,
         )
     return Deployment(
         engine="vllm",
         max_model_len=s.get("max_model_len"),
         gpu_memory_utilization=s.get("gpu_memory_utilization"),
-        max_num_seqs=_user(s, "max_num_seqs"),
-        max_num_batched_tokens=_user(s, "max_num_batched_tokens"),
+        max_num_seqs=user_setting(s, "max_num_seqs"),
+        max_num_batched_tokens=user_setting(s, "max_num_batched_tokens"),
         enforce_eager=s.get("enforce_eager"),
         enable_prefix_caching=s.get("enable_prefix_caching")
         if isinstance(s.get("enable_prefix_caching"), bool)
@@ -468,7 +470,7 @@ def deployment(case: Case) -> Deployment:
         dtype=s.get("dtype") if isinstance(s.get("dtype"), str) else None,
         # --quantization fp8 on a 16-bit checkpoint (online); a checkpoint's own scheme is in its config.
         quantization="fp8" if quantization.startswith("fp8") and "checkpoint" not in quantization else None,
-        block_size=_user(s, "block_size"),
+        block_size=user_setting(s, "block_size"),
         # The log's 'FlashInfer is not available' (vLLM 0.8-0.11.0): the profile's sampler sorts.
         flashinfer_sampler=False if s.get("flashinfer_sampler") is False else None,
         # VLLM_USE_V1=0 in the engine's environment (a launcher's or the user's): the V0 engine.

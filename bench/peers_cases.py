@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.accuracy_cases import checkpoint_quant
+from bench.accuracy_cases import checkpoint_quant, user_setting
 from kvwatch.capacity import gpus
 
 ROOT = Path(__file__).resolve().parent.parent / "tests"
@@ -54,13 +54,6 @@ AIC_SYSTEM = {
     "L40S-48GB": "l40s",
     "RTX-PRO-6000-96GB": "rtx_pro_6000_server",
 }
-
-
-def _user(s: dict[str, Any], key: str) -> Any:
-    """A setting the user gave (not one the case records as the engine's default)."""
-    if "default" in str(s.get(f"{key}_source", "")):
-        return None
-    return s.get(key)
 
 
 def _int(v: object) -> int | None:
@@ -174,7 +167,7 @@ class Case:
             out += ["--kv-cache-dtype", kv]
         if self.engine == "vllm":
             for key in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-                if (n := _int(_user(s, key))) is not None:
+                if (n := _int(user_setting(s, key))) is not None:
                     out += [f"--{key.replace('_', '-')}", str(n)]
             if s.get("enforce_eager") is True:
                 out.append("--enforce-eager")
@@ -190,10 +183,10 @@ class Case:
             if s.get("runner") in ("pooling", "generate"):
                 out += ["--runner", str(s["runner"])]
             return out
-        if (f := _num(_user(s, "mem_fraction_static"))) is not None:
+        if (f := _num(user_setting(s, "mem_fraction_static"))) is not None:
             out += ["--mem-fraction-static", str(f)]
         for key in ("context_length", "chunked_prefill_size", "cuda_graph_max_bs", "page_size"):
-            if (n := _int(_user(s, key))) is not None:
+            if (n := _int(user_setting(s, key))) is not None:
                 out += [f"--{key.replace('_', '-')}", str(n)]
         if s.get("disable_cuda_graph") is True:
             out.append("--disable-cuda-graph")
@@ -204,7 +197,7 @@ class Case:
 
     @property
     def runtime_fp8(self) -> bool:
-        q = str(_user(self.settings, "quantization") or "").lower()
+        q = str(user_setting(self.settings, "quantization") or "").lower()
         return q.startswith("fp8") and "checkpoint" not in q
 
     @property
