@@ -65,7 +65,7 @@ _NEMOTRON_BLOCK_CHARS: dict[str, str] = {
 }
 
 
-def nemotron_pattern(cfg: Mapping[str, Any]) -> str | None:
+def nemotron_pattern(cfg: Mapping[str, JsonValue]) -> str | None:
     """Nemotron-H's layer pattern: ``hybrid_override_pattern``, or a nemotron_h config's
     ``layers_block_type`` list spelled the same way; None for any other config (or a list with a
     block name kvwatch has not read)."""
