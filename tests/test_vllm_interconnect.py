@@ -44,6 +44,13 @@ def test_pcie_only_cards_at_tp_ge_2_take_tp1_non_torch_from_018() -> None:
     assert _non_torch_gib("H100-SXM-80GB", 4) == pytest.approx(fabric, abs=1e-6)
     assert _non_torch_gib(None, 4) == pytest.approx(fabric, abs=1e-6)
     assert _non_torch_gib("H100-SXM-80GB", 4) > _non_torch_gib("RTX-3090-24GB", 4) + 1.0
+    # An A100's NVSwitch has no NVLink SHARP (NVLS needs SM 9.0): TP 1's class from 0.18, as the
+    # SM 8.0 pair of souspilot/DiscoverPhysicsWIP logs (0.17 GiB at TP 2 on 0.27.1).
+    assert gpus.lookup("A100-SXM-80GB").interconnect == "nvswitch"
+    assert _non_torch_gib("A100-SXM-80GB", 2) == pytest.approx(tp1)
+    assert _non_torch_gib("A100-SXM-80GB", 8, "0.15.0") == pytest.approx(
+        cal.non_torch_tp_old_gib + 0 * cal.non_torch_tp_slope_gib, abs=1e-6
+    )
     # Before 0.18 the release class is unchanged (its snapshot order is not read here).
     assert _non_torch_gib("RTX-3090-24GB", 2, "0.15.0") == pytest.approx(cal.non_torch_tp_old_gib, abs=1e-6)
 

@@ -379,8 +379,13 @@ def fabric_non_torch(d: Deployment) -> bool:
     have no such fabric, and custom all-reduce is off beyond two of them (custom_all_reduce.py:152-160)
     or without P2P (:164-170): their increase is TP 1's. The LAMBO 4x RTX 3090 startups leave
     0.1-1.3 GiB for activation and non-torch together, where the fabric class needs 2.2 GiB.
+    NVLink SHARP (NCCL's NVLS) needs compute capability 9.0 and an NVSwitch, so a card before SM 9
+    (A100 SXM, with its NVLink) takes TP 1's class too: an SM 8.0 80 GB pair at TP 2 on 0.27.1 logs
+    'SymmMemCommunicator: Device capability 8.0 not supported' and 0.17 GiB of non-torch memory
+    (souspilot/DiscoverPhysicsWIP, tests/apriori/public/vllm-cards).
     """
-    return gpus.tp_over_fabric(d.tp, d.gpu_name)
+    card = gpus.find(d.gpu_name)
+    return gpus.tp_over_fabric(d.tp, d.gpu_name) and (card is None or card.sm_major >= 9)
 
 
 def non_torch(d: Deployment) -> Term:
@@ -408,7 +413,13 @@ def non_torch(d: Deployment) -> Term:
         gib = cal.non_torch_v0_gib
     else:
         gib = cal.non_torch_tp1_gib if new else cal.non_torch_tp1_old_gib
-    note = "TP 1's figure (a PCIe-only card: no NVSwitch buffers after the init snapshot)" if pcie else ""
+    card = gpus.find(d.gpu_name)
+    why = (
+        "a PCIe-only card: no NVSwitch buffers after the init snapshot"
+        if card is None or card.interconnect == "pcie"
+        else f"SM {card.sm_major}: NVLink SHARP's buffers need SM 9"
+    )
+    note = f"TP 1's figure ({why})" if pcie else ""
     return Term(int(gib * GiB), note)
 
 
