@@ -101,21 +101,29 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # "~0.5.3") where the SGLang scoring resolves 0.5.4 from its source (bench): +26.2 -> +2.6 %; mean
 # 3.87 -> 3.69 %, within 5 % 88.0 -> 88.7 %, band 93.2 -> 94.0 % (median half-width 5.70 -> 5.47 %),
 # off the calibration set 88.6 -> 89.9 %.
+# new data, 2026-12-02 (four folders: vllm-newest 0.28-0.30 on GB10, a WSL2 laptop and a gfx1151;
+# sglang-newest; vllm-cards; failed-starts), judged out of sample before any model change: 133 -> 149
+# startups, median 0.68 -> 0.91 %, within 5 % 88.5 -> 85 %, median half-width 5.48 -> 8.35 % (the
+# envelope widens for the new cards and releases), failed starts 13 -> 18. The model changes of the
+# same session (gpt-oss's MXFP4 backend padding, SGLang's aiter factor on ROCm, Nemotron-3.x's
+# layers_block_type, FlashInfer absent from two pip installs, the A100's TP class) are inside these
+# figures: failed starts predicted 7 -> 12. The H100 in-sample median moves 0.027 -> 0.035 % with the
+# shared coefficients refitted on the new cases (graphs, activation).
 MEASURED = {
-    "h100_in_median": 0.027,
-    "h100_in_mean": 0.077,
+    "h100_in_median": 0.035,
+    "h100_in_mean": 0.083,
     "h100_in_band": 1.0,
-    "loso_cases": 133,
-    "loso_median": 0.68,
-    "loso_mean": 3.70,
-    "loso_within_5": 0.885,
-    "loso_band": 0.939,
-    "loso_failed_predicted": 7,
-    "loso_off_band": 0.89,
+    "loso_cases": 149,
+    "loso_median": 0.92,
+    "loso_mean": 4.09,
+    "loso_within_5": 0.852,
+    "loso_band": 0.932,
+    "loso_failed_predicted": 12,
+    "loso_off_band": 0.894,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.71,
-    "loso_median_band": 5.48,
+    "loso_median_band": 8.35,
 }
 
 

@@ -54,13 +54,19 @@ LOSO = acc.leave_one_source_out(SCORED)
 # H100, +1.83 %; Qwen3-14B TP 4 on 4 x RTX 4090, +1.32 %), all inside their bands: over 32, median
 # 1.24 % (the new cases' errors sit above the old median), mean 2.58 %, 27 of 32 within 5 %, 30 of 32
 # inside the band, pool median 1.87 % over 27, weights median 0.79 % over 18, failed starts 3 of 4.
-MEDIAN_PCT = 1.25
-MEAN_PCT = 2.6
-WITHIN_5_PCT = 84.0
-INSIDE_BAND_PCT = 93.0
-# The pool bytes are printed by 27 of the 32 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
+# sglang-newest (2026-12-02: llm-d's Qwen3-32B on H100 at 0.5.19, OTel's Qwen3-0.6B / reranker on
+# H100 and MI355X at 0.5.17-0.5.18) added four scored startups; the MI355X pools came out +17.8 %
+# until the aiter backend's x 0.85 above 8192 context (0.5.5+, ROCm; budget.aiter_factor) was
+# modelled, then -0.02 %. Over 36: median 1.07 %, mean 2.38 %, 31 of 36 within 5 %, 34 of 36
+# inside the band, pool median 1.84 %; weights median 0.79 -> 1.36 % over 23 (the MI355X weights
+# come in 7 % under the logged ones -- not explained, left).
+MEDIAN_PCT = 1.1
+MEAN_PCT = 2.4
+WITHIN_5_PCT = 86.0
+INSIDE_BAND_PCT = 94.0
+# The pool bytes are printed by most of the 36 (the 0.3 / 0.4.0 docs-CI logs print no KV line).
 POOL_MEDIAN_PCT = 1.9
-WEIGHTS_MEDIAN_PCT = 0.8
+WEIGHTS_MEDIAN_PCT = 1.4
 
 # Cases whose token count falls outside the band their prediction prints, and why. The nine docs-CI
 # startups (clean 80 GB cards, free memory before weights within 0.3 % of kvwatch's estimate) took
@@ -93,7 +99,7 @@ KNOWN_FAILED_MISSES = {
 def test_cases_are_scored_or_excluded_with_a_reason() -> None:
     raw = [c for p in acc.case_files() for c in json.loads(p.read_text(encoding="utf-8"))]
     assert CASES in acc.case_files()
-    assert len(raw) == len(SCORED) + len(EXCLUDED) == 57
+    assert len(raw) == len(SCORED) + len(EXCLUDED) == 63
     assert all(why for _, why in EXCLUDED)
     assert len(SCORED) >= 31
     assert len({c.source for c in SCORED}) >= 18
@@ -109,7 +115,7 @@ def test_shipped_band_terms_are_the_fitted_ones() -> None:
 
 def test_leave_one_source_out_holds_the_measured_figures() -> None:
     s = acc.summary(LOSO)
-    assert s["tokens_n"] == 32
+    assert s["tokens_n"] == 36
     assert s["tokens_median"] <= MEDIAN_PCT
     assert s["tokens_mean"] <= MEAN_PCT
     assert s["tokens_within5"] >= WITHIN_5_PCT

@@ -40,7 +40,7 @@ class BandTerms:
 
 
 # --- band: begin
-BAND = BandTerms(weights=0.022, pre_load=0.013, fraction=0.0)
+BAND = BandTerms(weights=0.053, pre_load=0.011, fraction=0.0)
 # --- band: end
 _band = [BAND]
 
