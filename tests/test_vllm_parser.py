@@ -158,6 +158,41 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
     ),
     # --- memory budget --------------------------------------------------------------------------
     (
+        # llm-d's 0.19 DEBUG sweep (../shared/apriori/logs, meta-llama kvfp8 on H100), verbatim.
+        "0.19-0.26 startup usage (DEBUG)",
+        "Free memory on device (78.68/79.19 GiB) on startup. Desired GPU memory utilization is (0.95, 75.23 GiB). "
+        "Actual usage is 14.99 GiB for weight, 1.89 GiB for peak activation, 0.25 GiB for non-torch memory, "
+        "and 0.91 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with "
+        "`--kv-cache-memory=61260126208` (57.05 GiB) to fit into requested memory, or "
+        "`--kv-cache-memory=64961173504` (60.5 GiB) to fully utilize gpu memory. Current kv cache memory in "
+        "use is 58.11 GiB.",
+        [
+            {
+                "kind": "memory",
+                "total_bytes": gib("79.19"),
+                "gpu_memory_utilization": 0.95,
+                "requested_bytes": gib("75.23"),
+            }
+        ],
+    ),
+    (
+        # Tegdam/pickr_ai's 0.29.0 startup on an RTX 4050 laptop (tests/apriori/public/vllm-newest), verbatim.
+        "0.27+ startup usage (INFO)",
+        "Free memory on device (4.95/6.0 GiB) on startup. Desired GPU memory utilization is (0.79, 4.74 GiB). "
+        "Actual usage is 2.1 GiB for consumed memory (weights + non-torch), 0.22 GiB for peak activation, and "
+        "0.07 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory="
+        "2358995846` (2.2 GiB) to fit into requested memory, or `--kv-cache-memory=2590736384` (2.41 GiB) to "
+        "fully utilize gpu memory. Current kv cache memory in use is 2.41 GiB.",
+        [
+            {
+                "kind": "memory",
+                "total_bytes": gib("6.0"),
+                "gpu_memory_utilization": 0.79,
+                "requested_bytes": gib("4.74"),
+            }
+        ],
+    ),
+    (
         "0.3-0.7 loading model weights GB",
         "Loading model weights took 14.9888 GB",
         [{"kind": "memory", "weights_bytes": gib("14.9888")}],

@@ -117,6 +117,18 @@ _REQUESTED = re.compile(
     r"|Requested memory: (?P<util>" + NUM + r") \(util\), (?P<b>" + NUM + r") ?GiB)"
 )
 
+# After the pool is allocated, each worker's account of the startup (DEBUG in 0.19-0.26, INFO from
+# 0.27; v1/worker/gpu_worker.py:639-661 in 0.19.0, :775-789 in 0.27.1, :1052-1066 in 0.33.0):
+# 'Free memory on device (78.68/79.19 GiB) on startup. Desired GPU memory utilization is (0.95, 75.23
+# GiB). Actual usage is 8.49 GiB for weight, ...' (0.27+: '... for consumed memory (weights +
+# non-torch), ...'). Only the card's total and the fraction are read: every rank prints its own
+# usage and pool (a PP stage's weights are not rank 0's), which rank 0's own lines already give.
+_STARTUP_USAGE = re.compile(
+    r"^Free memory on device \(" + NUM + r"/(?P<total>" + NUM + r") GiB\) on startup\. "
+    r"Desired GPU memory utilization is \((?P<util>" + NUM + r"), (?P<req>" + NUM + r") GiB\)\. "
+    r"Actual usage is "
+)
+
 # 0.33: 'Auto-fit max_model_len: reduced from 131072 to 77536 to fit in available KV cache memory (9.47 GiB)',
 # 'Auto-fit max_model_len: full model context length 32768 fits in available KV cache memory (9.47 GiB)'.
 _AUTO_FIT = re.compile(
@@ -231,6 +243,22 @@ def _preempted(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
 
 def _failure(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
     return failures.failure(body, meta) or None
+
+
+def _startup_usage(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
+    """A worker's account after the pool is allocated (_STARTUP_USAGE): the card and the fraction;
+    None for the startup check's failure, which shares its opening words."""
+    m = _STARTUP_USAGE.match(body)
+    if m is None:
+        return None
+    return (
+        MemoryBudget(
+            **ident(meta),
+            total_bytes=gib(m.group("total")),
+            gpu_memory_utilization=float(m.group("util")),
+            requested_bytes=gib(m.group("req")),
+        ),
+    )
 
 
 def _budget_breakdown(body: str, meta: LineMeta) -> tuple[Event, ...] | None:
@@ -386,6 +414,7 @@ _TABLE: tuple[tuple[Anchor, Handler], ...] = (
     ("KV cache", _padding),
     ("KV cache", _preempted),
     ("KV cache", _failure),
+    ("Free memory on device", _startup_usage),
     ("Free memory on device", _failure),
     ("KV Cache", _budget_breakdown),
     ("blocks", _blocks_line),
