@@ -157,6 +157,9 @@ class Case:
                     typed.pop("num_speculative_tokens", None)
                 if typed.get("method"):
                     args += ["--speculative-config", json.dumps(typed)]
+            # An install without FlashInfer, as the case records it and make accuracy passes it.
+            if s.get("flashinfer_sampler") is False:
+                args.append("--no-flashinfer")
         return args
 
     def engine_flags(self) -> list[str]:
