@@ -109,21 +109,26 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # layers_block_type, FlashInfer absent from two pip installs, the A100's TP class) are inside these
 # figures: failed starts predicted 7 -> 12. The H100 in-sample median moves 0.027 -> 0.035 % with the
 # shared coefficients refitted on the new cases (graphs, activation).
+# mixed-precision: ModelOpt MIXED_PRECISION checkpoints are sized per group instead of refused, so
+# club-3090#612's Qwen3.6-35B-A3B-NVFP4 on an RTX 5090 is judged: +22 %, inside its band (the V1
+# encoder profile of its two images is not modelled). 149 -> 150 startups; within 5 % 85.2 -> 84.7 %
+# (127 of 150: one case under the issue's 85 %, said here rather than hidden by refusing the model),
+# median 0.91 -> 0.93 %, mean 4.09 -> 4.21 %, median half-width 8.35 -> 8.25 %.
 MEASURED = {
     "h100_in_median": 0.035,
     "h100_in_mean": 0.083,
     "h100_in_band": 1.0,
-    "loso_cases": 149,
-    "loso_median": 0.92,
-    "loso_mean": 4.09,
-    "loso_within_5": 0.852,
-    "loso_band": 0.932,
+    "loso_cases": 150,
+    "loso_median": 0.94,
+    "loso_mean": 4.21,
+    "loso_within_5": 0.846,
+    "loso_band": 0.933,
     "loso_failed_predicted": 12,
-    "loso_off_band": 0.894,
+    "loso_off_band": 0.895,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.71,
-    "loso_median_band": 8.35,
+    "loso_median_band": 8.26,
 }
 
 

@@ -15,8 +15,9 @@ import pytest
 from kvwatch.analysis.predict import predict
 from kvwatch.capacity.architectures import ARCHITECTURES, GENERIC, architecture, wrapper_text_model_type
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.dims import ROUTER, SHARED
+from kvwatch.capacity.dims import ATTENTION, EXPERTS, LM_HEAD, MIXER, ROUTER, SHARED
 from kvwatch.capacity.geometry import geometry_from_config, load_model
+from kvwatch.capacity.weights import weight_bytes_of
 from kvwatch.core.errors import ModelConfigError, UnmodelledError
 from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.kinds import EngineName
@@ -113,12 +114,35 @@ def test_no_config_in_tests_is_sized_at_zero_bytes_per_token(path: Path, engine:
         ({"model_type": "llama", "quantization_config": {"quant_method": "hqq"}}, "'hqq'"),
         ({"model_type": "llama", "quantization_config": {"bits": 4}}, "no quant_method"),
         ({"model_type": "llama", "quantization_config": {"quant_method": "gptq", "bits": 3}}, "3-bit"),
+        # MIXED_PRECISION without its per-layer map, or with a layer or algorithm kvwatch cannot place.
         (
             {
                 "model_type": "llama",
                 "quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"},
             },
             "MIXED_PRECISION",
+        ),
+        (
+            {
+                "model_type": "llama",
+                "quantization_config": {
+                    "quant_method": "modelopt",
+                    "quant_algo": "MIXED_PRECISION",
+                    "quantized_layers": {"model.layers.0.self_attn.q_proj": {"quant_algo": "W4A8_AWQ"}},
+                },
+            },
+            "W4A8_AWQ",
+        ),
+        (
+            {
+                "model_type": "llama",
+                "quantization_config": {
+                    "quant_method": "modelopt",
+                    "quant_algo": "MIXED_PRECISION",
+                    "quantized_layers": {"model.layers.0.router_logits": {"quant_algo": "FP8"}},
+                },
+            },
+            "router_logits",
         ),
         # A mixed fp8/fp4 checkpoint: weighed as if every tensor were the first group's (fp8) before.
         (
@@ -202,3 +226,29 @@ def test_nemotron_h_layers_block_type_is_its_hybrid_pattern() -> None:
         geometry_from_config({**raw, "layers_block_type": [*raw["layers_block_type"][:-1], "wormhole"]})
     with pytest.raises(UnmodelledError, match="layers_block_type"):
         geometry_from_config({**_BASE, "layers_block_type": ["mamba", "hybrid"]})
+
+
+def test_modelopt_mixed_precision_weighs_each_group_as_its_layers_say() -> None:
+    """nvidia/Qwen3.6-35B-A3B-NVFP4 (tests/apriori/public/configs): FP8 attention and linear-attention
+    projections, NVFP4 (weight-only W4A16) routed and shared experts and lm_head; the rest (embedding,
+    norms, vision tower) in bf16. Each group costs its own scheme, not the headline one."""
+    path = Path(__file__).parent / "apriori/public/configs/nvidia--Qwen3.6-35B-A3B-NVFP4.json"
+    m = load_model(path)
+    assert m.dims is not None and m.dims.checkpoint_quant == "nvfp4"
+    groups = dict(m.dims.group_quant)
+    assert groups[ATTENTION] == groups[MIXER] == "fp8"
+    assert groups[EXPERTS] == groups[SHARED] == groups[LM_HEAD] == "nvfp4"
+    assert weight_bytes_of(m, ATTENTION) == m.params[ATTENTION]  # one byte a parameter
+    assert weight_bytes_of(m, EXPERTS) == int(m.params[EXPERTS] * 4.5 // 8)
+    assert weight_bytes_of(m, LM_HEAD) == int(m.params[LM_HEAD] * 4.5 // 8)
+    # vLLM's loader: the same split, the head quantised too.
+    d = Deployment(engine="vllm", engine_version="0.24.0", gpu_name="RTX-5090-32GB", max_model_len=8192)
+    vllm = predict(m, d.with_(gpu_memory_bytes=32 * 1024**3)).weights_bytes
+    flat = predict(m, d.with_(gpu_memory_bytes=32 * 1024**3, weights_dtype="nvfp4")).weights_bytes
+    assert vllm is not None and flat is not None
+    # Against every linear at NVFP4 and a bf16 head: FP8 attention and mixers cost 1 - 0.5625 B a
+    # parameter more, the NVFP4 head 2 - 0.5625 B a row element less.
+    rows = -(-m.dims.vocab_size // 64) * 64
+    more = (m.dims.attention_params + m.dims.mixer_params) * (1 - 0.5625)
+    less = rows * m.dims.hidden_size * (2 - 0.5625)
+    assert abs(vllm - (flat + more - less)) < 1024**2

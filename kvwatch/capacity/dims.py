@@ -9,6 +9,7 @@ bytes the way vLLM's loader and profile run do.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,13 @@ class ModelDims:
     # bitsandbytes only: per decoder layer, the (attention, dense MLP) linear params the checkpoint's
     # llm_int8_skip_modules leave in the model dtype (bnb_skipped_params); empty when none are.
     bnb_skipped: tuple[tuple[int, int], ...] = ()
+    # ModelOpt MIXED_PRECISION only: each item group's scheme ((ATTENTION, 'fp8'), (LM_HEAD,
+    # 'nvfp4'), ..., 'none' for a decoder linear group it leaves in the model dtype;
+    # mixed_precision_groups), and the attention and mixer shares of linear_params, which such a
+    # checkpoint may quantise apart from the MLPs.
+    group_quant: tuple[tuple[str, str], ...] = ()
+    attention_params: int = 0
+    mixer_params: int = 0
     # quantization_config.quant_method as written, lower case ('' when none): the scheme above does
     # not tell a bitsandbytes 4-bit checkpoint, which dequantises per matmul, from AWQ / GPTQ.
     quant_method: str = ""
@@ -122,6 +130,47 @@ def _ct_scheme(groups: object) -> tuple[str, int]:
     raise UnmodelledError(f"quantization_config compressed-tensors {kind}{bits} weights are not modelled")
 
 
+# ModelOpt's per-layer algorithms (vLLM 0.24.0 quantization/modelopt.py:110-118, the mixed-precision
+# config :2269-2300 reads quantized_layers): FP8 per tensor, NVFP4 and its weight-only W4A16 form
+# (the same 4-bit values and fp8 scale per 16 on disk).
+_MODELOPT_ALGOS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4"}
+# Where a module name puts a quantised linear (the checkpoint's own names, any model prefix).
+_MIXED_GROUPS = (
+    (re.compile(r"(?:^|\.)lm_head$"), LM_HEAD),
+    (re.compile(r"\.shared_experts?\."), SHARED),
+    (re.compile(r"\.experts(?:$|\.)"), EXPERTS),
+    (re.compile(r"\.(?:self_attn|attention|attn)\."), ATTENTION),
+    (re.compile(r"\.(?:linear_attn|mixer|mamba)\."), MIXER),
+    (re.compile(r"\.mlp\.(?:gate_up_proj|gate_proj|up_proj|down_proj)$"), DENSE_MLP),
+)
+
+
+def mixed_precision_groups(quant: Mapping[str, JsonValue]) -> dict[str, str]:
+    """A ModelOpt MIXED_PRECISION checkpoint's scheme per item group, from its quantized_layers
+    (module name -> {'quant_algo': ...}). A name kvwatch cannot place, an algorithm it cannot weigh,
+    or a group whose linears disagree raises UnmodelledError naming it; groups not listed stay in
+    the model dtype."""
+    layers = quant.get("quantized_layers")
+    if not isinstance(layers, Mapping) or not layers:
+        raise UnmodelledError("quantization_config modelopt MIXED_PRECISION lists no quantized_layers")
+    out: dict[str, str] = {}
+    for name, spec in layers.items():
+        algo = str(spec.get("quant_algo") or "").upper() if isinstance(spec, Mapping) else ""
+        scheme = _MODELOPT_ALGOS.get(algo)
+        if scheme is None:
+            raise UnmodelledError(
+                f"quantization_config modelopt MIXED_PRECISION algo {algo or '(none)'!r} is not modelled"
+            )
+        group = next((g for pattern, g in _MIXED_GROUPS if pattern.search(str(name))), None)
+        if group is None:
+            raise UnmodelledError(
+                f"quantization_config MIXED_PRECISION layer {str(name)[:80]!r} is not one kvwatch can place"
+            )
+        if out.setdefault(group, scheme) != scheme:
+            raise UnmodelledError(f"quantization_config MIXED_PRECISION quantises {group} two ways")
+    return out
+
+
 def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
     """(scheme, group size) a checkpoint's quantization_config declares (absent or not an object:
     none). A method or format kvwatch cannot weigh raises UnmodelledError naming it: weighing it as
@@ -150,6 +199,10 @@ def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
             return "fp8", 128
         if algo == "NVFP4":
             return "nvfp4", _int(quant, "group_size") or 16
+        if algo == "MIXED_PRECISION":
+            groups = mixed_precision_groups(quant)
+            main = groups.get(EXPERTS) or groups.get(DENSE_MLP) or next(iter(groups.values()))
+            return main, 16 if main == "nvfp4" else 128
         raise UnmodelledError(f"quantization_config modelopt quant_algo {algo or '(none)'!r} is not modelled")
     if method == "compressed-tensors":
         return _ct_scheme(quant.get("config_groups"))
@@ -416,4 +469,17 @@ def dims_from_config(
         dsa_indexer_gate_params=hidden * _int(cfg, "index_n_heads") if _int(cfg, "index_head_dim") else 0,
         bnb_skipped=bnb_skipped_params(cfg, params, num_layers),
         quant_method=_quant_method(cfg.get("quantization_config")),
+        group_quant=_group_quant(cfg.get("quantization_config")),
+        attention_params=params.get(ATTENTION, 0),
+        mixer_params=params.get(MIXER, 0),
     )
+
+
+def _group_quant(config: JsonValue) -> tuple[tuple[str, str], ...]:
+    """ModelDims.group_quant: every group a MIXED_PRECISION checkpoint quantises, with its scheme,
+    and the decoder linear groups it leaves in the model dtype ('none')."""
+    if not isinstance(config, Mapping) or str(config.get("quant_algo") or "").upper() != "MIXED_PRECISION":
+        return ()
+    groups: dict[str, str] = dict.fromkeys((ATTENTION, MIXER, DENSE_MLP, SHARED, EXPERTS), "none")
+    groups.update(mixed_precision_groups(config))
+    return tuple(sorted(groups.items()))

@@ -224,6 +224,10 @@ class WeightsEstimate:
 _INT4_DEFAULT_GROUP = 128
 
 
+# Bits a parameter of a MIXED_PRECISION group's scheme costs ('none': the model dtype).
+_SCHEME_BITS = {"fp8": 8.0, "nvfp4": 4.5}
+
+
 def _quant_scheme(quant: Mapping[str, Any] | None) -> tuple[str, float, frozenset[str]] | None:
     """(name, bits per quantised param, which item groups it covers) from quantization_config."""
     if not quant:
@@ -302,8 +306,13 @@ def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tupl
         # count it item by item below.
     base_bits = model.dtype_bytes * 8
     total_bits = 0.0
+    # A MIXED_PRECISION checkpoint names each group's scheme (dims.group_quant), the head's too.
+    mixed = dict(model.dims.group_quant) if model.dims is not None else {}
     for group, count in params.items():
-        bits = scheme[1] if scheme is not None and group in scheme[2] else base_bits
+        if group in mixed:
+            bits = _SCHEME_BITS.get(mixed[group], base_bits)
+        else:
+            bits = scheme[1] if scheme is not None and group in scheme[2] else base_bits
         total_bits += count * bits
     total_bits += _bnb_kept_bits(model, scheme, (ATTENTION, DENSE_MLP))
     # Vision / audio towers, in the model dtype (checkpoints keep them unquantised).
@@ -331,6 +340,9 @@ def weight_bytes_of(model: ModelGeometry, group: str) -> int:
     """Bytes of one parameter group (dims.ATTENTION, ...) as the checkpoint stores it."""
     scheme = _quant_scheme(model.quantization)
     bits = scheme[1] if scheme is not None and group in scheme[2] else model.dtype_bytes * 8
+    mixed = dict(model.dims.group_quant) if model.dims is not None else {}
+    if group in mixed:
+        bits = _SCHEME_BITS.get(mixed[group], model.dtype_bytes * 8)
     return int((model.params.get(group, 0) * bits + _bnb_kept_bits(model, scheme, (group,))) // 8)
 
 

@@ -21,7 +21,7 @@ Rules (vllm 0.19.0):
 from __future__ import annotations
 
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.capacity.dims import ModelDims
+from kvwatch.capacity.dims import ATTENTION, DENSE_MLP, EXPERTS, LM_HEAD, MIXER, SHARED, ModelDims
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.engines.vllm import multimodal
 from kvwatch.engines.vllm.memory import activation_dtype_bytes, runs_v0
@@ -138,7 +138,7 @@ def weights_per_stage(
         experts = mxfp4_expert_bytes(dims, d.tp, gpu.sm_major)
     rows = pad_vocab(dims.vocab_size, d.tp)
     embed = rows * dims.hidden_size * act
-    head = rows * dims.hidden_size * act
+    head: float = rows * dims.hidden_size * act
     rope = dims.rope_positions * dims.rotary_dim * act
     # The vision/audio towers, unquantised, split over TP, on the first stage (the encoder runs there).
     # Served as text, a class that reads the limits builds none (multimodal.tower_built: --language-
@@ -146,7 +146,25 @@ def weights_per_stage(
     built = multimodal.tower_built(dims, d, v0=runs_v0(d))
     towers = dims.vision_params * act / d.tp if built else 0.0
     layers = max(dims.num_layers, 1)
-    per_layer = (dims.linear_params * linear + dims.expert_params * experts) / layers / d.tp
+    linear_bytes = dims.linear_params * linear
+    mixed = dict(dims.group_quant) if not d.weights_dtype else {}
+    if mixed:
+        # ModelOpt MIXED_PRECISION: each group as its quantized_layers name it (vLLM 0.24.0
+        # quantization/modelopt.py:2269-2300 picks the method per layer), 'none' in the model dtype;
+        # the dense and shared MLPs share linear_params' rest and take the MLP scheme.
+        def per_param(group: str) -> float:
+            s = mixed.get(group, "none")
+            return act if s == "none" else _bytes_per_param(s, 16 if s == "nvfp4" else 128)
+
+        mlp = per_param(SHARED) if mixed.get(SHARED, "none") != "none" else per_param(DENSE_MLP)
+        rest = dims.linear_params - dims.attention_params - dims.mixer_params
+        linear_bytes = (
+            dims.attention_params * per_param(ATTENTION) + dims.mixer_params * per_param(MIXER) + rest * mlp
+        )
+        experts = per_param(EXPERTS)
+        if LM_HEAD in mixed:
+            head = rows * dims.hidden_size * per_param(LM_HEAD)
+    per_layer = (linear_bytes + dims.expert_params * experts) / layers / d.tp
     per_layer += dims.other_params * act / layers
     out: list[int] = []
     first = 0
