@@ -287,7 +287,7 @@ def doc_table(report: Report) -> str:
         s = stats(chosen)
         lines.append(
             f"| {name} | {int(s['cases'])} | {s['median_pct']:.2f} % | {s['mean_pct']:.2f} % | "
-            f"{100 * s['within_5pct']:.0f} % | {100 * s['inside_band']:.0f} % | ±{s['median_band_pct']:.2f} % | "
+            f"{100 * s['within_5pct']:.1f} % | {100 * s['inside_band']:.1f} % | ±{s['median_band_pct']:.2f} % | "
             f"{int(s['failed_predicted'])} of {int(s['failed'])} |"
         )
     return "\n".join(lines) + "\n"
@@ -370,18 +370,24 @@ def main(argv: list[str] | None = None) -> int:
         f"startups judged: {len(head)} (target >= 100), {off_h100} not on H100 (>= 40), "
         f"{sglang} SGLang (>= 20)"
     )
-    met = (
-        s["median_pct"] <= TARGETS["median_pct"]
-        and s["within_5pct"] >= TARGETS["within_5pct"]
-        and s["inside_band"] >= TARGETS["inside_band"]
-        and s["failed_predicted"] == s["failed"]
-    )
+    # Each target by name, so a share rounded to a whole percent never reads as met when it is not.
+    missed = [
+        name
+        for name, ok in (
+            ("median", s["median_pct"] <= TARGETS["median_pct"]),
+            ("within 5 %", s["within_5pct"] >= TARGETS["within_5pct"]),
+            ("inside the band", s["inside_band"] >= TARGETS["inside_band"]),
+            ("failed starts", s["failed_predicted"] == s["failed"]),
+        )
+        if not ok
+    ]
+    met = not missed
     print(
         f"leave-one-source-out over {int(s['cases'])} startups: median {s['median_pct']:.2f} % (target <= "
-        f"{TARGETS['median_pct']}), within 5 % {s['within_5pct']:.0%} (>= {TARGETS['within_5pct']:.0%}), inside "
-        f"the band {s['inside_band']:.0%} (>= {TARGETS['inside_band']:.0%}; median half-width "
+        f"{TARGETS['median_pct']}), within 5 % {s['within_5pct']:.1%} (>= {TARGETS['within_5pct']:.0%}), inside "
+        f"the band {s['inside_band']:.1%} (>= {TARGETS['inside_band']:.0%}; median half-width "
         f"{s['median_band_pct']:.2f} %), failed starts predicted "
-        f"{int(s['failed_predicted'])} of {int(s['failed'])}: {'met' if met else 'MISSED'}"
+        f"{int(s['failed_predicted'])} of {int(s['failed'])}: {'met' if met else 'MISSED: ' + ', '.join(missed)}"
     )
     print(
         f"a fit the band does not promise ('fits max_model_len: yes, but not at the band's low end'): "
