@@ -496,18 +496,28 @@ def _memory_in_use(settings: dict[str, Any]) -> int | None:
     return int(gib * GiB)
 
 
-def _speculative(settings: dict[str, Any]) -> dict[str, Any]:
-    """The --speculative-config the user typed (its method and token count, as recorded from the
-    log's non-default args); nothing where the case records none."""
+def typed_speculative(settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The --speculative-config the user typed, as kvwatch reads it: its method and, where the record
+    gives a number, its token count (as recorded from the log's non-default args); None where the
+    case records none. Both benches pass it on from here."""
     spec = settings.get("speculative_config")
     if not isinstance(spec, dict):
-        return {}
+        return None
     method, tokens = spec.get("method"), spec.get("num_speculative_tokens")
+    typed: dict[str, Any] = {"method": str(method)} if method else {}
+    if isinstance(tokens, int) and not isinstance(tokens, bool):
+        typed["num_speculative_tokens"] = tokens
+    return typed
+
+
+def _speculative(settings: dict[str, Any]) -> dict[str, Any]:
+    """The typed --speculative-config as Deployment fields; nothing where the case records none."""
+    typed = typed_speculative(settings)
+    if typed is None:
+        return {}
     return {
-        "speculative_method": str(method) if method else None,
-        "num_speculative_tokens": tokens
-        if isinstance(tokens, int) and not isinstance(tokens, bool)
-        else None,
+        "speculative_method": typed.get("method"),
+        "num_speculative_tokens": typed.get("num_speculative_tokens"),
     }
 
 

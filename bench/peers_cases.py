@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.accuracy_cases import checkpoint_quant, user_setting
+from bench.accuracy_cases import checkpoint_quant, typed_speculative, user_setting
 from kvwatch.capacity import gpus
 
 ROOT = Path(__file__).resolve().parent.parent / "tests"
@@ -148,15 +148,10 @@ class Case:
                 args += ["--max-model-len", str(n)]
             if (u := _num(s.get("gpu_memory_utilization"))) is not None:
                 args += ["--gpu-memory-utilization", str(u)]
-            spec = s.get("speculative_config")
-            if isinstance(spec, dict):
-                # kvwatch's own --speculative-config, as bench/accuracy_cases.py's _speculative takes
-                # it: the method, and the count where the record gives a number.
-                typed = {k: spec[k] for k in ("method", "num_speculative_tokens") if k in spec}
-                if not isinstance(typed.get("num_speculative_tokens"), int):
-                    typed.pop("num_speculative_tokens", None)
-                if typed.get("method"):
-                    args += ["--speculative-config", json.dumps(typed)]
+            # kvwatch's own --speculative-config, read from the record as make accuracy reads it.
+            typed = typed_speculative(s)
+            if typed and typed.get("method"):
+                args += ["--speculative-config", json.dumps(typed)]
             # An install without FlashInfer, as the case records it and make accuracy passes it.
             if s.get("flashinfer_sampler") is False:
                 args.append("--no-flashinfer")

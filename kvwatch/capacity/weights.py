@@ -306,18 +306,23 @@ def weight_bytes(model: ModelGeometry, weights_dtype: str | None = None) -> tupl
         # count it item by item below.
     base_bits = model.dtype_bytes * 8
     total_bits = 0.0
-    # A MIXED_PRECISION checkpoint names each group's scheme (dims.group_quant), the head's too.
-    mixed = dict(model.dims.group_quant) if model.dims is not None else {}
     for group, count in params.items():
-        if group in mixed:
-            bits = _SCHEME_BITS.get(mixed[group], base_bits)
-        else:
-            bits = scheme[1] if scheme is not None and group in scheme[2] else base_bits
-        total_bits += count * bits
+        total_bits += count * _group_bits(model, scheme, group)
     total_bits += _bnb_kept_bits(model, scheme, (ATTENTION, DENSE_MLP))
     # Vision / audio towers, in the model dtype (checkpoints keep them unquantised).
     total_bits += (model.dims.vision_params if model.dims is not None else 0) * base_bits
     return int(total_bits // 8), scheme[0] if scheme is not None else model.dtype
+
+
+def _group_bits(model: ModelGeometry, scheme: tuple[str, float, frozenset[str]] | None, group: str) -> float:
+    """Bits one parameter of ``group`` costs as the checkpoint stores it: its own scheme in a
+    MIXED_PRECISION checkpoint (dims.group_quant, the head's too), else the checkpoint's scheme
+    where it covers the group, else the model dtype."""
+    base = float(model.dtype_bytes * 8)
+    mixed = dict(model.dims.group_quant) if model.dims is not None else {}
+    if group in mixed:
+        return _SCHEME_BITS.get(mixed[group], base)
+    return scheme[1] if scheme is not None and group in scheme[2] else base
 
 
 def _bnb_kept_bits(
@@ -339,10 +344,7 @@ def _bnb_kept_bits(
 def weight_bytes_of(model: ModelGeometry, group: str) -> int:
     """Bytes of one parameter group (dims.ATTENTION, ...) as the checkpoint stores it."""
     scheme = _quant_scheme(model.quantization)
-    bits = scheme[1] if scheme is not None and group in scheme[2] else model.dtype_bytes * 8
-    mixed = dict(model.dims.group_quant) if model.dims is not None else {}
-    if group in mixed:
-        bits = _SCHEME_BITS.get(mixed[group], model.dtype_bytes * 8)
+    bits = _group_bits(model, scheme, group)
     return int((model.params.get(group, 0) * bits + _bnb_kept_bits(model, scheme, (group,))) // 8)
 
 

@@ -153,8 +153,8 @@ def weights_per_stage(
         # quantization/modelopt.py:2269-2300 picks the method per layer), 'none' in the model dtype;
         # the dense and shared MLPs share linear_params' rest and take the MLP scheme.
         def per_param(group: str) -> float:
-            s = mixed.get(group, "none")
-            return act if s == "none" else _bytes_per_param(s, 16 if s == "nvfp4" else 128)
+            s = mixed.get(group, "none")  # 'fp8' / 'nvfp4' (dims.mixed_precision_groups) or 'none'
+            return act if s == "none" else _QUANT_BYTES[s]
 
         mlp = per_param(SHARED) if mixed.get(SHARED, "none") != "none" else per_param(DENSE_MLP)
         rest = dims.linear_params - dims.attention_params - dims.mixer_params
