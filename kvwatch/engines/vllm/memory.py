@@ -176,8 +176,8 @@ CUBLAS_WORKSPACE = 8 * MiB + 128 * 1024
 # compile: 3H + 3I, counted -- the model loop still holds the layer's input while the layer runs
 # (0.6.4 models/llama.py:339-342), beside the residual and the attention output the MLP reads (the
 # norms work in place, layernorm.py:78-85; llama.py:259-267, 92-96). Multimodal models add the
-# encoder cache left alive by the encoder profile (gpu_model_runner.py:5721-5780), a FITTED lump
-# (calibration.vision_encoder_gib).
+# encoder profile (gpu_model_runner.py:5721-5796): sized from the source for a Qwen3-VL / Qwen3.5
+# tower (v1_multimodal), a FITTED lump for every other tower (calibration.vision_encoder_gib).
 FORWARD_H_V0 = 3.0
 
 
@@ -278,6 +278,23 @@ def v0_multimodal(
     )
 
 
+def v1_multimodal(
+    dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, max_model_len: int | None
+) -> multimodal.V1Profile | None:
+    """V1's encoder profile (multimodal.v1_profile) where the deployment runs V1 with a tower it
+    sizes (Qwen3-VL / Qwen3.5, from 0.15: releases.QWEN3_TOWER_PROFILE) and an encoder to run; None
+    otherwise (the lump, or no encoder with --language-model-only)."""
+    grid = dims.vision_grid
+    if grid is None or runs_v0(d) or d.language_model_only:
+        return None
+    if not releases.QWEN3_TOWER_PROFILE.at(d.engine_version):
+        return None
+    length = max_model_len or d.max_model_len or tokens
+    return multimodal.v1_profile(
+        grid, d.image_max_pixels, max_num_seqs, tokens, length, activation_dtype_bytes(dims, d), d.tp
+    )
+
+
 def activation(
     dims: ModelDims,
     d: Deployment,
@@ -298,6 +315,13 @@ def activation(
     max_mm_tokens each, the forward runs over the dummy prompts' tokens (more than the budget when a
     prompt's placeholders outgrow its share), the float32 pixel values stay on the card through it,
     and the tower's own transient joins the max (multimodal.py).
+
+    V1 with a Qwen3-VL / Qwen3.5 tower (v1_multimodal): the encoder pass comes first, on the first
+    stage, its pixel values and then its cached outputs alive until profile_run clears the cache
+    after the sampler (gpu_model_runner.py:5762-5795): peak = persistent + pixels + max(the tower's
+    own peak, cached outputs + the forward / sampler peak). Any other tower (Gemma 3's SigLIP,
+    Pixtral, LLaVA's CLIP, Qwen2-VL / 2.5-VL on V1, Qwen3-VL before 0.15): the FITTED
+    vision_encoder_gib lump in the persistent part (kvwatch does not size those towers).
     """
     act = activation_dtype_bytes(dims, d)
     v1 = not runs_v0(d)
@@ -318,7 +342,9 @@ def activation(
     # Served as text (--language-model-only, or every modality limited to 0): no modality has items, so
     # the encoder budget is 0 and profile_run runs no encoder (0.19.0 gpu_model_runner.py:5734,
     # v1/core/encoder_cache_manager.py:288-294); --skip-mm-profiling skips it too (multimodal.py).
-    if multimodal.encoder_profiled(dims, d, v0=not v1):
+    profiled = multimodal.encoder_profiled(dims, d, v0=not v1)
+    v1mm = v1_multimodal(dims, d, max_num_seqs, tokens, max_model_len) if v1 and profiled else None
+    if profiled and v1mm is None:
         persistent += int(cal.vision_encoder_gib * GiB)
     persistent += mm.pixel_bytes if mm is not None else 0
     coefficient = cal.forward_h if v1 else FORWARD_H_V0
@@ -336,6 +362,13 @@ def activation(
         )
     pp_buffers = 2 * tokens * dims.hidden_size * act if d.pp > 1 else 0
     encoder = mm.encoder_bytes if mm is not None else 0
+    if v1mm is not None:
+        # The pixel values stay through the stage's whole profile run; the cached outputs sit
+        # beside the forward and the sampler; the tower's own peak comes before them.
+        persistent += v1mm.pixel_bytes
+        forward += v1mm.cached_bytes
+        sampler += v1mm.cached_bytes
+        encoder = v1mm.encoder_bytes
     out: list[Term] = []
     for stage in range(d.pp):
         last = stage == d.pp - 1
