@@ -74,3 +74,62 @@ def test_before_015_the_lump_stays() -> None:
     assert model.dims is not None
     d = replace(lambo(1, 50000), engine_version="0.13.0")
     assert memory.v1_multimodal(model.dims, d, 1, 2048, 50000) is None
+
+
+# --- figure by figure against the source (Qwen3.5-27B's tower: hidden 1152, MLP 4304, patch 16,
+# merge 2, temporal 2, out_hidden 5120, no deepstack, a 2304-entry position table) ---------------
+
+GRID = load_model(str(CONFIG)).dims.vision_grid  # type: ignore[union-attr]
+
+
+def test_the_27b_tower_is_read_from_its_config() -> None:
+    assert GRID is not None
+    assert (GRID.model_type, GRID.hidden_size, GRID.intermediate_size) == ("qwen3_5", 1152, 4304)
+    assert (GRID.patch_size, GRID.merge_size, GRID.temporal_patch_size) == (16, 2, 2)
+    assert (GRID.out_hidden_size, GRID.deepstack_layers, GRID.position_embeddings) == (5120, 0, 2304)
+
+
+def test_profile_figures_tp4_and_tp2() -> None:
+    """One 16384-token image (128 x 128 tokens, 65536 patches of 3 x 2 x 16 x 16 = 1536 values).
+    Per patch row, in elements: TP 4 -- position 1152 + the attention moment 3 x 1152 (input, normed,
+    proj output) + 8 x 1152 / 4 (qkv 3, q-k copy 2, rotated copy 2, output 1) + 1152 (the all-reduce's
+    new tensor) = 8064; TP 2 -- 1152 + 3456 + 4608 + 1152 = 10368 (the MLP moment, 4 x 1152 + 4304 / 2
+    + 1152 = 7912, is below both). The cached output: 16384 rows of 5120."""
+    assert GRID is not None
+    four = multimodal.v1_profile(GRID, None, 1, 2048, 50000, 2, 4)
+    two = multimodal.v1_profile(GRID, None, 2, 8192, 262144, 2, 2)
+    assert four is not None and two is not None
+    for p in (four, two):
+        assert (p.modality, p.items, p.tokens, p.patches) == ("image", 1, 16384, 65536)
+        assert p.pixel_bytes == 65536 * 1536 * 2
+        assert p.cached_bytes == 16384 * 5120 * 2
+    assert four.encoder_bytes == 65536 * 8064 * 2
+    assert two.encoder_bytes == 65536 * 10368 * 2
+
+
+def test_limits_choose_the_modality_and_cap_the_items() -> None:
+    """encoder_budget.py (0.20.0 :73-77): a modality at 0 passes no tower, so image=0 profiles the
+    2-frame video (12288 tokens, 49152 patches); both at 0 leave nothing to profile; image=1 caps a
+    prompt at one item (max_num_seqs 1 x 1 where the 32768-token budget holds two)."""
+    assert GRID is not None
+    video = multimodal.v1_profile(GRID, None, 2, 8192, 262144, 2, 2, {"image": 0, "video": 999})
+    assert video is not None
+    assert (video.modality, video.items, video.tokens, video.patches) == ("video", 1, 12288, 49152)
+    assert multimodal.v1_profile(GRID, None, 2, 8192, 262144, 2, 2, {"image": 0, "video": 0}) is None
+    capped = multimodal.v1_profile(GRID, None, 1, 32768, 50000, 2, 4, {"image": 1})
+    free = multimodal.v1_profile(GRID, None, 1, 32768, 50000, 2, 4)
+    assert capped is not None and free is not None
+    assert (capped.items, free.items) == (1, 2)
+
+
+def test_the_flags_reach_the_profile() -> None:
+    """--limit-mm-per-prompt image=0 and --skip-mm-profiling through memory.v1_multimodal."""
+    from dataclasses import replace
+
+    model = load_model(str(CONFIG))
+    assert model.dims is not None
+    d = lambo(1, 50000)
+    image0 = memory.v1_multimodal(model.dims, replace(d, mm_limits="image=0"), 1, 2048, 50000)
+    assert image0 is not None and image0.modality == "video"
+    assert memory.v1_multimodal(model.dims, replace(d, mm_limits="image=0,video=0"), 1, 2048, 50000) is None
+    assert memory.v1_multimodal(model.dims, replace(d, skip_mm_profiling=True), 1, 2048, 50000) is None

@@ -283,15 +283,17 @@ def v1_multimodal(
 ) -> multimodal.V1Profile | None:
     """V1's encoder profile (multimodal.v1_profile) where the deployment runs V1 with a tower it
     sizes (Qwen3-VL / Qwen3.5, from 0.15: releases.QWEN3_TOWER_PROFILE) and an encoder to run; None
-    otherwise (the lump, or no encoder with --language-model-only)."""
+    otherwise (the lump, or no encoder: served as text, --skip-mm-profiling; multimodal.encoder_profiled)."""
     grid = dims.vision_grid
-    if grid is None or runs_v0(d) or d.language_model_only:
+    if grid is None or runs_v0(d) or not multimodal.encoder_profiled(dims, d, v0=False):
         return None
     if not releases.QWEN3_TOWER_PROFILE.at(d.engine_version):
         return None
     length = max_model_len or d.max_model_len or tokens
+    # --limit-mm-per-prompt: a modality at 0 passes no tower; the others cap the items a prompt holds.
+    limits = {m: multimodal.limit(d, m, v0=False) for m in ("image", "video")}
     return multimodal.v1_profile(
-        grid, d.image_max_pixels, max_num_seqs, tokens, length, activation_dtype_bytes(dims, d), d.tp
+        grid, d.image_max_pixels, max_num_seqs, tokens, length, activation_dtype_bytes(dims, d), d.tp, limits
     )
 
 

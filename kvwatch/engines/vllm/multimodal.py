@@ -19,12 +19,28 @@ V1's profile_run (0.19.0 v1/worker/gpu_model_runner.py:5721-5796; the same seque
 encoder once over the largest items of one modality, caches the outputs, then runs the language
 model's dummy forward and the sampler, and only then clears the cache: ``v1_profile`` sizes that for
 a Qwen3-VL / Qwen3.5 tower (QWEN3_TOWERS), from 0.15 (releases.QWEN3_TOWER_PROFILE).
+
+Read against 0.20.0, 0.22.0 and 0.24.0 for the club-3090 Qwen3.6-27B startups (TP 2, max_num_seqs 2,
+MTP), which this profile puts 3-5 % below their logged pools: none of these changes the profile --
+profile_run is line for line 0.19.0's (0.20.0 gpu_model_runner.py:5788-5862, 0.24.0 :6239-6312: the
+dummy batch a local to the end, the cache cleared after the sampler); encoder_budget.py is the same
+file in 0.20.0, 0.22.0 and 0.24.0 (:140-186), and so are the scheduler's encoder limits (0.24.0
+config/scheduler.py:248-249) and compute_mm_encoder_budget (0.24.0 v1/core/encoder_cache_manager.py
+:269-314): max_num_seqs 2 with 8192 batched tokens still profiles one 16384-token image; the
+drafter's dummy_run (0.20.0 v1/spec_decode/llm_base_proposer.py:1566-1620) feeds its own
+inputs_embeds, not the encoder; mm_encoder_tp_mode stays "weights" (0.20.0 config/multimodal.py:144);
+the tower runs in the model dtype (fp16 is 2 bytes like bf16; qwen3_5.py casts nothing); the vision
+attention is 0.20.0's in 0.24.0 (qwen2_5_vl.py Qwen2_5_VisionAttention.forward), its rotary out of
+place (vllm_flash_attn apply_rotary_emb, inplace False), and the encoder's CUDA graphs and compile
+are off by default (0.24.0 config/compilation.py:516, :524). 0.20's Triton position interpolation
+(0.20.0 qwen3_vl.py:159-344) only drops a transient before the blocks. The miss is not traced.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -225,6 +241,7 @@ def v1_profile(
     max_model_len: int,
     act: int,
     tp: int,
+    limits: Mapping[str, int] | None = None,
 ) -> V1Profile | None:
     """V1's encoder profile for a Qwen3-VL / Qwen3.5 tower; None for any other tower.
 
@@ -252,9 +269,18 @@ def v1_profile(
     unit = grid.patch_size * grid.merge_size
     image = most_tokens(unit, max_pixels or QWEN3_IMAGE_LONGEST_EDGE)
     video = most_tokens(unit, QWEN3_VIDEO_LONGEST_EDGE // grid.temporal_patch_size)
-    # max((tokens, name)): a tie goes to "video" (encoder_budget.py:184, key=(x[1], x[0])).
-    per_item, modality = max((image, "image"), (video, "video"))
-    items = v1_items(per_item, V1_LIMIT_PER_PROMPT, max_num_seqs, tokens, max_model_len)
+    # Only the modalities whose limit is above 0 pass the tower (0.20.0 multimodal/encoder_budget.py:73-77,
+    # the same in 0.22.0 and 0.24.0); max((tokens, name)): a tie goes to "video" (:182-186,
+    # key=(x[1], x[0])).
+    per_prompt = dict(limits or {})
+    towers = [
+        (n, m) for n, m in ((image, "image"), (video, "video")) if per_prompt.get(m, V1_LIMIT_PER_PROMPT) > 0
+    ]
+    if not towers:
+        return None
+    per_item, modality = max(towers)
+    limit = per_prompt.get(modality, V1_LIMIT_PER_PROMPT)
+    items = v1_items(per_item, limit, max_num_seqs, tokens, max_model_len)
     merge2 = grid.merge_size**2
     patches = items * per_item * merge2
     patch_dim = grid.in_channels * grid.temporal_patch_size * grid.patch_size**2
