@@ -15,7 +15,7 @@ Only towers with a Qwen2-VL patch grid (dims.VisionGrid) are sized: their proces
 frames of that size as the sequence leaves room for (at least 1, at most 16).
 
 V1's profile_run (0.19.0 v1/worker/gpu_model_runner.py:5721-5796; the same sequence in 0.10.2
-:2981-3041, 0.20.0 :5788-5860, 0.25.1 :6290-6363, 0.27.1 :6433-6505, 0.33.0 :6072-6144) runs the
+:2981-3041, 0.20.0 :5788-5862, 0.25.1 :6290-6363, 0.27.1 :6433-6505, 0.33.0 :6072-6144) runs the
 encoder once over the largest items of one modality, caches the outputs, then runs the language
 model's dummy forward and the sampler, and only then clears the cache: ``v1_profile`` sizes that for
 a Qwen3-VL / Qwen3.5 tower (QWEN3_TOWERS), from 0.15 (releases.QWEN3_TOWER_PROFILE).
