@@ -26,13 +26,13 @@ ENVELOPE = Envelope(
     },
     term_bands={"weights": 0.0078, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 1.2304},
     widening={
-        "card": 0.0648,
-        "release": 0.0442,
-        "architecture": 0.017,
-        "modality": 0.017,
-        "quantization": 0.0156,
+        "card": 0.0619,
+        "release": 0.0443,
+        "architecture": 0.0173,
+        "modality": 0.0173,
+        "quantization": 0.0159,
         "parallelism": 0.0845,
-        "connector": 0.017,
+        "connector": 0.0173,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",
@@ -98,7 +98,7 @@ ENVELOPE = Envelope(
         "band cuda_graphs": "leave-one-source-out error of every case that logs it",
         "floor": "50 cases nearest the calibrated cell: DaisukeTakai/eval_dataset (1), dennislee22/vLLM-benchmarking (6), kolyangg/mlops-assignment (1), leadawon/LAMBO (4), llm-d-incubation/llm-d-planner (34), llm-d/llm-d-benchmark (1), myoceane.fr/index.php/ai-vllm-a100-gemma-4 (2), qweewqq/EnergyLLM (1)",
     },
-    floor=0.0209,
+    floor=0.0207,
 )
 # --- envelope: end
 
