@@ -371,6 +371,14 @@ class VisionGrid:
     in_channels: int
     hidden_size: int
     intermediate_size: int
+    # vision_config's model_type ('qwen3_5', 'qwen3_vl', ...; '' when absent): which tower an
+    # engine's profile of the encoder (engines/vllm/multimodal.py) knows how to size.
+    model_type: str = ""
+    # The learned position table (num_position_embeddings, 0 without one), the merger's output width
+    # (out_hidden_size: the text decoder's hidden) and the deepstack layers (deepstack_visual_indexes).
+    position_embeddings: int = 0
+    out_hidden_size: int = 0
+    deepstack_layers: int = 0
 
 
 def vision_grid(config: Mapping[str, JsonValue]) -> VisionGrid | None:
@@ -393,6 +401,10 @@ def vision_grid(config: Mapping[str, JsonValue]) -> VisionGrid | None:
         in_channels=_int(tower, "in_chans", "in_channels") or 3,
         hidden_size=hidden,
         intermediate_size=_int(tower, *_TOWER_KEYS["inter"]) or 4 * hidden,
+        model_type=str(tower.get("model_type") or ""),
+        position_embeddings=_int(tower, "num_position_embeddings"),
+        out_hidden_size=_int(tower, "out_hidden_size"),
+        deepstack_layers=len(deep) if isinstance(deep := tower.get("deepstack_visual_indexes"), list) else 0,
     )
 
 

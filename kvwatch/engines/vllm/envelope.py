@@ -24,15 +24,15 @@ ENVELOPE = Envelope(
         "parallelism": frozenset({"tp 1", "tp >= 2"}),
         "connector": frozenset({"none"}),
     },
-    term_bands={"weights": 0.0074, "activation": 0.0065, "non_torch": 0.04, "cuda_graphs": 0.3893},
+    term_bands={"weights": 0.0074, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 0.3893},
     widening={
-        "card": 0.0619,
-        "release": 0.0557,
-        "architecture": 0.0173,
-        "modality": 0.0408,
-        "quantization": 0.0652,
-        "parallelism": 0.0845,
-        "connector": 0.0408,
+        "card": 0.062,
+        "release": 0.0585,
+        "architecture": 0.0177,
+        "modality": 0.0489,
+        "quantization": 0.0489,
+        "parallelism": 0.0846,
+        "connector": 0.0489,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",
@@ -105,7 +105,7 @@ ENVELOPE = Envelope(
         "band cuda_graphs": "leave-one-source-out error of every case that logs it",
         "floor": "55 cases nearest the calibrated cell: DaisukeTakai/eval_dataset (1), NnamdiOdozi/mlops-assignment (1), dennislee22/vLLM-benchmarking (6), kolyangg/mlops-assignment (1), leadawon/LAMBO (4), llm-d-incubation/llm-d-planner (34), llm-d/llm-d-benchmark (1), myoceane.fr/index.php/ai-vllm-a100-gemma-4 (2), noonghunna/club-3090#294 (1), noonghunna/club-3090#295 (1), qweewqq/EnergyLLM (1), vllm-project/vllm#23278 (1), vllm-project/vllm#27508 (1)",
     },
-    floor=0.0207,
+    floor=0.0203,
 )
 # --- envelope: end
 

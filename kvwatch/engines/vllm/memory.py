@@ -175,9 +175,7 @@ CUBLAS_WORKSPACE = 8 * MiB + 128 * 1024
 # attention output and torch.compile buffers make the rest, FITTED (calibration.forward_h). V0 runs no
 # compile: 3H + 3I, counted -- the model loop still holds the layer's input while the layer runs
 # (0.6.4 models/llama.py:339-342), beside the residual and the attention output the MLP reads (the
-# norms work in place, layernorm.py:78-85; llama.py:259-267, 92-96). Multimodal models add the
-# encoder cache left alive by the encoder profile (gpu_model_runner.py:5721-5780), a FITTED lump
-# (calibration.vision_encoder_gib).
+# norms work in place, layernorm.py:78-85; llama.py:259-267, 92-96). Multimodal: see activation().
 FORWARD_H_V0 = 3.0
 
 
@@ -285,6 +283,23 @@ def profiles_pooler(d: Deployment) -> bool:
     return d.runner == "pooling" and not runs_v0(d)
 
 
+def v1_multimodal(
+    dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, max_model_len: int | None
+) -> multimodal.V1Profile | None:
+    """V1's encoder profile (multimodal.v1_profile) for a tower it sizes (Qwen3-VL / Qwen3.5, from
+    0.15: releases.QWEN3_TOWER_PROFILE); None for the lump, on V0, or with no encoder to run (served
+    as text, --skip-mm-profiling: multimodal.encoder_profiled)."""
+    grid = dims.vision_grid
+    if grid is None or runs_v0(d) or not releases.QWEN3_TOWER_PROFILE.at(d.engine_version):
+        return None
+    if not multimodal.encoder_profiled(dims, d, v0=False):
+        return None
+    # --limit-mm-per-prompt: a modality at 0 passes no tower; the others cap the items a prompt holds.
+    limits = {m: multimodal.limit(d, m, v0=False) for m in ("image", "video")}
+    length, act = max_model_len or d.max_model_len or tokens, activation_dtype_bytes(dims, d)
+    return multimodal.v1_profile(grid, d.image_max_pixels, max_num_seqs, tokens, length, act, d.tp, limits)
+
+
 def activation(
     dims: ModelDims,
     d: Deployment,
@@ -305,6 +320,10 @@ def activation(
     max_mm_tokens each, the forward runs over the dummy prompts' tokens (more than the budget when a
     prompt's placeholders outgrow its share), the float32 pixel values stay on the card through it,
     and the tower's own transient joins the max (multimodal.py).
+
+    V1, Qwen3-VL / Qwen3.5 tower (v1_multimodal): pixels + max(tower peak, cached outputs + forward /
+    sampler), the cache cleared after the sampler (gpu_model_runner.py:5762-5795). Other towers, or
+    before 0.15: the FITTED vision_encoder_gib lump in the persistent part.
     """
     act = activation_dtype_bytes(dims, d)
     v1 = not runs_v0(d)
@@ -325,7 +344,9 @@ def activation(
     # Served as text (--language-model-only, or every modality limited to 0): no modality has items, so
     # the encoder budget is 0 and profile_run runs no encoder (0.19.0 gpu_model_runner.py:5734,
     # v1/core/encoder_cache_manager.py:288-294); --skip-mm-profiling skips it too (multimodal.py).
-    if multimodal.encoder_profiled(dims, d, v0=not v1):
+    profiled = multimodal.encoder_profiled(dims, d, v0=not v1)
+    v1mm = v1_multimodal(dims, d, max_num_seqs, tokens, max_model_len)
+    if profiled and v1mm is None:
         persistent += int(cal.vision_encoder_gib * GiB)
     persistent += mm.pixel_bytes if mm is not None else 0
     coefficient = cal.forward_h if v1 else FORWARD_H_V0
@@ -343,6 +364,13 @@ def activation(
         )
     pp_buffers = 2 * tokens * dims.hidden_size * act if d.pp > 1 else 0
     encoder = mm.encoder_bytes if mm is not None else 0
+    if v1mm is not None:
+        # The pixel values stay through the stage's whole profile run; the cached outputs sit
+        # beside the forward and the sampler; the tower's own peak comes before them.
+        persistent += v1mm.pixel_bytes
+        forward += v1mm.cached_bytes
+        sampler += v1mm.cached_bytes
+        encoder = v1mm.encoder_bytes
     out: list[Term] = []
     for stage in range(d.pp):
         last = stage == d.pp - 1

@@ -13,11 +13,33 @@ Only towers with a Qwen2-VL patch grid (dims.VisionGrid) are sized: their proces
 (0.8.4 model_executor/models/qwen2_vl.py:821-975) turns the image processor's max_pixels
 (preprocessor_config.json, or --mm-processor-kwargs) into the largest image, and a video of as many
 frames of that size as the sequence leaves room for (at least 1, at most 16).
+
+V1's profile_run (0.19.0 v1/worker/gpu_model_runner.py:5721-5796; the same sequence in 0.10.2
+:2981-3041, 0.20.0 :5788-5862, 0.25.1 :6290-6363, 0.27.1 :6433-6505, 0.33.0 :6072-6144) runs the
+encoder once over the largest items of one modality, caches the outputs, then runs the language
+model's dummy forward and the sampler, and only then clears the cache: ``v1_profile`` sizes that for
+a Qwen3-VL / Qwen3.5 tower (QWEN3_TOWERS), from 0.15 (releases.QWEN3_TOWER_PROFILE).
+
+Read against 0.20.0, 0.22.0 and 0.24.0 for the club-3090 Qwen3.6-27B startups (TP 2, max_num_seqs 2,
+MTP), which this profile puts 3-5 % below their logged pools: none of these changes the profile --
+profile_run is line for line 0.19.0's (0.20.0 gpu_model_runner.py:5788-5862, 0.24.0 :6239-6312: the
+dummy batch a local to the end, the cache cleared after the sampler); encoder_budget.py is the same
+file in 0.20.0, 0.22.0 and 0.24.0 (:140-186), and so are the scheduler's encoder limits (0.24.0
+config/scheduler.py:248-249) and compute_mm_encoder_budget (0.24.0 v1/core/encoder_cache_manager.py
+:269-314): max_num_seqs 2 with 8192 batched tokens still profiles one 16384-token image; the
+drafter's dummy_run (0.20.0 v1/spec_decode/llm_base_proposer.py:1566-1620) feeds its own
+inputs_embeds, not the encoder; mm_encoder_tp_mode stays "weights" (0.20.0 config/multimodal.py:144);
+the tower runs in the model dtype (fp16 is 2 bytes like bf16; qwen3_5.py casts nothing); the vision
+attention is 0.20.0's in 0.24.0 (qwen2_5_vl.py Qwen2_5_VisionAttention.forward), its rotary out of
+place (vllm_flash_attn apply_rotary_emb, inplace False), and the encoder's CUDA graphs and compile
+are off by default (0.24.0 config/compilation.py:516, :524). 0.20's Triton position interpolation
+(0.20.0 qwen3_vl.py:159-344) only drops a transient before the blocks. The miss is not traced.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -144,6 +166,142 @@ def v0_profile(
         pixel_bytes=patches * patch_dim * PIXEL_BYTES,
         encoder_bytes=largest * per_patch * act,
         mm_tokens=mm_tokens,
+    )
+
+
+# --- V1 ---------------------------------------------------------------------------------------------
+
+# The towers v1_profile sizes: vision_config.model_type of Qwen3_VisionTransformer's checkpoints
+# (0.19.0 qwen3_vl.py:321, used by qwen3_5.py:598 and :822 for Qwen3.5 and Qwen3.5-MoE).
+QWEN3_TOWERS = frozenset({"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_vision"})
+# The image processor's size the processor reads from the checkpoint's preprocessor_config.json
+# (ProcessorMixin.from_pretrained; vLLM 0.19.0 qwen2_vl.py:935-947 takes size["longest_edge"]): the
+# Qwen3-VL / Qwen3.5 / Qwen3.6 checkpoints ship {"longest_edge": 16777216, "shortest_edge": 65536}
+# with patch_size 16 (Qwen/Qwen3.5-2B-Base and Qwen/Qwen3.6-35B-A3B-FP8 preprocessor_config.json).
+# transformers' own default (28 x 28 x 1280, image_processing_qwen2_vl_fast.py:80 in 4.57.1) is
+# what a checkpoint without the file would get; the checkpoints all carry it. --mm-processor-kwargs
+# max_pixels overrides it (qwen2_vl.py:944-945).
+QWEN3_IMAGE_LONGEST_EDGE = 16777216
+# The video processor's default size (transformers 4.57.1 video_processing_qwen3_vl.py:89,
+# 32 x 32 x 768 x 32 in the Qwen3-VL checkpoints' video_preprocessor_config.json: 25165824).
+QWEN3_VIDEO_LONGEST_EDGE = 25165824
+# vLLM V1's default items per prompt for a modality the user does not limit (0.19.0
+# config/multimodal.py:19 and :270-271).
+V1_LIMIT_PER_PROMPT = 999
+# qwen2_vl.py:958-962 (0.19.0): the factor pair of the most tokens may not pass 200:1.
+MAX_ASPECT = 200
+
+
+def most_tokens(unit: int, max_pixels: int) -> int:
+    """Tokens of the largest image (0.19.0 qwen2_vl.py:914-965 get_image_size_with_most_features):
+    max_pixels // unit^2 tokens, less until they factor into sides within 200:1; the image of
+    unit x those factors passes smart_resize unchanged (a multiple of the factor, not above
+    max_pixels), so its tokens are the factors' product (_get_vision_info, :829-877)."""
+    for tokens in range(max_pixels // (unit * unit), 0, -1):
+        side = math.isqrt(tokens)
+        while tokens % side:
+            side -= 1
+        if tokens // side / side <= MAX_ASPECT:
+            return tokens
+    return 1
+
+
+@dataclass(frozen=True)
+class V1Profile:
+    """What V1's profile run puts through a Qwen3-VL / Qwen3.5 tower, per rank."""
+
+    modality: str  # get_modality_with_max_tokens: the modality of the most tokens an item
+    items: int  # mm_max_items_per_batch of that modality
+    tokens: int  # tokens one item takes (its encoder outputs' rows)
+    patches: int  # the tower's rows for all items
+    pixel_bytes: int  # pixel values on the card through the whole profile run
+    encoder_bytes: int  # the tower's own peak beside them (block transient, position table)
+    cached_bytes: int  # the encoder outputs kept in the encoder cache through the LM forward and sampler
+
+
+def v1_items(
+    tokens_per_item: int, limit: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+) -> int:
+    """mm_max_items_per_batch (0.19.0 multimodal/encoder_budget.py:140-180; 0.10.2
+    v1/worker/utils.py:95-127): the encoder budget is max(max_num_batched_tokens, the item's tokens)
+    for compute and for cache alike (v1/core/encoder_cache_manager.py:309-314, scheduler limits from
+    config/scheduler.py:234-235), the items it holds capped by max_num_seqs x the items a prompt
+    holds (chunked prefill on: V1's default, so max_num_reqs is max_num_seqs), at least one."""
+    budget = max(max_num_batched_tokens, tokens_per_item)
+    per_prompt = max(1, min(limit, max_model_len // tokens_per_item))
+    return max(1, min(budget // tokens_per_item, max_num_seqs * per_prompt))
+
+
+def v1_profile(
+    grid: VisionGrid,
+    max_pixels: int | None,
+    max_num_seqs: int,
+    tokens: int,
+    max_model_len: int,
+    act: int,
+    tp: int,
+    limits: Mapping[str, int] | None = None,
+) -> V1Profile | None:
+    """V1's encoder profile for a Qwen3-VL / Qwen3.5 tower; None for any other tower.
+
+    The item: the modality with the most tokens an item (encoder_budget.py:182-186), the image of
+    most_tokens at the processor's longest_edge, or the 2-frame dummy video at the video
+    processor's longest_edge / temporal_patch_size (qwen3_vl.py:786-810, grid_t 1); a patch is
+    merge^2 of a token's rows. Its batch is _get_mm_dummy_batch's (gpu_model_runner.py:5164-5191):
+    the items stacked, pixel values in the model dtype (the processor's floating outputs are cast,
+    multimodal/processing/context.py:229-236) held by profile_run's local until it returns.
+
+    The tower's peak (qwen3_vl.py:616-660, per rank, the blocks tensor-parallel): the position table
+    (pos_embeds, in encoder_metadata through the forward) and, in a block, the caller's input, the
+    normed input, then the attention's qkv (3H/tp), the contiguous q-k copy (2H/tp), its rotated copy
+    (2H/tp, out of place: layers/rotary_embedding/common.py:104-125), the attention output (H/tp; its
+    ``rearrange(...).contiguous()`` only moves the batch axis of 1, no copy) (qwen2_5_vl.py
+    Qwen2_5_VisionAttention.forward, 0.19.0 :362-419), and the projection's output (H), all-reduced
+    out of place at TP >= 2 (one more H: every path of device_communicators/cuda_communicator.py:180-237
+    returns a new tensor): 3H + 8H/tp (+H); the
+    MLP after it (Qwen3_VisionBlock.forward :247-266: input, sum, normed sum, then fc1 and its act,
+    or the act and fc2's output) is the larger of 3H + 2I/tp and 4H + I/tp (+H). Deepstack features (P/merge^2 x out_hidden each) stay in
+    deepstack_feature_lists to the final cat, which holds them twice (:652-659).
+    """
+    if grid.model_type not in QWEN3_TOWERS or not grid.out_hidden_size:
+        return None
+    unit = grid.patch_size * grid.merge_size
+    image = most_tokens(unit, max_pixels or QWEN3_IMAGE_LONGEST_EDGE)
+    video = most_tokens(unit, QWEN3_VIDEO_LONGEST_EDGE // grid.temporal_patch_size)
+    # Only the modalities whose limit is above 0 pass the tower (0.20.0 multimodal/encoder_budget.py:73-77,
+    # the same in 0.22.0 and 0.24.0); max((tokens, name)): a tie goes to "video" (:182-186,
+    # key=(x[1], x[0])).
+    per_prompt = dict(limits or {})
+    towers = [
+        (n, m) for n, m in ((image, "image"), (video, "video")) if per_prompt.get(m, V1_LIMIT_PER_PROMPT) > 0
+    ]
+    if not towers:
+        return None
+    per_item, modality = max(towers)
+    limit = per_prompt.get(modality, V1_LIMIT_PER_PROMPT)
+    items = v1_items(per_item, limit, max_num_seqs, tokens, max_model_len)
+    merge2 = grid.merge_size**2
+    patches = items * per_item * merge2
+    patch_dim = grid.in_channels * grid.temporal_patch_size * grid.patch_size**2
+    h, inter = grid.hidden_size, grid.intermediate_size
+    reduce = h if tp > 1 else 0
+    attention = 3 * h + 8 * h / tp + reduce
+    mlp = max(3 * h + 2 * inter / tp, 4 * h + inter / tp + reduce)
+    out_rows = grid.out_hidden_size / merge2  # one patch's share of its token's output row
+    deep = grid.deepstack_layers * out_rows
+    block = max(attention, mlp) + deep
+    cat = 2 * (1 + grid.deepstack_layers) * out_rows
+    position = h if grid.position_embeddings else 0
+    encoder = int(patches * (position + max(block, cat)) * act)
+    cached = items * per_item * grid.out_hidden_size * (1 + grid.deepstack_layers) * act
+    return V1Profile(
+        modality=modality,
+        items=items,
+        tokens=per_item,
+        patches=patches,
+        pixel_bytes=patches * patch_dim * act,
+        encoder_bytes=encoder,
+        cached_bytes=cached,
     )
 
 

@@ -294,6 +294,22 @@ V1_OTHERS_MEMORY: Rule[OthersMemory] = Rule(
         "0.9.1 v1/worker/gpu_worker.py:135-148; 0.10.2 :175-188; 0.16.0 v1/worker/utils.py:92-112; 0.33.0 :716-771 (free >= util x total)",
     ),
 )
+QWEN3_TOWER_PROFILE: Rule[bool] = Rule(
+    "qwen3_tower_profile",
+    "a Qwen3-VL / Qwen3.5 tower's profile item is the factor-paired largest image (video: 2 frames)",
+    Side(
+        None,
+        False,
+        "0.13.0 model_executor/models/qwen3_vl.py get_max_video_tokens (frames up to the sequence; 0.11.0 "
+        ":658-675 x 12.5 the tokens): the dummy video can outgrow the image, not modelled",
+    ),
+    Side(
+        "0.15",
+        True,
+        "0.15.0 qwen3_vl.py:696-713 (video: 2 frames at longest_edge / temporal_patch_size), qwen2_vl.py:895; "
+        "0.19.0 qwen3_vl.py:786-810, qwen2_vl.py:914-965; 0.25.1 qwen2_vl.py:948; 0.33.0 qwen3_vl.py:1064",
+    ),
+)
 NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
     "null_block_held_back",
     "the fit check and its estimate plan against the budget less the pool's null block",
@@ -339,5 +355,6 @@ RULES: tuple[Rule[Any], ...] = (
     GLOBAL_GROUPS_CHECK,
     V0_OTHERS_MEMORY,
     V1_OTHERS_MEMORY,
+    QWEN3_TOWER_PROFILE,
     NULL_BLOCK_HELD_BACK,
 )
