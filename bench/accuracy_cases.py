@@ -129,13 +129,18 @@ def find_config(name: str) -> Path | None:
     return None
 
 
-def load_config(name: str, model: str, quantization: str = "") -> dict[str, Any]:
+def load_config(name: str, model: str, quantization: str = "", kv_algo: str | None = None) -> dict[str, Any]:
+    """The config a user predicting the checkpoint reads; ``kv_algo`` is the checkpoint's own ModelOpt
+    KV quantisation where the case records it (settings' checkpoint_kv_cache_quant_algo, from its
+    hf_quant_config.json), added to the quantization_config built for the checkpoint."""
     path = find_config(name)
     if path is None:
         raise FileNotFoundError(name)
     raw: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     has_quant = "quantization_config" in raw or "quantization_config" in (raw.get("text_config") or {})
     quant = None if has_quant else checkpoint_quant(model, quantization)
+    if quant is not None and kv_algo and quant.get("quant_method") == "modelopt":
+        quant["kv_cache_quant_algo"] = kv_algo
     if quant is not None:
         # The base model's config stands in for the checkpoint's, which carries this.
         raw = copy.deepcopy(raw)
@@ -281,7 +286,12 @@ def _from_record(c: dict[str, Any], source: str) -> Case:
         skip = f"excluded by the SGLang scoring: {str(excluded)[:80]}"
     if skip is None and name_match is not None:
         try:
-            config = load_config(name_match.group(0), str(c["model"]), str(s.get("quantization") or ""))
+            config = load_config(
+                name_match.group(0),
+                str(c["model"]),
+                str(s.get("quantization") or ""),
+                s.get("checkpoint_kv_cache_quant_algo"),
+            )
         except FileNotFoundError:
             skip = f"config {name_match.group(0)} not at hand"
     gpu_name, total, why = _card(str(c.get("gpu") or ""), o.get("total_gpu_gib"))

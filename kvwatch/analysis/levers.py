@@ -91,7 +91,8 @@ def levers(
                 "same pool, twice the full-length requests",
             )
         )
-    elem = kv_elem_bytes(model, d.kv_cache_dtype, d.dtype)
+    # The dtype the engine stores: a checkpoint's own fp8 KV (an 'auto' it resolves) has no lever left.
+    elem = kv_elem_bytes(model, engine.capacity.kv_cache_dtype(model, d)[0], d.dtype)
     if elem > 1:
         add(
             "kv_cache_dtype",

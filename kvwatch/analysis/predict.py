@@ -12,6 +12,7 @@ deployment's engine is looked up by its ``EngineName``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from kvwatch.capacity.deployment import Deployment, kv_elem_bytes, validate
 from kvwatch.capacity.gpus import GpuSpec
@@ -59,8 +60,9 @@ def pool_from_available(
 ) -> tuple[int, int | None]:
     """(tokens, blocks) the engine makes of ``available_kv_bytes`` on one rank; blocks None for SGLang."""
     validate(model, deployment)
-    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
     capacity = engine_of(deployment, engine).capacity
+    deployment, _ = _resolved(capacity, model, deployment)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
     return capacity.pool_from_available(model, deployment, elem, available_kv_bytes)
 
 
@@ -70,9 +72,16 @@ def tokens_of_pool_bytes(
     """Tokens of a pool whose buffers the engine printed in bytes (SGLang's 'KV size'); None for an
     engine that prints its budget instead."""
     validate(model, deployment)
-    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
     capacity = engine_of(deployment, engine).capacity
+    deployment, _ = _resolved(capacity, model, deployment)
+    elem = kv_elem_bytes(model, deployment.kv_cache_dtype, deployment.dtype)
     return capacity.tokens_of_pool_bytes(model, deployment, elem, pool_bytes)
+
+
+def _resolved(capacity: Capacity, model: ModelGeometry, d: Deployment) -> tuple[Deployment, str | None]:
+    """``d`` with the cache dtype the engine stores (an 'auto' the checkpoint decides), and why."""
+    dtype, note = capacity.kv_cache_dtype(model, d)
+    return (d if dtype == d.kv_cache_dtype else replace(d, kv_cache_dtype=dtype)), note
 
 
 def _max_model_len(model: ModelGeometry, d: Deployment) -> int:
@@ -115,9 +124,13 @@ def _predict(capacity: Capacity, model: ModelGeometry, d: Deployment) -> Predict
         raise NoGpuMemoryError(
             "need the GPU's memory (--gpu NAME or --gpu-memory SIZE) or --available-kv-memory"
         )
+    given = d.kv_cache_dtype
+    d, kv_note = _resolved(capacity, model, d)
     elem = kv_elem_bytes(model, d.kv_cache_dtype, d.dtype)
     inputs: dict[str, InputSource] = {}
     assumptions: list[str] = list(model.notes)
+    if kv_note:
+        assumptions.append(kv_note)
     max_model_len = _max_model_len(model, d)
     inputs["max_model_len"] = "given" if d.max_model_len is not None else "derived"
     if d.max_model_len is None:
@@ -131,7 +144,7 @@ def _predict(capacity: Capacity, model: ModelGeometry, d: Deployment) -> Predict
             f"max_model_len {max_model_len} exceeds max_position_embeddings {model.max_position_embeddings}: "
             "the engines refuse it unless told to allow long contexts"
         )
-    inputs["kv_cache_dtype"] = "given" if d.kv_cache_dtype != "auto" else "engine_default"
+    inputs["kv_cache_dtype"] = "given" if given != "auto" else "derived" if kv_note else "engine_default"
     per_rank, all_ranks = _bytes_per_token(capacity, model, d, elem)
 
     weights = None

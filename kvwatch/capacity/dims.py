@@ -192,8 +192,9 @@ def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
             return "w4a16", _int(quant, "group_size", "q_group_size") or 128
         raise UnmodelledError(f"quantization_config {method} with {bits}-bit weights is not modelled")
     if method == "modelopt":
-        # NVIDIA ModelOpt checkpoints (vLLM quantization/modelopt.py): FP8 per tensor, or NVFP4 (4-bit
-        # values with an fp8 scale per 16). MIXED_PRECISION names a scheme per layer, not modelled.
+        # ModelOpt (vLLM quantization/modelopt.py): FP8, NVFP4 (fp8 scale per 16), MIXED_PRECISION per
+        # layer; hf_quant_config.json's form nests them in "quantization" (0.30.0 modelopt.py:316-319).
+        quant = inner if isinstance(inner := quant.get("quantization"), Mapping) else quant
         algo = str(quant.get("quant_algo") or "").upper()
         if algo == "FP8":
             return "fp8", 128

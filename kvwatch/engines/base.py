@@ -146,6 +146,11 @@ class Capacity(Protocol):
         """Whether an a-priori prediction of ``d`` needs the card's memory."""
         ...
 
+    def kv_cache_dtype(self, model: ModelGeometry, d: Deployment) -> tuple[str, str | None]:
+        """The cache dtype the engine stores for ``d.kv_cache_dtype`` (an 'auto' it resolves from the
+        checkpoint), and a note when it is not the one given."""
+        ...
+
     def predict(self, model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         """The engine's KV pool, its budget subtracted and divided the engine's way."""
         ...

@@ -22,6 +22,10 @@ class SglangCapacity:
         # SGLang's own 'Load weight end' figure replaces the card's size.
         return d.available_kv_bytes is None and d.free_after_weights_bytes is None
 
+    def kv_cache_dtype(self, model: ModelGeometry, d: Deployment) -> tuple[str, str | None]:
+        # 'auto' is the model dtype (deployment.kv_elem_bytes); a checkpoint's KV scales are not read.
+        return d.kv_cache_dtype, None
+
     def predict(self, model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         return prediction.predict(model, d, basis)
 

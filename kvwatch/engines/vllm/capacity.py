@@ -6,7 +6,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
 from kvwatch.core.errors import ConfigError
-from kvwatch.engines.vllm import budget, memory
+from kvwatch.engines.vllm import budget, kv_dtype, memory
 from kvwatch.engines.vllm import predict as prediction
 
 
@@ -23,6 +23,9 @@ class VllmCapacity:
 
     def needs_gpu_memory(self, d: Deployment) -> bool:
         return d.available_kv_bytes is None
+
+    def kv_cache_dtype(self, model: ModelGeometry, d: Deployment) -> tuple[str, str | None]:
+        return kv_dtype.resolve(model, d)
 
     def predict(self, model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         return prediction.predict(model, d, basis)

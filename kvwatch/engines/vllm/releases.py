@@ -310,6 +310,21 @@ QWEN3_TOWER_PROFILE: Rule[bool] = Rule(
         "0.19.0 qwen3_vl.py:786-810, qwen2_vl.py:914-965; 0.25.1 qwen2_vl.py:948; 0.33.0 qwen3_vl.py:1064",
     ),
 )
+CHECKPOINT_KV_DTYPE: Rule[bool] = Rule(
+    "checkpoint_kv_dtype",
+    "--kv-cache-dtype auto takes a ModelOpt checkpoint's own KV quantisation (kv_cache_scheme / kv_cache_quant_algo)",
+    Side(
+        None,
+        False,
+        "0.13.0 utils/torch_utils.py has no resolve_kv_cache_dtype_string: auto is the model dtype",
+    ),
+    Side(
+        "0.14",
+        True,
+        "0.14.0 utils/torch_utils.py:239-320, engine/arg_utils.py:1398; 0.30.0 torch_utils.py:452-525, "
+        "arg_utils.py:2090",
+    ),
+)
 NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
     "null_block_held_back",
     "the fit check and its estimate plan against the budget less the pool's null block",
@@ -356,5 +371,6 @@ RULES: tuple[Rule[Any], ...] = (
     V0_OTHERS_MEMORY,
     V1_OTHERS_MEMORY,
     QWEN3_TOWER_PROFILE,
+    CHECKPOINT_KV_DTYPE,
     NULL_BLOCK_HELD_BACK,
 )
