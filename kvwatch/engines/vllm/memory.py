@@ -25,7 +25,8 @@ from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.vllm import calibration, multimodal, releases
+from kvwatch.engines.vllm import calibration, graph_profile, multimodal, releases
+from kvwatch.engines.vllm.bnb import bnb_dequant
 
 # --- engine defaults -----------------------------------------------------------------------------
 
@@ -247,21 +248,6 @@ def _moe_workspace(dims: ModelDims, tp: int, tokens: int, act: int) -> int:
     return (ws13 + ws2) * act
 
 
-def _bnb_dequant(dims: ModelDims, tp: int, tokens: int) -> int:
-    """The transient of a bitsandbytes 4-bit matmul in the profile forward: vLLM casts the input to
-    bf16 and calls matmul_4bit once per output shard, copying each result into the layer's output
-    (0.8.5 quantization/bitsandbytes.py:320-375); for more than one row bitsandbytes dequantises the
-    shard's whole weight to bf16 and runs a dense linear (bitsandbytes 0.45.5
-    autograd/_functions.py:462 and :521-533). At the peak, the largest shard -- the MLP's gate (or
-    up) projection, intermediate / tp x hidden -- is alive in bf16 beside its result (tokens x
-    the wider of the gate's and down's outputs). MoE experts (no dense intermediate) are not sized.
-    """
-    inter = dims.intermediate_size // tp
-    if dims.quant_method != "bitsandbytes" or dims.checkpoint_quant != "w4a16" or not inter:
-        return 0
-    return (inter * dims.hidden_size + max(inter, dims.hidden_size) * tokens) * 2
-
-
 def v0_multimodal(
     dims: ModelDims, d: Deployment, max_num_seqs: int, tokens: int, max_model_len: int | None
 ) -> multimodal.Profile | None:
@@ -352,7 +338,7 @@ def activation(
     coefficient = cal.forward_h if v1 else FORWARD_H_V0
     forward = int(tokens * (coefficient * dims.hidden_size + 3 * dims.intermediate_size / d.tp) * act)
     forward += 0 if kept else moe
-    forward += _bnb_dequant(dims, d.tp, tokens)
+    forward += bnb_dequant(dims, d.tp, tokens)
     pooler = profiles_pooler(d)
     if pooler:
         # The forward's hidden states, pooled per task (_dummy_pooler_run, every supported task over
@@ -423,10 +409,11 @@ def non_torch(d: Deployment) -> Term:
     profile runs inside the memory_profiling context (gpu_worker.py:366-381), which leaves more; at
     TP >= 2 on an NVSwitch fabric the communication buffers allocated outside torch after the
     snapshot (fabric_non_torch; PCIe-only cards take TP 1's class from 0.18). With PP the NCCL
-    set-up already sits in the init snapshot. Values FITTED per release class (calibration.py): the
-    allocation behind the ~2 GiB at TP >= 2 is not traced to one line of the source.
+    set-up already sits in the init snapshot. TP 1's larger class only where the graph profile is
+    measured (graph_profile: graphs on, not ROCm before 0.26, 0.18-0.26). Values FITTED per release
+    class (calibration.py): the ~2 GiB at TP >= 2 is not traced to one line of the source.
     """
-    new = releases.NON_TORCH_WITH_GRAPH_PROFILE.at(d.engine_version)
+    new, unmeasured = releases.NON_TORCH_WITH_GRAPH_PROFILE.at(d.engine_version), False
     cal = calibration.current()
     pcie = new and d.tp >= 2 and not fabric_non_torch(d)
     if d.tp >= 2 and not pcie:
@@ -440,14 +427,18 @@ def non_torch(d: Deployment) -> Term:
     elif runs_v0(d):
         gib = cal.non_torch_v0_gib
     else:
-        gib = cal.non_torch_tp1_gib if new else cal.non_torch_tp1_old_gib
+        # TP 1's class holds the CUDA-graph profile's memory only where that is measured (graph_profile).
+        unmeasured = new and not graph_profile.graph_profile_measured(d)
+        gib = cal.non_torch_tp1_old_gib if unmeasured or not new else cal.non_torch_tp1_gib
     card = gpus.find(d.gpu_name)
     why = (
         "a PCIe-only card: no NVSwitch buffers after the init snapshot"
         if card is None or card.interconnect == "pcie"
         else f"SM {card.sm_major}: NVLink SHARP's buffers need SM 9"
     )
-    note = f"TP 1's figure ({why})" if pcie else ""
+    note = "; ".join(
+        ([f"TP 1's figure ({why})"] if pcie else []) + ([graph_profile.NOTE] if unmeasured else [])
+    )
     return Term(int(gib * GiB), note)
 
 
