@@ -14,7 +14,8 @@ captured:
   0.21.0 :403 and 0.25.1 :479 ``current_platform.is_cuda()``; 0.26.0 :501-505 ``is_cuda_alike()``
   (vllm#44825) takes ROCm in.
 
-From 0.27 the call sits after the block (0.27.1 gpu_worker.py:500-517; 0.28.0 :515-532), and the
+From 0.27 the call sits after the block (0.27.1 gpu_worker.py:500-517; 0.28.0 :515-532; 0.33.0
+:685-717), and the
 budget's consumed memory is the free-memory drop up to the end of the block (0.27.1
 utils/mem_utils.py:317-326, ``total_consumed`` + ``transient_peak_headroom``), so the graph
 profile's memory is no longer in it. Wherever the profile is outside the measurement the increase
