@@ -34,6 +34,19 @@ attention is 0.20.0's in 0.24.0 (qwen2_5_vl.py Qwen2_5_VisionAttention.forward),
 place (vllm_flash_attn apply_rotary_emb, inplace False), and the encoder's CUDA graphs and compile
 are off by default (0.24.0 config/compilation.py:516, :524). 0.20's Triton position interpolation
 (0.20.0 qwen3_vl.py:159-344) only drops a transient before the blocks. The miss is not traced.
+
+Read again term by term (0.19.0, 0.22.0, 0.24.0, 0.27.1): the tower's linears are sharded at TP 2
+(0.22.0 qwen3_vl.py:388-405 and qwen2_5_vl.py:324-355 take disable_tp only in "data" mode), the
+vision attention on sm80+ is FLASH_ATTN for head_dim 72 (platforms/cuda.py:386-441,
+v1/attention/backends/flash_attn.py:173-180) with no copy of q, k or v
+(v1/attention/ops/vit_attn_wrappers.py:43-65), the pixel values and the encoder outputs stay
+referenced by profile_run's locals until it returns (0.19.0 gpu_model_runner.py:5721-5795), and
+the block input is held by the caller through the block: the count above stands. The LAMBO eager
+startups' share of the miss was non-torch (graph_profile.py). The only startup that logs the
+profile's transient, souspilot/DiscoverPhysicsWIP's Qwen3.6-27B at TP 2 on 0.27.1, logs 2.32 GiB
+'peak activation' = transient headroom + the 0.96 GiB graph estimate (0.27.1
+v1/worker/gpu_worker.py:527-529): 1.36 GiB beside this profile's 1.45 GiB of tower peak and
+pixels -- a bound that a 0.1 GiB smaller tower would meet, not a mechanism.
 """
 
 from __future__ import annotations
