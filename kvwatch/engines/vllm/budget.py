@@ -280,7 +280,13 @@ def _plan_stage(
         tensors = 1
         num_blocks = max(available // page, 0) if available > 0 else 0
     else:
-        # Hybrid (sliding + full): groups of group_size layers sharing tensors (uniform page size).
+        # Hybrid (sliding + full, state + full): groups of group_size layers sharing tensors
+        # (uniform page size). 0.29-0.33 try a packed grouping first, but only for a block-outermost
+        # layout with mixed page sizes (0.30.0 v1/core/kv_cache_utils.py:1993-1996; 0.33.0
+        # kv_cache_planning.py:931): no default CUDA backend declares a layout, so LBNHC is
+        # resolved (0.30.0 v1/attention/backends/utils.py:190-197, :204-239), and a state page is
+        # already padded to the attention page (platforms/interface.py:942-962).
+        # tests/test_vllm_hybrid_layout.py pins this on three 0.30.0 startups.
         if len(pages) != 1:
             notes.append(
                 "layer types have different page sizes: vLLM unifies them; estimated with the largest page"
