@@ -22,29 +22,14 @@ profile's memory is no longer in it. Wherever the profile is outside the measure
 is what the profile forward alone leaves: the class of the releases without a graph profile
 (0.8-0.17), calibration.non_torch_tp1_old_gib.
 
-The rule lives here, not in releases.py (another change edits that table at the same time); it has
-releases.py's shape (core/versions.Rule) so it can move there as it is.
+The rules are releases.GRAPH_PROFILE_MEASURED and releases.ROCM_GRAPH_PROFILE.
 """
 
 from __future__ import annotations
 
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
-from kvwatch.core.versions import Rule, Side
-
-GRAPH_PROFILE_MEASURED: Rule[bool] = Rule(
-    "graph_profile_measured",
-    "the CUDA-graph memory profile runs inside memory_profiling (its memory is in the non-torch increase)",
-    Side(None, False, "0.17 v1/worker/gpu_worker.py (no CUDA-graph profile)"),
-    Side("0.18", True, "0.19.0 v1/worker/gpu_worker.py:366-381"),
-    Side("0.27", False, "0.27.1 v1/worker/gpu_worker.py:500-517 (after the memory_profiling block)"),
-)
-ROCM_GRAPH_PROFILE: Rule[bool] = Rule(
-    "rocm_graph_profile",
-    "the CUDA-graph memory profile runs on ROCm",
-    Side(None, False, "0.19.0 v1/worker/gpu_worker.py:380; 0.25.1 :479 (current_platform.is_cuda())"),
-    Side("0.26", True, "0.26.0 v1/worker/gpu_worker.py:501-505 (is_cuda_alike(), vllm#44825)"),
-)
+from kvwatch.engines.vllm.releases import GRAPH_PROFILE_MEASURED, ROCM_GRAPH_PROFILE
 
 
 def graph_profile_measured(d: Deployment) -> bool:

@@ -310,6 +310,19 @@ QWEN3_TOWER_PROFILE: Rule[bool] = Rule(
         "0.19.0 qwen3_vl.py:786-810, qwen2_vl.py:914-965; 0.25.1 qwen2_vl.py:948; 0.33.0 qwen3_vl.py:1064",
     ),
 )
+GRAPH_PROFILE_MEASURED: Rule[bool] = Rule(
+    "graph_profile_measured",
+    "the CUDA-graph memory profile runs inside memory_profiling (its memory is in the non-torch increase)",
+    Side(None, False, "0.17 v1/worker/gpu_worker.py (no CUDA-graph profile)"),
+    Side("0.18", True, "0.19.0 v1/worker/gpu_worker.py:366-381"),
+    Side("0.27", False, "0.27.1 v1/worker/gpu_worker.py:500-517 (after the memory_profiling block)"),
+)
+ROCM_GRAPH_PROFILE: Rule[bool] = Rule(
+    "rocm_graph_profile",
+    "the CUDA-graph memory profile runs on ROCm",
+    Side(None, False, "0.19.0 v1/worker/gpu_worker.py:380; 0.25.1 :479 (current_platform.is_cuda())"),
+    Side("0.26", True, "0.26.0 v1/worker/gpu_worker.py:501-505 (is_cuda_alike(), vllm#44825)"),
+)
 CHECKPOINT_KV_DTYPE: Rule[bool] = Rule(
     "checkpoint_kv_dtype",
     "--kv-cache-dtype auto takes a ModelOpt checkpoint's own KV quantisation (kv_cache_scheme / kv_cache_quant_algo)",
@@ -371,6 +384,8 @@ RULES: tuple[Rule[Any], ...] = (
     V0_OTHERS_MEMORY,
     V1_OTHERS_MEMORY,
     QWEN3_TOWER_PROFILE,
+    GRAPH_PROFILE_MEASURED,
+    ROCM_GRAPH_PROFILE,
     CHECKPOINT_KV_DTYPE,
     NULL_BLOCK_HELD_BACK,
 )
