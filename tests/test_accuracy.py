@@ -122,21 +122,28 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # multimodal.py finds no cause). Within 5 % 84.7 -> 86.0 %, median 0.93 -> 0.90 %, mean 4.21 ->
 # 4.04 %, median half-width 8.25 -> 8.13 %; the refit H100 band narrowed and llm-d's FP8 Llama-3.3-70B
 # at TP 4 (+3.10 %) left its ±2.83 %: band 93.3 -> 92.7 % (off the calibration set 89.5 -> 90.6 %).
+# checkpoint KV dtype and graph profile: vLLM 0.14+ stores a ModelOpt checkpoint's own KV format
+# for --kv-cache-dtype auto, so the Nemotron-3.5 NVFP4 startup on GB10 (its hf_quant_config.json's
+# kv_cache_quant_algo FP8) is divided in fp8 pages: -29.4 -> +6.2 %; and TP 1's non-torch holds the
+# CUDA-graph profile's memory only where vLLM measures it (0.18-0.26, graphs on; ROCm from 0.26):
+# lambo's eager RTX 3090 startups -2.2..-3.8 -> -0.6..-1.6 %. Median 0.90 -> 0.85 %, mean 4.04 ->
+# 3.81 %, band 92.7 -> 94.0 % (median half-width 8.13 -> 7.58 %; off the calibration set 90.6 ->
+# 92.7 %); within 5 % stays 86.0 % (Nemotron is now +6.2 %, just outside).
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
     "loso_cases": 150,
-    "loso_median": 0.91,
-    "loso_mean": 4.05,
+    "loso_median": 0.86,
+    "loso_mean": 3.82,
     "loso_within_5": 0.86,
-    "loso_band": 0.926,
+    "loso_band": 0.94,
     "loso_failed_predicted": 12,
-    "loso_off_band": 0.906,
+    "loso_off_band": 0.927,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.63,
-    "loso_median_band": 8.13,
+    "loso_median_band": 7.58,
 }
 
 

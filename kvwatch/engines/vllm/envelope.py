@@ -26,13 +26,13 @@ ENVELOPE = Envelope(
     },
     term_bands={"weights": 0.0074, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 0.3893},
     widening={
-        "card": 0.062,
-        "release": 0.0585,
+        "card": 0.0558,
+        "release": 0.0558,
         "architecture": 0.0177,
-        "modality": 0.0489,
-        "quantization": 0.0489,
+        "modality": 0.0445,
+        "quantization": 0.0391,
         "parallelism": 0.0846,
-        "connector": 0.0489,
+        "connector": 0.0445,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",
