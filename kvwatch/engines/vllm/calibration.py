@@ -70,7 +70,7 @@ FITTED = Calibration(
 CASES: dict[str, str] = {
     "forward_h": "benyucong/neo4j-graphrag-python (1), llm-d-incubation/llm-d-planner (4), llm-d/llm-d-benchmark (1)",
     "sampler_sort_extra": "kolyangg/mlops-assignment (1), llm-d/llm-d-benchmark (8), release-sweep (2)",
-    "small_tensors_gib": "LukeJYK/AutoScientists (1), benyucong/neo4j-graphrag-python (1), daxdelvira/distributed_agent_gc (2), kolyangg/mlops-assignment (1), leagames0221-sys/longctx-bench-honest (1), llm-d-incubation/llm-d-planner (43), llm-d/llm-d-benchmark (9), release-sweep (4), souspilot/DiscoverPhysicsWIP (1), vllm-project/vllm#13882 (1)",
+    "small_tensors_gib": "LukeJYK/AutoScientists (1), benyucong/neo4j-graphrag-python (1), daxdelvira/distributed_agent_gc (2), kolyangg/mlops-assignment (1), leagames0221-sys/longctx-bench-honest (1), llm-d-incubation/llm-d-planner (43), llm-d/llm-d-benchmark (9), release-sweep (4), vllm-project/vllm#13882 (1)",
     "vision_encoder_gib": "llm-d-incubation/llm-d-planner (4), llm-d/llm-d-benchmark (1)",
     "non_torch_tp_gib": "llm-d-incubation/llm-d-planner (8)",
     "non_torch_tp_slope_gib": "llm-d-incubation/llm-d-planner (8)",

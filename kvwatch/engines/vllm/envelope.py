@@ -24,7 +24,7 @@ ENVELOPE = Envelope(
         "parallelism": frozenset({"tp 1", "tp >= 2"}),
         "connector": frozenset({"none"}),
     },
-    term_bands={"weights": 0.0074, "activation": 0.005, "non_torch": 0.04, "cuda_graphs": 0.3893},
+    term_bands={"weights": 0.0074, "activation": 0.0058, "non_torch": 0.04, "cuda_graphs": 0.3893},
     widening={
         "card": 0.0558,
         "release": 0.0558,
