@@ -23,7 +23,7 @@ from kvwatch.capacity.model import ModelGeometry
 from kvwatch.core.units import GiB
 from kvwatch.core.versions import version_tuple
 from kvwatch.engines.sglang import calibration as sglang_calibration
-from kvwatch.engines.vllm import calibration, memory, weights
+from kvwatch.engines.vllm import calibration, graph_profile, memory, weights
 from kvwatch.engines.vllm.calibration import Calibration
 
 _FIELDS = ("forward_h", "sampler_sort_extra", "vision_encoder_gib", "small_tensors_gib")
@@ -82,7 +82,9 @@ def non_torch_class(case: Case) -> str:
         return "non_torch_pp_gib"
     if v is not None and v < (0, 8):
         return "non_torch_v0_gib"
-    return "non_torch_tp1_gib" if new else "non_torch_tp1_old_gib"
+    # TP 1's larger class only where the CUDA-graph profile is measured (memory.non_torch's rule).
+    measured = new and graph_profile.graph_profile_measured(deployment(case))
+    return "non_torch_tp1_gib" if measured else "non_torch_tp1_old_gib"
 
 
 def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float] | None:
