@@ -84,6 +84,8 @@ def test_nvfp4_kv_is_refused_by_name() -> None:
     }
     with pytest.raises(UnmodelledError, match="nvfp4"):
         predict(_llama(quant), _d())
+    # Before 0.20 vLLM knows no nvfp4 KV: the 4-bit scheme falls back to auto, the model dtype.
+    assert kv_dtype.resolve(_llama(quant), _d("0.19.0")) == ("auto", None)
 
 
 def test_the_pool_holds_twice_the_tokens_and_says_why() -> None:

@@ -20,7 +20,7 @@ from kvwatch.core.errors import UnmodelledError
 from kvwatch.core.jsontypes import JsonValue
 from kvwatch.engines.vllm import releases
 
-# 0.30.0 utils/torch_utils.py:67-70 (0.14.0 :57: fp8 only).
+# 0.30.0 utils/torch_utils.py:67-70 (0.14.0-0.19.0: fp8 only, releases.CHECKPOINT_NVFP4_KV).
 _MODELOPT_KV = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
 _KEYS = ("kv_cache_scheme", "kv_cache_quant_algo")
 
@@ -54,6 +54,8 @@ def resolve(model: ModelGeometry, d: Deployment) -> tuple[str, str | None]:
     algo = _algo(quant)
     resolved = _MODELOPT_KV.get(algo) if algo else None
     if resolved is None:
+        return d.kv_cache_dtype, None
+    if resolved == "nvfp4" and not releases.CHECKPOINT_NVFP4_KV.at(d.engine_version):
         return d.kv_cache_dtype, None
     if resolved == "nvfp4":
         raise UnmodelledError("the checkpoint quantises its KV cache to nvfp4, which kvwatch does not size")

@@ -338,6 +338,20 @@ CHECKPOINT_KV_DTYPE: Rule[bool] = Rule(
         "arg_utils.py:2090",
     ),
 )
+CHECKPOINT_NVFP4_KV: Rule[bool] = Rule(
+    "checkpoint_nvfp4_kv",
+    "a ModelOpt checkpoint's nvfp4 KV format is taken (before: unknown, 'auto' kept with a warning)",
+    Side(
+        None,
+        False,
+        "0.19.0 utils/torch_utils.py MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (fp8 only; 4-bit schemes fall back)",
+    ),
+    Side(
+        "0.20",
+        True,
+        "0.20.0 utils/torch_utils.py MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP ('nvfp4'), num_bits 4 scheme",
+    ),
+)
 NULL_BLOCK_HELD_BACK: Rule[bool] = Rule(
     "null_block_held_back",
     "the fit check and its estimate plan against the budget less the pool's null block",
@@ -387,5 +401,6 @@ RULES: tuple[Rule[Any], ...] = (
     GRAPH_PROFILE_MEASURED,
     ROCM_GRAPH_PROFILE,
     CHECKPOINT_KV_DTYPE,
+    CHECKPOINT_NVFP4_KV,
     NULL_BLOCK_HELD_BACK,
 )
