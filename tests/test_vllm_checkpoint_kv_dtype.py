@@ -15,6 +15,7 @@ from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.geometry import geometry_from_config
 from kvwatch.capacity.model import ModelGeometry
+from kvwatch.capacity.weights import weight_bytes
 from kvwatch.core.errors import UnmodelledError
 from kvwatch.core.units import GiB
 from kvwatch.engines.vllm import kv_dtype
@@ -104,3 +105,27 @@ def test_the_pool_holds_twice_the_tokens_and_says_why() -> None:
         pool_from_available(_llama(LEGACY), d, 10 * GiB)[0]
         == 2 * pool_from_available(_llama(None), d, 10 * GiB)[0]
     )
+
+
+@pytest.mark.parametrize(
+    "flat",
+    [
+        {"quant_method": "modelopt", "quant_algo": "FP8"},
+        {
+            "quant_method": "modelopt",
+            "quant_algo": "MIXED_PRECISION",
+            "quantized_layers": {"model.layers.0.self_attn.q_proj": {"quant_algo": "FP8"}},
+        },
+    ],
+    ids=["fp8", "mixed"],
+)
+def test_the_nested_form_is_weighed_like_the_flat_one(flat: dict[str, Any]) -> None:
+    """hf_quant_config.json's 'quantization' object: every reader (scheme, per-group schemes, bytes)
+    sees the same settings as config.json's flat form (dims.modelopt_fields)."""
+    body = {k: v for k, v in flat.items() if k != "quant_method"}
+    nested = _llama({"quant_method": "modelopt", "quantization": body})
+    plain = _llama(flat)
+    assert nested.dims is not None and plain.dims is not None
+    assert nested.dims.checkpoint_quant == plain.dims.checkpoint_quant
+    assert nested.dims.group_quant == plain.dims.group_quant
+    assert weight_bytes(nested) == weight_bytes(plain)

@@ -130,9 +130,8 @@ def _ct_scheme(groups: object) -> tuple[str, int]:
     raise UnmodelledError(f"quantization_config compressed-tensors {kind}{bits} weights are not modelled")
 
 
-# ModelOpt's per-layer algorithms (vLLM 0.24.0 quantization/modelopt.py:110-118, the mixed-precision
-# config :2269-2300 reads quantized_layers): FP8 per tensor, NVFP4 and its weight-only W4A16 form
-# (the same 4-bit values and fp8 scale per 16 on disk).
+# ModelOpt's per-layer algorithms (vLLM 0.24.0 modelopt.py:110-118, quantized_layers :2269-2300): FP8,
+# NVFP4 and its weight-only W4A16 form (the same 4-bit values and fp8 scale per 16 on disk).
 _MODELOPT_ALGOS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4"}
 # Where a module name puts a quantised linear (the checkpoint's own names, any model prefix).
 _MIXED_GROUPS = (
@@ -192,9 +191,7 @@ def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
             return "w4a16", _int(quant, "group_size", "q_group_size") or 128
         raise UnmodelledError(f"quantization_config {method} with {bits}-bit weights is not modelled")
     if method == "modelopt":
-        # ModelOpt (vLLM quantization/modelopt.py): FP8, NVFP4 (fp8 scale per 16), MIXED_PRECISION per
-        # layer; hf_quant_config.json's form nests them in "quantization" (0.30.0 modelopt.py:316-319).
-        quant = inner if isinstance(inner := quant.get("quantization"), Mapping) else quant
+        quant = modelopt_fields(quant)  # FP8, NVFP4 (fp8 scale per 16), MIXED_PRECISION per layer
         algo = str(quant.get("quant_algo") or "").upper()
         if algo == "FP8":
             return "fp8", 128
@@ -212,6 +209,11 @@ def checkpoint_quant(config: JsonValue) -> tuple[str | None, int]:
     if not method:
         raise UnmodelledError("config.json quantization_config has no quant_method: kvwatch cannot weigh it")
     raise UnmodelledError(f"quantization_config.quant_method {method!r} is not one kvwatch can weigh")
+
+
+def modelopt_fields(quant: Mapping[str, JsonValue]) -> Mapping[str, JsonValue]:
+    """A ModelOpt config's settings, or hf_quant_config.json's nested "quantization" (0.30.0 modelopt.py:316-319)."""
+    return inner if isinstance(inner := quant.get("quantization"), Mapping) else quant
 
 
 def _quant_method(config: object) -> str:
@@ -489,10 +491,10 @@ def dims_from_config(
 
 
 def _group_quant(config: JsonValue) -> tuple[tuple[str, str], ...]:
-    """ModelDims.group_quant: every group a MIXED_PRECISION checkpoint quantises, with its scheme,
-    and the decoder linear groups it leaves in the model dtype ('none')."""
-    if not isinstance(config, Mapping) or str(config.get("quant_algo") or "").upper() != "MIXED_PRECISION":
+    """ModelDims.group_quant: a MIXED_PRECISION checkpoint's groups, 'none' for those left unquantised."""
+    fields = modelopt_fields(config) if isinstance(config, Mapping) else {}
+    if str(fields.get("quant_algo") or "").upper() != "MIXED_PRECISION":
         return ()
     groups: dict[str, str] = dict.fromkeys((ATTENTION, MIXER, DENSE_MLP, SHARED, EXPERTS), "none")
-    groups.update(mixed_precision_groups(config))
+    groups.update(mixed_precision_groups(fields))
     return tuple(sorted(groups.items()))

@@ -24,6 +24,7 @@ from kvwatch.capacity.dims import (
     NORMS,
     ROUTER,
     SHARED,
+    modelopt_fields,
 )
 from kvwatch.capacity.dtypes import WEIGHT_DTYPES
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
@@ -245,7 +246,7 @@ def _quant_scheme(quant: Mapping[str, Any] | None) -> tuple[str, float, frozense
     if method == "mxfp4":
         return "mxfp4", 4.25, frozenset({EXPERTS} & groups)
     if method in ("fp8", "fbgemm_fp8") or (
-        method == "modelopt" and str(quant.get("quant_algo")).upper() == "FP8"
+        method == "modelopt" and str(modelopt_fields(quant).get("quant_algo")).upper() == "FP8"
     ):
         return "fp8", 8.0, frozenset(groups)
     if method == "modelopt":
