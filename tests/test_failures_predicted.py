@@ -14,6 +14,7 @@ from bench import accuracy_cases, accuracy_loso
 from bench import accuracy_sglang as acc_sglang
 from bench.accuracy_cases import _card
 from kvwatch.analysis.predict import engine_of, predict
+from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import card_family
 from kvwatch.capacity.geometry import load_model
@@ -425,3 +426,72 @@ def test_a_fit_the_band_does_not_promise_is_said() -> None:
     assert roomy.fits_at_band_low is True and "low end" not in render(roomy, engine_of(d))
     failing = predict(m, d.with_(max_model_len=32768))
     assert not failing.fits and failing.fits_at_band_low is None
+
+
+LLAMA33_70B = CONFIGS / "meta-llama--Llama-3.3-70B-Instruct.json"
+LOAD_OOM = "CUDA out of memory loading the weights"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_weights_beyond_the_card_fail_in_the_loader_not_for_want_of_kv_memory(
+    engine: Literal["vllm", "sglang"],
+) -> None:
+    """Llama-3.3-70B in bf16 (~131 GiB) on one 79.19 GiB H100: both engines load the weights before
+    they measure any budget (vLLM 0.19 v1/worker/gpu_worker.py load_model before determine_available_memory;
+    SGLang 0.5.23 model_runner.py load_model before init_memory_pool), so the start ends in torch's
+    CUDA out of memory, which no utilisation or static fraction cures; two ranks load it."""
+    m = load_model(LLAMA33_70B)
+    h100 = gpus.find("H100")
+    assert h100 is not None
+    d = Deployment(
+        engine=engine,
+        engine_version="0.19.0" if engine == "vllm" else "0.5.23",
+        gpu_name=h100.name,
+        gpu_memory_bytes=h100.total_bytes,
+    )
+    for knob in ({"gpu_memory_utilization": 0.99} if engine == "vllm" else {"mem_fraction_static": 0.95}, {}):
+        p = predict(m, d.with_(**knob))
+        assert p.fits is False and p.failure is not None and p.failure.startswith(LOAD_OOM), p.failure
+        assert p.weights_bytes is not None and p.weights_bytes > 79 * GiB
+        assert "--tp" in p.failure and "smaller (quantised) checkpoint" in p.failure
+        assert "engine would fail: " + p.failure in render(p, engine_of(d))
+    sharded = predict(m, d.with_(tp=2, mem_fraction_static=0.9 if engine == "sglang" else None))
+    assert sharded.failure is None or not sharded.failure.startswith(LOAD_OOM)
+
+
+@pytest.mark.parametrize(("engine", "version"), [("vllm", "0.19.0"), ("vllm", "0.6.5"), ("sglang", "0.5.23")])
+def test_the_load_failure_starts_where_the_weights_pass_the_free_memory(
+    engine: Literal["vllm", "sglang"], version: str
+) -> None:
+    """Given weights just under the memory free at load (card less the non-torch memory kvwatch
+    counts there and other processes' memory) the start fails for want of KV memory at most; a MiB
+    past it, in the loader. The free figure is the one the failure prints."""
+    m = load_model(LLAMA31_8B)
+    in_use = GiB
+    d = _rtx4090(engine, version, 4096).with_(memory_in_use_bytes=in_use, gpu_memory_utilization=None)
+    probe = predict(m, d.with_(weights_bytes=30 * GiB))
+    assert probe.failure is not None and probe.failure.startswith(LOAD_OOM)
+    free_text = probe.failure.split("card, ")[1].split(" of it free")[0]
+    free = float(free_text.split()[0]) * (GiB if free_text.endswith("GiB") else 2**20)
+    assert d.gpu_memory_bytes is not None and free < d.gpu_memory_bytes - in_use
+    under = predict(m, d.with_(weights_bytes=int(free) - 64 * 2**20))
+    assert under.failure is None or not under.failure.startswith(LOAD_OOM)
+    over = predict(m, d.with_(weights_bytes=int(free) + 64 * 2**20))
+    assert over.failure is not None and over.failure.startswith(LOAD_OOM) and over.fits is False
+
+
+def test_v1_s_free_memory_check_comes_before_the_load() -> None:
+    """0.10.2 refuses to start below utilisation x total free (v1/worker/gpu_worker.py:175-188) before
+    it loads anything: with too much memory in use that is the failure, whatever the weights weigh."""
+    m = load_model(LLAMA33_70B)
+    h100 = gpus.find("H100")
+    assert h100 is not None
+    d = Deployment(
+        engine="vllm",
+        engine_version="0.10.2",
+        gpu_name=h100.name,
+        gpu_memory_bytes=h100.total_bytes,
+        memory_in_use_bytes=20 * GiB,
+    )
+    p = predict(m, d)
+    assert p.failure is not None and p.failure.startswith("Free memory on device")

@@ -30,6 +30,7 @@ from kvwatch.capacity.dtypes import WEIGHT_DTYPES
 from kvwatch.capacity.model import LayerSpec, ModelGeometry
 from kvwatch.core.errors import ConfigError, ModelConfigError
 from kvwatch.core.jsontypes import JsonValue
+from kvwatch.core.units import format_bytes
 
 # Itemised parameter groups.
 
@@ -368,3 +369,23 @@ def weights_per_rank(
         layer_share = (1 - (params[EMBED] + params[LM_HEAD]) / whole) * stage_layers / model.num_layers
         per_rank = int(total * (layer_share + edge)) // tp
     return WeightsEstimate(total_bytes=total, per_rank_bytes=per_rank, scheme=scheme, source=source)
+
+
+def load_oom(
+    engine: str, weights: int, scheme: str | None, total: int, free: int, tp: int, pp: int
+) -> str | None:
+    """The startup's failure when one rank's weights exceed the memory free when they load.
+
+    Both engines load the weights before any budget is measured, so this is torch's CUDA out of
+    memory in the loader, not the engine's own 'no memory for the KV cache' (whose remedy, a higher
+    utilisation or static fraction, cannot help here): the weights must be spread over more GPUs or
+    be smaller. None when they fit."""
+    if weights <= free:
+        return None
+    held = f", {format_bytes(free)} of it free when they load" if free < total else ""
+    return (
+        f"CUDA out of memory loading the weights: {engine} needs {format_bytes(weights)} per GPU "
+        f"({scheme or 'checkpoint'}, tp={tp} pp={pp}) on a {format_bytes(total)} card{held}. No "
+        "utilisation or static fraction helps; shard them over more GPUs (--tp, --pp) or serve a "
+        "smaller (quantised) checkpoint."
+    )

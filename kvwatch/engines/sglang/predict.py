@@ -15,6 +15,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import conditions, label, not_calibrated_note
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, Prediction
+from kvwatch.capacity.weights import load_oom
 from kvwatch.core.units import format_bytes
 from kvwatch.engines.sglang import budget, calibration, request_table, weight_extras
 from kvwatch.engines.sglang.envelope import CURRENT
@@ -84,6 +85,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     total = d.gpu_memory_bytes
     mfs = d.mem_fraction_static
     usable = activation = non_torch = band = pre_load = None
+    load_failure = None
     envelope = CURRENT.get()
     if weights_rank is not None and d.weights_bytes is None and d.dp_attention and d.dp > 1:
         extra = weight_extras.dp_attention_weights_extra(model, d)
@@ -206,6 +208,10 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                     f"free memory before weights: less the {format_bytes(d.memory_in_use_bytes)} other processes "
                     "hold (SGLang measures the free memory, so its pool and its reserve shrink with it)"
                 )
+            if total is not None:
+                load_failure = load_oom(
+                    "SGLang", weights_rank, basis.weights_scheme, total, pre_load, d.tp, d.pp
+                )
         usable = int(pre_load * mfs)
         activation = pre_load - usable
         available = usable - weights_rank
@@ -233,6 +239,8 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     sg, pool_bytes, failure = _pool_outcome(
         model, d, elem, available, max_model_len, pre_load, weights_rank, assumptions
     )
+    # The loader runs out of memory before the pool is sized.
+    failure = load_failure or failure
     if d.page_size is None and d.block_size is None:
         inputs["page_size"] = "engine_default"
     tokens = sg.tokens
@@ -241,7 +249,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
         others_limit = _others_limit(
             model, d, elem, max_model_len, pre_load, mfs, usable - available, weights_rank
         )
-    fits = tokens >= max_model_len
+    fits = tokens >= max_model_len and load_failure is None
     estimated = None if fits else max(tokens, 0)
     if tokens > 0 and not fits and failure is None:
         assumptions.append("SGLang starts anyway; a request longer than the pool cannot be admitted")

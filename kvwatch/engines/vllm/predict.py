@@ -16,7 +16,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.envelope import conditions, label, not_calibrated_note
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Basis, InputSource, Prediction
-from kvwatch.capacity.weights import weight_bytes
+from kvwatch.capacity.weights import load_oom, weight_bytes
 from kvwatch.core.units import GiB, format_bytes
 from kvwatch.engines.vllm import budget, hybrid, memory, multimodal, releases, weights
 from kvwatch.engines.vllm.envelope import CURRENT
@@ -39,6 +39,9 @@ class _Budget:
     graphs: int
     graphs_applied: int
     stage_available: list[int]
+    # The heaviest stage's weights and the memory free when they load (capacity.weights.load_oom).
+    heaviest_weights: int = 0
+    load_free: int = 0
     band: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -189,6 +192,11 @@ def _terms(
                     "the driver's figure)"
                 )
         band = math.isqrt(sum(int(t + _RESOLUTION) ** 2 for t in terms if t) + int(card_band * util) ** 2)
+    # Memory not free when the weights load: the non-torch allocations (CUDA context, NCCL) and what
+    # other processes hold, which a 'counted' release's non-torch figure already includes.
+    held = nt.bytes + others
+    if not others and not (d.non_torch_bytes is not None and memory.others_memory(d) == "counted"):
+        held += d.memory_in_use_bytes or 0
     return _Budget(
         requested,
         stage_weights[0],
@@ -197,6 +205,8 @@ def _terms(
         graphs.bytes,
         applied,
         available,
+        max(stage_weights),
+        total - held,
         band,
         notes,
     )
@@ -281,6 +291,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
     total = d.gpu_memory_bytes
     requested = activation = non_torch = graphs = band = None
     stage_available: list[int] | None = None
+    load_failure = None
     if d.available_kv_bytes is not None:
         available = d.available_kv_bytes
         inputs["available_kv"] = "given"
@@ -309,6 +320,9 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             terms.graphs,
         )
         available, stage_available, band = terms.available, terms.stage_available, terms.band
+        load_failure = load_oom(
+            "vLLM", terms.heaviest_weights, basis.weights_scheme, total, terms.load_free, d.tp, d.pp
+        )
         if d.pp > 1 and min(stage_available) < available:
             assumptions.append(
                 f"pipeline stages: the pool is sized from the smallest stage ({format_bytes(min(stage_available))}); "
@@ -372,6 +386,9 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
             )
     else:
         fits = True
+    if load_failure is not None:
+        # The loader runs out of memory before any budget is measured or checked.
+        failure, fits, estimated = load_failure, False, None
     if d.memory_in_use_bytes and total is not None and util is not None:
         start_failure = _others_failure(d, total, util, d.memory_in_use_bytes, activation or 0)
         # The startup check runs before the model loads; the out-of-memory after every other check.
