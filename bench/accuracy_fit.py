@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from bench.accuracy_cases import Case, deployment
+from kvwatch.analysis.predict import predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.core.units import GiB
 from kvwatch.core.versions import version_tuple
 from kvwatch.engines.sglang import calibration as sglang_calibration
-from kvwatch.engines.vllm import calibration, graph_profile, memory, weights
+from kvwatch.engines.vllm import calibration, graph_profile, host_memory, memory, weights
 from kvwatch.engines.vllm.calibration import Calibration
 
 _FIELDS = ("forward_h", "sampler_sort_extra", "vision_encoder_gib", "small_tensors_gib")
@@ -133,7 +134,13 @@ def fit_with_cases(
     for c, _ in with_model:
         # A card outside the catalogue (a vGPU profile, an unnamed card) measures its own driver, not
         # the engine's class: it does not set a class's figure.
-        if "non_torch" in c.observed and gpus.find(c.gpu_name) is not None:
+        # A unified-memory card's figure holds host memory besides the class's (_unified_host).
+        card = gpus.find(c.gpu_name)
+        if (
+            "non_torch" in c.observed
+            and card is not None
+            and not host_memory.counts_host_memory(deployment(c), card)
+        ):
             by_class.setdefault(non_torch_class(c), []).append(c)
     changes: dict[str, float] = {}
     for name in _NON_TORCH_FALLBACK:
@@ -174,7 +181,33 @@ def fit_with_cases(
             used[name] = []
             value = _implied(act_cases, cal, name, used[name])
             cal = replace(cal, **{name: value if value is not None else 0.0})
-    return cal, used
+    unified, used["non_torch_unified_gib"] = _unified_host(with_model, cal)
+    return replace(cal, non_torch_unified_gib=unified), used
+
+
+def _unified_host(cases: Sequence[tuple[Case, ModelGeometry]], cal: Calibration) -> tuple[float, list[str]]:
+    """The host memory a unified-memory card's startup adds to the non-torch increase
+    (kvwatch.engines.vllm.host_memory): the median over the started cases on such a card of their
+    logged non-torch figure beyond the class's, or, where they print their weights and available KV
+    but no non-torch figure (every such log today), of what the budget leaves unexplained once the
+    logged weights stand in for the modelled ones. Zero where no case measures it."""
+    values, ids = [], []
+    for case, model in cases:
+        d = deployment(case)
+        o = case.observed
+        if not (case.started and (("kv" in o and "weights" in o) or "non_torch" in o) and case.pp == 1):
+            continue
+        if not host_memory.counts_host_memory(d, gpus.find(d.gpu_name)):
+            continue
+        with calibration.using(replace(cal, non_torch_unified_gib=0.0)):
+            p = predict(model, d.with_(weights_bytes=int(o["weights"] * GiB)))
+        # A logged non-torch figure says it directly; else the budget's unexplained rest.
+        if "non_torch" in o:
+            values.append(o["non_torch"] - (p.non_torch_bytes or 0) / GiB)
+        else:
+            values.append(p.available_kv_bytes / GiB - o["kv"])
+        ids.append(case.id)
+    return (statistics.median(values) if values else 0.0), ids
 
 
 def fit_sglang(cases: Sequence[Case]) -> tuple[sglang_calibration.Calibration, dict[str, list[str]]]:

@@ -129,21 +129,27 @@ CALIBRATION_SOURCES = ("llm-d-incubation/llm-d-planner", "llm-d/llm-d-benchmark"
 # lambo's eager RTX 3090 startups -2.2..-3.8 -> -0.6..-1.6 %. Median 0.90 -> 0.85 %, mean 4.04 ->
 # 3.81 %, band 92.7 -> 94.0 % (median half-width 8.13 -> 7.58 %; off the calibration set 90.6 ->
 # 92.7 %); within 5 % stays 86.0 % (Nemotron is now +6.2 %, just outside).
+# unified memory: on GB10 vLLM 0.11.1+ reads the free memory from the OS, so the host memory the
+# startup takes counts as non-torch (1.92 GiB fitted, host_memory.py): the nine GB10 startups move
+# from a median +6.5 % to 2.4 % (within 5 % 33 -> 67 %; virtualtubers' multimodal Qwen3.6-35B, its
+# pool read from tokens, -12.0 -> -17.7 %). Median 0.85 -> 0.83 %, mean 3.81 -> 3.62 %, within 5 %
+# 86.0 -> 88.0 %; the refit widenings shrink with the GB10 error (median half-width 7.58 -> 6.47 %)
+# and the band holds 91.3 % (94.0 before; off the calibration set 92.7 -> 88.5 %).
 MEASURED = {
     "h100_in_median": 0.027,
     "h100_in_mean": 0.077,
     "h100_in_band": 1.0,
     "loso_cases": 150,
-    "loso_median": 0.86,
-    "loso_mean": 3.82,
-    "loso_within_5": 0.86,
-    "loso_band": 0.94,
+    "loso_median": 0.83,
+    "loso_mean": 3.63,
+    "loso_within_5": 0.88,
+    "loso_band": 0.913,
     "loso_failed_predicted": 12,
-    "loso_off_band": 0.927,
+    "loso_off_band": 0.885,
     # The price of the coverage: the median band half-width (% of the available KV), never widened
     # on the same cases.
     "h100_in_median_band": 2.63,
-    "loso_median_band": 7.58,
+    "loso_median_band": 6.48,
 }
 
 

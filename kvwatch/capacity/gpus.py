@@ -48,6 +48,9 @@ class GpuSpec:
     # answers NOT_SUPPORTED (GB10: NVIDIA's DGX Spark known issues, 'nvidia-smi reports memory usage
     # Not Supported'), and an engine that sizes its defaults from NVML sees no memory at all.
     nvml_memory: bool = True
+    # Whether the CPU and the GPU share one physical memory (torch's device property is_integrated):
+    # what the OS and every process take on the host comes out of the card's free memory.
+    unified_memory: bool = False
 
     @property
     def memory_mib(self) -> int:
@@ -154,6 +157,7 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         # driver 580.173.02; kubernetes-sigs/dra-driver-nvidia-gpu#1073; snowflakedb/ArcticTraining#345
         # citing docs.nvidia.com/dgx/dgx-spark/known-issues.html).
         nvml_memory=False,
+        unified_memory=True,
     ),
     GpuSpec(
         "A100-SXM-80GB",

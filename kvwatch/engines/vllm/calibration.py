@@ -44,6 +44,9 @@ class Calibration:
     graphs_per_layer_gib: float
     graphs_moe_gib: float
     graphs_nccl_gib: float = 0.0
+    # Host memory a unified-memory card's startup takes after the init snapshot (the engine's
+    # processes load, compile and profile), which vLLM counts as non-torch there (memory.non_torch).
+    non_torch_unified_gib: float = 0.0
 
 
 # Fitted on tests/apriori (bench/accuracy_fit.py, all sources); the cases behind each coefficient,
@@ -66,6 +69,7 @@ FITTED = Calibration(
     graphs_per_layer_gib=0.02022,
     graphs_moe_gib=-0.06945,
     graphs_nccl_gib=0.08905,
+    non_torch_unified_gib=1.918,
 )
 CASES: dict[str, str] = {
     "forward_h": "benyucong/neo4j-graphrag-python (1), llm-d-incubation/llm-d-planner (4), llm-d/llm-d-benchmark (1)",
@@ -83,6 +87,7 @@ CASES: dict[str, str] = {
     "graphs_per_layer_gib": "AIwork4me/Qwen3.8-27B-ROCm (1), LukeJYK/AutoScientists (1), NnamdiOdozi/mlops-assignment (1), leadawon/LAMBO (1), llm-d-incubation/llm-d-planner (43), sostrowsk/dgx-spark-local-llm (3), souspilot/DiscoverPhysicsWIP (1), sridhar1804/local-ai (1)",
     "graphs_moe_gib": "AIwork4me/Qwen3.8-27B-ROCm (1), LukeJYK/AutoScientists (1), NnamdiOdozi/mlops-assignment (1), leadawon/LAMBO (1), llm-d-incubation/llm-d-planner (43), sostrowsk/dgx-spark-local-llm (3), souspilot/DiscoverPhysicsWIP (1), sridhar1804/local-ai (1)",
     "graphs_nccl_gib": "leadawon/LAMBO (1)",
+    "non_torch_unified_gib": "TW-10519/VLLM-ROUTER (1), sostrowsk/dgx-spark-local-llm (3)",
 }
 # --- fitted: end
 

@@ -26,13 +26,13 @@ ENVELOPE = Envelope(
     },
     term_bands={"weights": 0.0074, "activation": 0.0058, "non_torch": 0.04, "cuda_graphs": 0.3893},
     widening={
-        "card": 0.0558,
-        "release": 0.0558,
+        "card": 0.0445,
+        "release": 0.0445,
         "architecture": 0.0177,
-        "modality": 0.0445,
-        "quantization": 0.0391,
+        "modality": 0.0286,
+        "quantization": 0.0049,
         "parallelism": 0.0846,
-        "connector": 0.0445,
+        "connector": 0.0286,
     },
     cases={
         "architecture=MLA": "llm-d-incubation/llm-d-planner (1)",

@@ -25,7 +25,7 @@ from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.vllm import calibration, graph_profile, multimodal, releases
+from kvwatch.engines.vllm import calibration, graph_profile, host_memory, multimodal, releases
 from kvwatch.engines.vllm.bnb import bnb_dequant
 
 # --- engine defaults -----------------------------------------------------------------------------
@@ -411,7 +411,8 @@ def non_torch(d: Deployment) -> Term:
     snapshot (fabric_non_torch; PCIe-only cards take TP 1's class from 0.18). With PP the NCCL
     set-up already sits in the init snapshot. TP 1's larger class only where the graph profile is
     measured (graph_profile: graphs on, not ROCm before 0.26, 0.18-0.26). Values FITTED per release
-    class (calibration.py): the ~2 GiB at TP >= 2 is not traced to one line of the source.
+    class (calibration.py): the ~2 GiB at TP >= 2 is not traced to one line of the source. On a
+    unified-memory card the host memory the startup takes is counted too (host_memory.py).
     """
     new, unmeasured = releases.NON_TORCH_WITH_GRAPH_PROFILE.at(d.engine_version), False
     cal = calibration.current()
@@ -431,13 +432,17 @@ def non_torch(d: Deployment) -> Term:
         unmeasured = new and not graph_profile.graph_profile_measured(d)
         gib = cal.non_torch_tp1_old_gib if unmeasured or not new else cal.non_torch_tp1_gib
     card = gpus.find(d.gpu_name)
+    unified = host_memory.counts_host_memory(d, card)
+    gib += cal.non_torch_unified_gib if unified else 0.0
     why = (
         "a PCIe-only card: no NVSwitch buffers after the init snapshot"
         if card is None or card.interconnect == "pcie"
         else f"SM {card.sm_major}: NVLink SHARP's buffers need SM 9"
     )
     note = "; ".join(
-        ([f"TP 1's figure ({why})"] if pcie else []) + ([graph_profile.NOTE] if unmeasured else [])
+        ([f"TP 1's figure ({why})"] if pcie else [])
+        + ([graph_profile.NOTE] if unmeasured else [])
+        + ([host_memory.NOTE.format(gib=cal.non_torch_unified_gib)] if unified else [])
     )
     return Term(int(gib * GiB), note)
 

@@ -136,6 +136,15 @@ CUBLAS_IN_BASELINE: Rule[bool] = Rule(
     Side(None, False, "0.32.0 v1/worker/gpu_worker.py:534 (snapshot before any cuBLAS call)"),
     Side("0.33", True, "0.33.0 v1/worker/gpu_worker.py:520-529"),
 )
+UNIFIED_FREE_FROM_OS: Rule[bool] = Rule(
+    "unified_free_from_os",
+    "on a unified-memory card the free memory is the OS's available memory, so host memory the "
+    "engine takes after the init snapshot counts as non-torch",
+    Side(None, False, "0.11.0 utils/mem_utils.py MemorySnapshot.measure (cudaMemGetInfo only)"),
+    Side(
+        "0.11.1", True, "0.11.1 utils/mem_utils.py:86-102 (SM 8.7/11.0/12.1); 0.25.1 :147-154 (is_integrated)"
+    ),
+)
 NON_TORCH_WITH_GRAPH_PROFILE: Rule[bool] = Rule(
     "non_torch_with_graph_profile",
     "the CUDA-graph profile runs inside memory_profiling, so the non-torch increase is the larger class",
@@ -380,6 +389,7 @@ RULES: tuple[Rule[Any], ...] = (
     MOE_WORKSPACE_PERSISTENT,
     CUBLAS_IN_BASELINE,
     NON_TORCH_WITH_GRAPH_PROFILE,
+    UNIFIED_FREE_FROM_OS,
     HYBRID_ALLOCATOR,
     LARGEST_TYPE_RATIO,
     TOKENS_FROM_CONCURRENCY,
