@@ -642,6 +642,43 @@ CASES: list[tuple[str, str, list[dict[str, Any]]]] = [
         ],
     ),
     (
+        # souspilot/DiscoverPhysicsWIP logs/vllm.log @ff4df16 (0.27.1 on an A100; no 'Chunked prefill'
+        # line in the log), cut to the fields that matter: the compile ranges' bound is the budget.
+        "0.27.1 config line's compile ranges give max_num_batched_tokens",
+        "Initializing a V1 LLM engine (v0.27.1) with config: model='./qwen36_27B', max_seq_len=65536, "
+        "tensor_parallel_size=2, compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, "
+        "'compile_sizes': [], 'compile_ranges_endpoints': [2048], 'inductor_compile_config': "
+        "{'enable_auto_functionalized_v2': False}, 'max_cudagraph_capture_size': 512}",
+        [
+            {
+                "kind": "settings",
+                "starts_engine": True,
+                "version": "0.27.1",
+                "model": "./qwen36_27B",
+                "tensor_parallel_size": 2,
+                "max_model_len": 65536,
+                "max_num_batched_tokens": 2048,
+                "engine_generation": "v1",
+            }
+        ],
+    ),
+    (
+        # An allreduce-rms fusion endpoint sits below the bound (0.27.1 config/vllm.py:1977-1978).
+        "compile ranges with a fusion endpoint: the largest is the budget",
+        "Initializing a V1 LLM engine (v0.27.1) with config: model='m', compilation_config={"
+        "'compile_ranges_endpoints': [1024, 8192]}",
+        [
+            {
+                "kind": "settings",
+                "starts_engine": True,
+                "version": "0.27.1",
+                "model": "m",
+                "max_num_batched_tokens": 8192,
+                "engine_generation": "v1",
+            }
+        ],
+    ),
+    (
         "using max model len",
         "Using max model len 262144",
         [{"kind": "settings", "starts_engine": False, "max_model_len": 262144}],

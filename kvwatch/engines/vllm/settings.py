@@ -50,6 +50,11 @@ _MM_LIMITS = re.compile(r"limit_mm_per_prompt(?:': |=)\{(?P<body>(?:[^{}]|\{[^{}
 _MM_LIMIT = re.compile(
     r"'(?P<key>[a-z_]{1,32})': (?:(?P<n>\d{1,9})|\{[^{}]*?'count': (?P<c>\d{1,9})[^{}]*+\})"
 )
+# The compile ranges in the engine config's compilation_config (0.18+): their upper bound is
+# max_num_batched_tokens and every other endpoint lies below it (0.18.0 config/vllm.py:1456-1459,
+# :1526; 0.27.1 :1952-1955, :2046-2052; 0.33.0 :2664-2731), so the largest is the scheduler's budget
+# where no 'Chunked prefill is enabled' line says it (0.27.1 logs can lack that line). Bounded.
+_COMPILE_RANGES = re.compile(r"'compile_ranges_endpoints': \[(?P<ends>[\d, ]{1,200}+)\]")
 _MAX_MODEL_LEN = re.compile(r"^Using max model len (?P<n>\d+)")
 _CHUNKED = re.compile(r"max_num_batched_tokens=(?P<n>\d+)")
 _FORCED_BLOCK = re.compile(r"^Forcing kv cache block size to (?P<n>\d+)")
@@ -195,6 +200,10 @@ def settings_line(body: str, meta: LineMeta) -> tuple[Event, ...]:
         found = _settings_fields(
             [(f.group("key"), f.group("val")) for f in _KV_FIELD.finditer(m.group("cfg"))]
         )
+        ranges = _COMPILE_RANGES.search(m.group("cfg"))
+        ends = [int(e) for e in ranges.group("ends").split(",") if e.strip()] if ranges else []
+        if ends:
+            found.counts.setdefault("max_num_batched_tokens", max(ends))
         gen = m.group("gen")  # 'V0' or 'V1'
         generation: Literal["v0", "v1"] | None = None if gen is None else "v1" if gen == "V1" else "v0"
         return (
