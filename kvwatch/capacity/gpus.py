@@ -163,8 +163,11 @@ CATALOGUE: tuple[GpuSpec, ...] = (
         "A100-SXM-80GB",
         _mib(81920),
         ("a100", "a100-80gb", "a100-sxm", "a100-sxm4-80gb"),
-        measured_total_bytes=_gib(79.15),
-        total_source="deviceQuery 'Total global mem: 81049 MB' (A100 80GB)",
+        measured_total_bytes=_gib(79.25),
+        total_source=(
+            "vLLM 0.26.1 'Free memory on device (78.84/79.25 GiB)' on a card its fused-MoE config lookup "
+            "names NVIDIA_A100-SXM4-80GB (LukeJYK/AutoScientists, tests/apriori)"
+        ),
         sm_count=108,
         interconnect="nvswitch",
     ),

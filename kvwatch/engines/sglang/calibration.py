@@ -32,7 +32,7 @@ class Calibration:
 
 
 # --- fitted: begin
-FITTED = Calibration(context_gib=0.51, context_gib_fabric=2.348)
+FITTED = Calibration(context_gib=0.6, context_gib_fabric=2.348)
 CASES: dict[str, str] = {
     "context_gib": "AUGMXNT/llm-tracker.info-vault (1), MaxUhl98/Thesis (1), RyanRosario/llm-d (1), Stars1233/sgl-project.github.io (9), StevenWang-CY/sglang-attention-reproducibility (4), cli991/qwctest (1), didier-durand/llms-in-clouds (1), farbodtavakkoli/OTel (3), jerryzsj/my-deepseek-r1 (1), kvcache-ai/ktransformers#1870 (1), kvcache-ai/ktransformers#1969 (1), sgl-project/sglang#18263 (1), sgl-project/sglang#39713 (1), sgl-project/sglang#4760 (1), udbhav-ag/SGLang_setup (1), ugyhybnb/sglang-performance-test (1)",
     "context_gib_fabric": "SemiAnalysisAI/InferenceX#2128 (1), StevenWang-CY/sglang-attention-reproducibility (2), farbodtavakkoli/OTel (1), sgl-project/sglang#11716 (1), sgl-project/sglang#12419 (1), sgl-project/sglang#14700 (1), sgl-project/sglang#7691 (1)",

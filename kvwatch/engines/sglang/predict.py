@@ -41,7 +41,7 @@ class BandTerms:
 
 
 # --- band: begin
-BAND = BandTerms(weights=0.053, pre_load=0.011, fraction=0.0)
+BAND = BandTerms(weights=0.053, pre_load=0.01, fraction=0.0)
 # --- band: end
 _band = [BAND]
 
