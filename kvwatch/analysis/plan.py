@@ -22,6 +22,7 @@ from kvwatch.capacity.deployment import Deployment
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.capacity.model import ModelGeometry
 from kvwatch.capacity.prediction import Prediction
+from kvwatch.capacity.weights import LOAD_OOM
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.jsontypes import JsonObject
 from kvwatch.core.kinds import EngineName
@@ -200,7 +201,9 @@ def make_plan(
         notes.append("sliding-window layers keep only their window: the payload counts the growing layers")
     if not pred.exact:
         notes.append("the pool of this model is an estimate (see kvwatch predict)")
-    if pred.weights_bytes is not None and rank_kv_bytes is None and pred.available_kv_bytes <= 0:
+    if pred.failure is not None and pred.failure.startswith(LOAD_OOM):
+        notes.append(pred.failure)
+    elif pred.weights_bytes is not None and rank_kv_bytes is None and pred.available_kv_bytes <= 0:
         notes.append("the weights leave no KV budget on this card")
     return Plan(
         model=pred.model,

@@ -371,6 +371,10 @@ def weights_per_rank(
     return WeightsEstimate(total_bytes=total, per_rank_bytes=per_rank, scheme=scheme, source=source)
 
 
+# How load_oom's failure begins, for the commands that say it in their own words (plan).
+LOAD_OOM = "CUDA out of memory loading the weights"
+
+
 def load_oom(
     engine: str, weights: int, scheme: str | None, total: int, free: int, tp: int, pp: int
 ) -> str | None:
@@ -384,7 +388,7 @@ def load_oom(
         return None
     held = f", {format_bytes(free)} of it free when they load" if free < total else ""
     return (
-        f"CUDA out of memory loading the weights: {engine} needs {format_bytes(weights)} per GPU "
+        f"{LOAD_OOM}: {engine} needs {format_bytes(weights)} per GPU "
         f"({scheme or 'checkpoint'}, tp={tp} pp={pp}) on a {format_bytes(total)} card{held}. No "
         "utilisation or static fraction helps; shard them over more GPUs (--tp, --pp) or serve a "
         "smaller (quantised) checkpoint."
