@@ -82,7 +82,7 @@ CASES: dict[str, str] = {
     "non_torch_tp1_gib": "llm-d-incubation/llm-d-planner (33), release-sweep (1)",
     "non_torch_tp1_old_gib": "kolyangg/mlops-assignment (1), llm-d/llm-d-benchmark (7), release-sweep (3)",
     "non_torch_tp_old_gib": "llm-d/llm-d-benchmark (2)",
-    "non_torch_v0_gib": "vllm-project/vllm#10517 (2)",
+    "non_torch_v0_gib": "vllm-project/vllm#10360 (1), vllm-project/vllm#10517 (2)",
     "graphs_base_gib": "AIwork4me/Qwen3.8-27B-ROCm (1), LukeJYK/AutoScientists (1), NnamdiOdozi/mlops-assignment (1), leadawon/LAMBO (1), llm-d-incubation/llm-d-planner (43), sostrowsk/dgx-spark-local-llm (3), souspilot/DiscoverPhysicsWIP (1), sridhar1804/local-ai (1)",
     "graphs_per_layer_gib": "AIwork4me/Qwen3.8-27B-ROCm (1), LukeJYK/AutoScientists (1), NnamdiOdozi/mlops-assignment (1), leadawon/LAMBO (1), llm-d-incubation/llm-d-planner (43), sostrowsk/dgx-spark-local-llm (3), souspilot/DiscoverPhysicsWIP (1), sridhar1804/local-ai (1)",
     "graphs_moe_gib": "AIwork4me/Qwen3.8-27B-ROCm (1), LukeJYK/AutoScientists (1), NnamdiOdozi/mlops-assignment (1), leadawon/LAMBO (1), llm-d-incubation/llm-d-planner (43), sostrowsk/dgx-spark-local-llm (3), souspilot/DiscoverPhysicsWIP (1), sridhar1804/local-ai (1)",
