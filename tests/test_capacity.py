@@ -1008,10 +1008,24 @@ def test_sglang_all_sliding_model_has_a_pool() -> None:
     assert tokens == 1000
 
 
-def test_vllm_mixed_page_sizes_flagged_estimate() -> None:
-    p = predict(model("google--gemma-4-26B-A4B"), Deployment(available_kv_bytes=GiB, max_model_len=8192))
-    assert not p.exact
-    assert any("page sizes" in a for a in p.assumptions)
+def test_vllm_mixed_page_sizes_unify_by_block_size() -> None:
+    """Gemma-4-26B-A4B: a full layer's page (2 KV heads x 512) is half a sliding layer's (8 x 256),
+    so vLLM gives the full layers 32-token blocks of the sliding page (unify_kv_cache_spec_page_size,
+    0.25.1 v1/core/kv_cache_utils.py:1049-1094), not a padded 16-token one. sostrowsk/dgx-spark-local-llm's
+    NVFP4 startup on a GB10 (tests/apriori/public/vllm): 'Available KV cache memory: 84.68 GiB',
+    'GPU KV cache size: 3,912,140 tokens', 'Maximum concurrency for 262,144 tokens per request:
+    14.92x', at the 2,496 batched tokens its log resolves."""
+    d = Deployment(
+        engine="vllm",
+        engine_version="0.25.1",
+        available_kv_bytes=int(84.68 * GiB),
+        max_model_len=262144,
+        max_num_batched_tokens=2496,
+    )
+    p = predict(model("google--gemma-4-26B-A4B"), d)
+    assert p.exact and not any("page sizes" in a for a in p.assumptions)
+    assert f"{p.max_concurrency:.2f}" == "14.92"
+    assert abs(p.kv_pool_tokens - 3_912_140) / 3_912_140 < 0.0005  # the GiB figure's rounding
 
 
 def test_engine_printed_negative_budget_gives_no_blocks() -> None:

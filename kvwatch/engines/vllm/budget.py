@@ -245,7 +245,7 @@ def plan(
             best = pool
     if best is None:
         return VllmPool(block, 0, (), 0, 0, 0, 0.0, 0, 0, exact, ("model has no KV cache layers",))
-    if any("different page sizes" in note for note in notes):
+    if PADDED_PAGE_NOTE in notes:
         exact = False
     if notes:
         best = VllmPool(**{**best.__dict__, "exact": exact, "notes": tuple(dict.fromkeys(notes))})
@@ -287,10 +287,6 @@ def _plan_stage(
         # resolved (0.30.0 v1/attention/backends/utils.py:190-197, :204-239), and a state page is
         # already padded to the attention page (platforms/interface.py:942-962).
         # tests/test_vllm_hybrid_layout.py pins this on three 0.30.0 startups.
-        if len(pages) != 1:
-            notes.append(
-                "layer types have different page sizes: vLLM unifies them; estimated with the largest page"
-            )
         page = max(pages)
         by_type: dict[tuple[str, int | None], list[Spec]] = {}
         for s in specs:
@@ -304,9 +300,8 @@ def _plan_stage(
         for members in by_type.values():
             n_groups = ceil_div(len(members), group_size)
             padding += n_groups * group_size - len(members)
-            group_list += [
-                Group(replace(members[0], page_bytes=page, block_size=block), group_size, page)
-            ] * n_groups
+            unified = _unified_spec(members[0], page, notes)
+            group_list += [Group(unified, group_size, page)] * n_groups
         groups = tuple(group_list)
         tensors = group_size
         num_blocks = max(int(available // page // group_size), 0) if available > 0 else 0
@@ -325,6 +320,28 @@ def _plan_stage(
     return VllmPool(
         block, page, groups, tensors, num_blocks, tokens, max_concurrency, needed, padding, True, ()
     )
+
+
+PADDED_PAGE_NOTE = (
+    "layer types have different page sizes and a smaller one does not divide the largest: vLLM pads it "
+    "to the largest page (or refuses, on backends that cannot read a padded page); estimated padded"
+)
+
+
+def _unified_spec(spec: Spec, page: int, notes: list[str]) -> Spec:
+    """A layer's spec once vLLM gives every layer the largest page (unify_kv_cache_spec_page_size):
+    an attention layer whose page divides it keeps its bytes per token and raises its block size by
+    the ratio (0.13.0 v1/core/kv_cache_utils.py:897-925; 0.25.1 :1049-1094; 0.33.0
+    kv_cache_planning.py:346-400), so a Gemma-4 full layer of half the sliding page holds 32
+    tokens a block; a state page is padded (it does not scale with tokens), as is, from 0.25, an
+    attention page that does not divide it."""
+    if spec.page_bytes == page:
+        return spec
+    if spec.kind != "state" and page % spec.page_bytes == 0:
+        return replace(spec, page_bytes=page, block_size=spec.block_size * (page // spec.page_bytes))
+    if spec.kind != "state":
+        notes.append(PADDED_PAGE_NOTE)
+    return replace(spec, page_bytes=page)
 
 
 def needed_rule(version: str | None) -> str:
