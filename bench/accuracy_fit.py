@@ -38,7 +38,7 @@ def _activation(case: Case, model: ModelGeometry, cal: Calibration) -> float:
     """The modelled activation of the case's first stage (GiB), with ``cal``."""
     d = deployment(case)
     assert model.dims is not None
-    seqs, tokens = memory.batch_limits(d, _model_len(case, model))
+    seqs, tokens = memory.batch_limits(d, _model_len(case, model), model.dims)
     with calibration.using(cal):
         return memory.activation(model.dims, d, gpus.find(d.gpu_name), seqs, tokens)[0].bytes / GiB
 
@@ -108,7 +108,7 @@ def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list
 
 def _graph_features(case: Case, model: ModelGeometry) -> list[float]:
     d = deployment(case)
-    seqs, tokens = memory.batch_limits(d, _model_len(case, model))
+    seqs, tokens = memory.batch_limits(d, _model_len(case, model), model.dims)
     card = gpus.find(d.gpu_name)
     n = memory.capture_sizes(seqs, tokens, d.engine_version, card.sm_major if card is not None else 9)
     layers = weights.stage_layers(model.num_layers, d.pp)[0]

@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from kvwatch.analysis.predict import pool_from_available, predict
 from kvwatch.capacity import gpus
 from kvwatch.capacity.deployment import Deployment, deployment_from_settings
-from kvwatch.capacity.dims import ATTENTION, EMBED, LM_HEAD, tower_params
+from kvwatch.capacity.dims import ATTENTION, EMBED, LM_HEAD
 from kvwatch.capacity.geometry import geometry_from_config, load_model
 from kvwatch.capacity.states import state_layer
+from kvwatch.capacity.towers import tower_params
 from kvwatch.capacity.weights import weight_bytes_of, weights_per_rank
 from kvwatch.core.errors import ConfigError, ModelConfigError
 from kvwatch.core.jsontypes import JsonObject
@@ -1026,6 +1027,13 @@ def test_vllm_mixed_page_sizes_unify_by_block_size() -> None:
     assert p.exact and not any("page sizes" in a for a in p.assumptions)
     assert f"{p.max_concurrency:.2f}" == "14.92"
     assert abs(p.kv_pool_tokens - 3_912_140) / 3_912_140 < 0.0005  # the GiB figure's rounding
+    # Its log's 2,496 batched tokens are the release's own default for this model: 0.22+ raise a
+    # multimodal prefix LM's to its largest item, Gemma-4's 32-frame video (engine/arg_utils.py:2630-2650).
+    defaults = {k: v for k, v in d.__dict__.items() if k != "max_num_batched_tokens"}
+    resolved = predict(model("google--gemma-4-26B-A4B"), Deployment(**defaults))
+    assert resolved.kv_pool_tokens == p.kv_pool_tokens
+    older = predict(model("google--gemma-4-26B-A4B"), Deployment(**{**defaults, "engine_version": "0.21.0"}))
+    assert older.max_concurrency > p.max_concurrency  # 2,048 tokens: fewer sliding-window blocks a request
 
 
 def test_engine_printed_negative_budget_gives_no_blocks() -> None:

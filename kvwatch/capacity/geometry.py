@@ -26,10 +26,11 @@ from kvwatch.capacity.architectures import (
     unread_layout,
     wrapper_text_model_type,
 )
-from kvwatch.capacity.dims import dims_from_config, tower_params, vision_grid, vision_shape
+from kvwatch.capacity.dims import dims_from_config
 from kvwatch.capacity.dtypes import served_dtype
 from kvwatch.capacity.model import LayerKind, LayerSpec, ModelGeometry
 from kvwatch.capacity.states import state_layer
+from kvwatch.capacity.towers import prefix_lm_image_tokens, tower_params, vision_grid, vision_shape
 from kvwatch.capacity.weights import count_params
 from kvwatch.core.errors import ModelConfigError, UnmodelledError, UnsupportedModelError
 from kvwatch.core.jsontypes import JsonObject, JsonValue
@@ -443,6 +444,7 @@ def _geometry(
         vision_shape=vision_shape(raw),
         grid=vision_grid(raw),
         architecture=architecture,
+        prefix_lm_tokens=prefix_lm_image_tokens(raw, cfg),
     )
     return ModelGeometry(
         dims=dims,

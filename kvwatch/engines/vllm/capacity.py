@@ -36,7 +36,7 @@ class VllmCapacity:
         max_model_len = d.max_model_len or model.max_position_embeddings
         if max_model_len is None:
             raise ConfigError("config.json has no max_position_embeddings; pass --max-model-len")
-        mnbt = memory.batch_limits(d, max_model_len)[1]
+        mnbt = memory.batch_limits(d, max_model_len, model.dims)[1]
         p = budget.plan(model, d, elem_bytes, available, max_model_len, mnbt)
         return p.tokens, p.num_blocks
 

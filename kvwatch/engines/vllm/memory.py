@@ -25,7 +25,7 @@ from kvwatch.capacity.dims import ModelDims
 from kvwatch.capacity.gpus import GpuSpec
 from kvwatch.core.errors import ConfigError
 from kvwatch.core.units import GiB, MiB
-from kvwatch.engines.vllm import calibration, graph_profile, host_memory, multimodal, releases
+from kvwatch.engines.vllm import calibration, graph_profile, host_memory, multimodal, prefix_lm, releases
 from kvwatch.engines.vllm.bnb import bnb_dequant
 
 # --- engine defaults -----------------------------------------------------------------------------
@@ -106,11 +106,14 @@ def default_batch_limits(
     return 256, 2048
 
 
-def batch_limits(d: Deployment, max_model_len: int) -> tuple[int, int]:
+def batch_limits(d: Deployment, max_model_len: int, dims: ModelDims | None = None) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) as given, else as the release resolves them; a V0
-    fallback (runs_v0) takes V0's."""
+    fallback (runs_v0) takes V0's, a multimodal prefix LM the floor of its largest item
+    (prefix_lm.py)."""
     v0 = runs_v0(d)
     seqs, tokens = default_batch_limits(d.engine_version, d.gpu_memory_bytes, d.gpu_name, max_model_len, v0)
+    if dims is not None and not v0 and releases.PREFIX_LM_BATCH_FLOOR.at(d.engine_version):
+        tokens = max(tokens, prefix_lm.prefix_lm_batch_floor(dims))
     return d.max_num_seqs or seqs, d.max_num_batched_tokens or tokens
 
 

@@ -61,7 +61,7 @@ def _terms(
     dims = model.dims
     card = gpus.find(d.gpu_name)
     requested = budget.requested_bytes(total, util)
-    seqs, tokens = memory.batch_limits(d, basis.max_model_len)
+    seqs, tokens = memory.batch_limits(d, basis.max_model_len, dims)
     notes: list[str] = []
     if d.weights_bytes is not None or dims is None:
         assert basis.weights_bytes is not None
@@ -328,7 +328,7 @@ def predict(model: ModelGeometry, d: Deployment, basis: Basis) -> Prediction:
                 f"pipeline stages: the pool is sized from the smallest stage ({format_bytes(min(stage_available))}); "
                 f"stage 0 logs {format_bytes(available)}"
             )
-    mnbt = memory.batch_limits(d, max_model_len)[1]
+    mnbt = memory.batch_limits(d, max_model_len, model.dims)[1]
     if any(layer.kind in ("sliding", "chunked") for layer in model.layers):
         inputs["max_num_batched_tokens"] = "given" if d.max_num_batched_tokens else "engine_default"
     if d.block_size is None:

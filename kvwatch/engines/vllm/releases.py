@@ -145,6 +145,12 @@ UNIFIED_FREE_FROM_OS: Rule[bool] = Rule(
         "0.11.1", True, "0.11.1 utils/mem_utils.py:86-102 (SM 8.7/11.0/12.1); 0.25.1 :147-154 (is_integrated)"
     ),
 )
+PREFIX_LM_BATCH_FLOOR: Rule[bool] = Rule(
+    "prefix_lm_batch_floor",
+    "a multimodal prefix LM's default max_num_batched_tokens is raised to its largest item's tokens",
+    Side(None, False, "0.21.0 engine/arg_utils.py (no floor)"),
+    Side("0.22", True, "0.22.0 engine/arg_utils.py:2528-2540; 0.25.1 :2630-2650; 0.33.0 :3204-3215"),
+)
 NON_TORCH_WITH_GRAPH_PROFILE: Rule[bool] = Rule(
     "non_torch_with_graph_profile",
     "the CUDA-graph profile runs inside memory_profiling, so the non-torch increase is the larger class",
@@ -390,6 +396,7 @@ RULES: tuple[Rule[Any], ...] = (
     CUBLAS_IN_BASELINE,
     NON_TORCH_WITH_GRAPH_PROFILE,
     UNIFIED_FREE_FROM_OS,
+    PREFIX_LM_BATCH_FLOOR,
     HYBRID_ALLOCATOR,
     LARGEST_TYPE_RATIO,
     TOKENS_FROM_CONCURRENCY,

@@ -14,7 +14,7 @@ Rules (vllm 0.19.0):
 - PP (distributed/utils.py get_pp_indices): the embedding on the first stage, the head on the last.
 - bitsandbytes: the linears llm_int8_skip_modules names (Unsloth's dynamic 4-bit) stay in the
   activation dtype, on their own layer's stage (dims.bnb_skipped).
-- Vision / audio towers (dims.tower_params, estimated from the config when no safetensors index is
+- Vision / audio towers (capacity.towers.tower_params, estimated from the config when no safetensors index is
   at hand) in the activation dtype, split over TP, on the first stage.
 """
 
