@@ -200,12 +200,12 @@ def _unified_host(cases: Sequence[tuple[Case, ModelGeometry]], cal: Calibration)
         if not host_memory.counts_host_memory(d, gpus.find(d.gpu_name)):
             continue
         with calibration.using(replace(cal, non_torch_unified_gib=0.0)):
-            p = predict(model, d.with_(weights_bytes=int(o["weights"] * GiB)))
-        # A logged non-torch figure says it directly; else the budget's unexplained rest.
-        if "non_torch" in o:
-            values.append(o["non_torch"] - (p.non_torch_bytes or 0) / GiB)
-        else:
-            values.append(p.available_kv_bytes / GiB - o["kv"])
+            # A logged non-torch figure says it directly; else the budget's unexplained rest.
+            if "non_torch" in o:
+                values.append(o["non_torch"] - memory.non_torch(d).bytes / GiB)
+            else:
+                p = predict(model, d.with_(weights_bytes=int(o["weights"] * GiB)))
+                values.append(p.available_kv_bytes / GiB - o["kv"])
         ids.append(case.id)
     return (statistics.median(values) if values else 0.0), ids
 
